@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo`, `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+TORCH := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv test-venv clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install --quiet -e '.[test]' $(TORCH)
+	touch $@
+
+venv: $(VENV)/.installed
+
+test-venv: $(VENV)/.installed-test
+
+demo: venv
+	$(VENV)/bin/pydist-run --nproc-per-node 4 examples/collectives.py
+
+test: test-venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,35 @@
+"""pydist: torch.distributed's communication system in Python on numpy.
+
+``import pydist as dist`` runs CPU code written for ``torch.distributed``: process groups,
+stores, point-to-point and collective operations on numpy arrays, torch CPU tensors and
+buffer-protocol objects.
+"""
+from __future__ import annotations
+
+from ._collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
+                           broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
+from ._errors import DistBackendError, DistError, DistNetworkError, DistStoreError, PeerFailedError, QueueEmptyError
+from ._group import ProcessGroup
+from ._init import (Backend, GroupMember, destroy_process_group, get_backend, get_global_rank, get_group_rank,
+                    get_process_group_ranks, get_rank, get_world_size, group, init_process_group, is_available,
+                    is_initialized, new_group, new_subgroups, new_subgroups_by_enumeration)
+from ._objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list, scatter_object_list,
+                       send_object_list)
+from ._ops import ReduceOp, _make_nccl_premul_sum, reduce_op
+from ._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from ._work import Work
+from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
+    "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
+    "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
+    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group", "irecv",
+    "is_available", "is_initialized", "isend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "recv", "recv_object_list", "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list", "send", "send_object_list",
+]

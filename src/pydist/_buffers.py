@@ -1,0 +1,117 @@
+"""User tensors as flat numpy arrays: numpy, torch CPU tensors and buffer-protocol objects.
+
+``as_buffer(obj, name)`` returns a Buffer whose ``array`` is a 1-D, C-contiguous numpy
+array the algorithms read and write. It is a zero-copy view of the user's memory when that
+memory is contiguous; otherwise (strided views, torch bfloat16, which numpy lacks and which
+is reduced in float32) it is a staging copy and ``finish()`` writes the result back.
+torch is never imported here: a tensor is recognised by its type's module.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+_SUPPORTED_KINDS = "biufc"
+
+
+class Buffer:
+    """One user tensor, flattened: ``array`` to work on, ``finish()`` to publish results."""
+
+    __slots__ = ("obj", "array", "dtype_name", "shape", "_target", "_from_bf16")
+
+    def __init__(self, obj: Any, array: np.ndarray, dtype_name: str, shape: tuple[int, ...],
+                 target: np.ndarray | None = None, from_bf16: bool = False):
+        self.obj = obj
+        self.array = array
+        self.dtype_name = dtype_name
+        self.shape = shape
+        self._target = target
+        self._from_bf16 = from_bf16
+
+    @property
+    def staged(self) -> bool:
+        """True when ``array`` is a copy that ``finish()`` must write back."""
+        return self._target is not None
+
+    def finish(self) -> None:
+        """Copy a staged result back into the user's memory (no-op for zero-copy views)."""
+        if self._target is None:
+            return
+        flat = self.array
+        if self._from_bf16:
+            flat = float32_to_bf16_bits(flat)
+        self._target[...] = flat.reshape(self._target.shape)
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.dtype_name}, shape={self.shape})"
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values stored as int16/uint16 bits, widened exactly to float32."""
+    return (bits.astype(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 rounded to bfloat16 (round to nearest even, NaN kept), as int16 bits."""
+    word = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (word + (((word >> 16) & 1) + 0x7FFF)) >> 16
+    rounded = np.where(np.isnan(values), 0x7FC0, rounded)
+    return rounded.astype(np.uint16).view(np.int16)
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _torch_to_numpy(obj: Any, name: str) -> tuple[np.ndarray, str, bool]:
+    """A torch CPU tensor as a numpy array sharing its memory; bf16 as int16 bits."""
+    torch = sys.modules["torch"]
+    if obj.device.type != "cpu":
+        raise ValueError(f"{name}: pydist works on CPU tensors; got a tensor on {obj.device} "
+                         "(move it with .cpu() first)")
+    if obj.layout != torch.strided:
+        raise ValueError(f"{name}: only dense (strided) tensors are supported, got {obj.layout}")
+    tensor = obj.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy(), "bfloat16", True
+    try:
+        array = tensor.resolve_conj().resolve_neg().numpy()
+    except TypeError as error:
+        raise TypeError(f"{name}: unsupported tensor dtype {obj.dtype}") from error
+    return array, str(array.dtype), False
+
+
+def _to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, str, bool]:
+    if isinstance(obj, np.ndarray):
+        return obj, str(obj.dtype), False
+    if _is_torch_tensor(obj):
+        return _torch_to_numpy(obj, name)
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"{name}: expected a numpy array, a torch CPU tensor or a buffer-protocol "
+                        f"object, got {type(obj).__name__}") from None
+    if writable and view.readonly:
+        raise ValueError(f"{name}: this buffer receives data but is read-only ({type(obj).__name__})")
+    array = np.asarray(view)
+    return array, str(array.dtype), False
+
+
+def as_buffer(obj: Any, name: str, writable: bool = True) -> Buffer:
+    """Wrap ``obj`` (named ``name`` in errors); ``writable`` when the operation writes into it."""
+    array, dtype_name, from_bf16 = _to_numpy(obj, name, writable)
+    if array.dtype.kind not in _SUPPORTED_KINDS or array.dtype.itemsize == 0:
+        raise TypeError(f"{name}: unsupported dtype {dtype_name}; expected bool, int, uint, float "
+                        "or complex")
+    if writable and not array.flags.writeable:
+        raise ValueError(f"{name}: this tensor receives data but its memory is read-only")
+    shape = tuple(array.shape)
+    if from_bf16:
+        return Buffer(obj, bf16_bits_to_float32(array.reshape(-1)), dtype_name, shape,
+                      target=array, from_bf16=True)
+    if array.flags.c_contiguous:
+        return Buffer(obj, array.reshape(-1), dtype_name, shape)
+    return Buffer(obj, np.ascontiguousarray(array).reshape(-1), dtype_name, shape, target=array)

@@ -1,0 +1,92 @@
+"""What an algorithm sees of the network: the pair interface of one operation.
+
+A Comm numbers peers by group rank, scopes every message to (group, sequence number, tag),
+and waits with the operation's deadline. On timeout it raises DistBackendError naming the
+operation, its sequence number and the peer it was waiting for; a peer failure re-raises
+the transport's PeerFailedError with the operation prepended. ``abandon()`` withdraws
+receives still posted, so that no late message lands in a user's buffer after an error.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from ._deadline import Deadline
+from ._errors import DistBackendError
+from .transport._base import MessageKey, Request, Transport
+
+
+def as_bytes(array: np.ndarray) -> memoryview:
+    """A 1-D contiguous array's memory as a writable byte view (no copy)."""
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def with_context(error: BaseException, prefix: str) -> BaseException:
+    """A copy of ``error`` (same type and attributes) whose message starts with ``prefix``."""
+    wrapped = copy.copy(error)
+    wrapped.args = (f"{prefix}: {error}",) + tuple(error.args[1:])
+    wrapped.__cause__ = error.__cause__ or error
+    return wrapped
+
+
+class Comm:
+    """One operation's messages over a transport, in group ranks."""
+
+    def __init__(self, transport: Transport, group_id: int, ranks: list[int], rank: int,
+                 seq: int, deadline: Deadline, op_name: str, timeout_text: str = ""):
+        self.transport = transport
+        self.group_id = group_id
+        self.ranks = ranks
+        self.rank = rank
+        self.size = len(ranks)
+        self.seq = seq
+        self.deadline = deadline
+        self.op_name = op_name
+        self.timeout_text = timeout_text
+        self._receives: list[Request] = []
+
+    def describe(self) -> str:
+        return f"{self.op_name} (seq {self.seq}) on rank {self.ranks[self.rank]}"
+
+    def isend(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
+        return self.transport.isend(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag))
+
+    def irecv(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
+        request = self.transport.irecv(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag))
+        self._receives.append(request)
+        return request
+
+    def wait(self, request: Request) -> None:
+        """Wait for one request within the deadline; raise naming the peer on failure."""
+        if not request.wait(self.deadline.remaining()):
+            peer = request.peer
+            host = self.transport.peer_host(peer) if peer is not None else "?"
+            raise DistBackendError(
+                f"{self.describe()} timed out{self.timeout_text} waiting for rank {peer} ({host}); "
+                "that rank has not reached this operation or is stuck")
+        if request.error is not None:
+            raise with_context(request.error, self.describe())
+
+    def wait_all(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.wait(request)
+
+    def send(self, peer: int, array: np.ndarray, tag: int = 0) -> None:
+        self.wait(self.isend(peer, array, tag))
+
+    def recv(self, peer: int, array: np.ndarray, tag: int = 0) -> None:
+        self.wait(self.irecv(peer, array, tag))
+
+    def sendrecv(self, dst: int, send: np.ndarray, src: int, recv: np.ndarray, tag: int = 0) -> None:
+        """Exchange with two peers at once (never deadlocks: both are posted before waiting)."""
+        receive = self.irecv(src, recv, tag)
+        self.wait(self.isend(dst, send, tag))
+        self.wait(receive)
+
+    def abandon(self) -> None:
+        """Withdraw receives still pending (after an error), so nothing lands later."""
+        for request in self._receives:
+            if not request.done():
+                self.transport.cancel(request)
+        self._receives.clear()

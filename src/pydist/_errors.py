@@ -1,0 +1,41 @@
+"""Exception types, named as torch.distributed names them; all are RuntimeError.
+
+- DistError: base of every pydist failure that is not misuse.
+- DistBackendError: an operation failed or timed out inside a backend.
+- DistNetworkError: a peer or the network failed (peer rank and host in the message,
+  the OS error as ``__cause__``).
+- DistStoreError: a store operation failed or timed out (missing keys in the message).
+- QueueEmptyError: ``queue_pop(block=False)`` on an empty queue.
+
+Misuse (bad rank, wrong sizes, non-member) raises ValueError/TypeError instead.
+"""
+from __future__ import annotations
+
+
+class DistError(RuntimeError):
+    """Base class of pydist's runtime failures."""
+
+
+class DistBackendError(DistError):
+    """A collective or point-to-point operation failed or timed out."""
+
+
+class DistNetworkError(DistError):
+    """A connection to a peer or to the store failed."""
+
+
+class DistStoreError(DistError):
+    """A store operation failed or timed out."""
+
+
+class QueueEmptyError(DistStoreError):
+    """A non-blocking queue_pop found the queue empty."""
+
+
+class PeerFailedError(DistNetworkError):
+    """A peer rank died or its connection broke; ``rank`` and ``host`` name it."""
+
+    def __init__(self, message: str, rank: int | None = None, host: str | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.host = host

@@ -1,0 +1,110 @@
+"""Running a group's operations one at a time, in issue order, on every rank.
+
+A blocking operation on an idle group runs inline in the caller's thread (the latency
+path). Anything else (async operations, operations issued while others are queued or
+running) goes into a FIFO served by the group's progress thread, started on first need.
+After an operation fails with a DistError (timeout, dead peer) the queue is *broken*:
+queued and later operations fail at once with an error that names the first failure,
+instead of hanging on peers that have moved on.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable
+
+from ._errors import DistBackendError, DistError
+from ._work import Work
+
+Operation = Callable[[int], int | None]  # run(seq) -> source rank or None
+
+
+class OpQueue:
+    """FIFO of one group's operations with an inline fast path."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._cond = threading.Condition()
+        self._pending: deque[tuple[int, Operation, Work]] = deque()
+        self._busy = False
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.broken: BaseException | None = None
+
+    def submit(self, operation: Operation, work: Work, blocking: bool) -> Work:
+        """Queue ``operation`` (it receives its sequence number); return its Work."""
+        with self._cond:
+            if self._closing:
+                raise DistBackendError(f"process group {self.name} has been destroyed")
+            self._seq += 1
+            seq = self._seq
+            inline = blocking and not self._busy and not self._pending
+            if inline:
+                self._busy = True
+            else:
+                self._pending.append((seq, operation, work))
+                self._start_thread()
+                self._cond.notify_all()
+        if inline:
+            self._execute_and_release(seq, operation, work)
+        return work
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=f"pydist-progress-{self.name}",
+                                            daemon=True)
+            self._thread.start()
+
+    def _execute(self, seq: int, operation: Operation, work: Work) -> None:
+        if self.broken is not None:
+            work._fail(DistBackendError(f"process group {self.name} is broken: an earlier operation "
+                                        f"failed ({self.broken}); operation seq {seq} was not run"))
+            return
+        try:
+            source = operation(seq)
+        except BaseException as error:  # noqa: BLE001 - delivered through the Work
+            if isinstance(error, DistError):
+                self.broken = error
+            work._fail(error)
+        else:
+            work._succeed(source)
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and (self._busy or not self._pending):
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                seq, operation, work = self._pending.popleft()
+                self._busy = True
+            self._execute_and_release(seq, operation, work)
+
+    def _execute_and_release(self, seq: int, operation: Operation, work: Work) -> None:
+        """Run one operation (``_busy`` already set), then let the next one go."""
+        try:
+            self._execute(seq, operation, work)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def drain(self, timeout: float | None) -> bool:
+        """Wait until nothing is queued or running; True when idle."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Let queued operations finish (up to ``timeout``), then stop the progress thread."""
+        self.drain(timeout)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            leftover = list(self._pending)
+            self._pending.clear()
+        for seq, _operation, work in leftover:
+            work._fail(DistBackendError(f"process group {self.name} was destroyed before operation "
+                                        f"seq {seq} ran"))
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

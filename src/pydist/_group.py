@@ -1,0 +1,93 @@
+"""ProcessGroup: a set of ranks, its backend, its operation queue and sequence numbers.
+
+``run(name, body, outputs, async_op)`` is how every collective executes: the body gets an
+OpContext (sequence number, deadline from the group timeout) and runs on the backend in
+issue order (OpQueue); staged output buffers are written back before the Work completes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._buffers import Buffer
+from ._deadline import Deadline
+from ._executor import OpQueue
+from ._work import Work
+from .backends._base import Backend, OpContext
+
+
+class ProcessGroup:
+    """torch's ProcessGroup: ``rank()`` and ``size()`` in the group, plus pydist internals."""
+
+    def __init__(self, name: str, group_id: int, ranks: list[int], global_rank: int,
+                 backend: Backend, timeout: float, desc: str = ""):
+        self.group_name = name
+        self.group_desc = desc or name
+        self.group_id = group_id
+        self._ranks = list(ranks)
+        self._rank = self._ranks.index(global_rank)
+        self._backend = backend
+        self._timeout = timeout
+        self._queue = OpQueue(name)
+
+    # -- torch's ProcessGroup API ---------------------------------------------------------
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return len(self._ranks)
+
+    def name(self) -> str:
+        return self._backend.name
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's spelling
+        return self._backend.name
+
+    @property
+    def ranks(self) -> list[int]:
+        """Global ranks of the members, in group-rank order."""
+        return list(self._ranks)
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def group_rank_of(self, global_rank: int) -> int | None:
+        try:
+            return self._ranks.index(global_rank)
+        except ValueError:
+            return None
+
+    # -- running operations ---------------------------------------------------------------
+    def run(self, name: str, body: Callable[[OpContext], None], outputs: list[Buffer],
+            async_op: bool, results: list[Any] | None = None, timeout: float | None = None) -> Work | None:
+        """Execute ``body`` in order with the others; Work when async, else None after it ends.
+
+        ``timeout`` (seconds) narrows the group's timeout for this operation.
+        """
+        work = Work(f"{name} on group {self.group_name}",
+                    results if results is not None else [b.obj for b in outputs])
+        seconds = self._timeout if timeout is None else timeout
+        timeout_text = f" after {seconds:g} s"
+
+        def operation(seq: int) -> None:
+            body(OpContext(name, seq, Deadline.after(seconds), timeout_text))
+            for buffer in outputs:
+                buffer.finish()
+
+        self._queue.submit(operation, work, blocking=not async_op)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def destroy(self, timeout: float | None = None) -> None:
+        """Finish queued operations (up to ``timeout``), stop the progress thread."""
+        self._queue.close(timeout)
+        self._backend.close()
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroup {self.group_name} ranks={self._ranks} rank={self._rank}>"

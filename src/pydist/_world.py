@@ -1,0 +1,71 @@
+"""Process-wide state: the default group, every group, the store and the transport.
+
+One World per process; ``pydist.testing`` gives each thread acting as a rank a World of
+its own (``use_world``), so the public API runs unchanged with threads as ranks.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import hashlib
+import socket
+import threading
+from typing import Callable
+
+from ._group import ProcessGroup
+
+
+class World:
+    """Everything init_process_group creates and destroy_process_group releases."""
+
+    def __init__(self) -> None:
+        self.default_group: ProcessGroup | None = None
+        self.groups: list[ProcessGroup] = []
+        self.store = None
+        self.owned_store = None
+        self.transport = None
+        self.rank = -1
+        self.size = -1
+        self.backend_name = ""
+        self.generation = 0
+        self.group_counts: collections.Counter = collections.Counter()
+        #: tests may replace how the transport is made: (rank, size, store, deadline) -> Transport
+        self.transport_factory: Callable | None = None
+
+    def group_id(self, ranks: list[int]) -> tuple[int, str]:
+        """An id and name for a group of these ranks, equal on every member (counted per
+        rank list, so it does not depend on groups other ranks created)."""
+        key = tuple(ranks)
+        self.group_counts[key] += 1
+        text = f"{self.generation}:{','.join(map(str, key))}:{self.group_counts[key]}"
+        digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+        return digest or 1, f"pg{self.group_counts[key]}-{digest:016x}"[:20]
+
+
+_PROCESS_WORLD = World()
+_THREAD = threading.local()
+
+
+def current() -> World:
+    """This thread's World (a thread-rank's own, in tests) or the process's."""
+    return getattr(_THREAD, "world", None) or _PROCESS_WORLD
+
+
+def use_world(world: World | None) -> None:
+    """Make ``world`` this thread's World (None: back to the process's)."""
+    _THREAD.world = world
+
+
+def local_host() -> str:
+    return socket.gethostname()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    world = _PROCESS_WORLD
+    if world.default_group is not None:
+        from ._init import destroy_process_group
+        try:
+            destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass

@@ -1,0 +1,74 @@
+"""The interface between process groups and backends.
+
+The public API validates arguments and turns tensors into flat numpy arrays; a backend
+then runs each collective synchronously in whatever thread the group's OpQueue chooses,
+given an OpContext (name, sequence number, deadline). Point-to-point operations return
+transport Requests and do not go through the queue (they progress independently).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._deadline import Deadline
+from .._ops import ReduceOp
+from ..transport._base import Request
+
+
+@dataclass(frozen=True)
+class OpContext:
+    name: str
+    seq: int
+    deadline: Deadline
+    timeout_text: str = ""
+
+
+class Backend(ABC):
+    """A group's communication engine, in group ranks."""
+
+    name: str
+
+    @abstractmethod
+    def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None: ...
+
+    @abstractmethod
+    def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None: ...
+
+    @abstractmethod
+    def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> None: ...
+
+    @abstractmethod
+    def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None: ...
+
+    @abstractmethod
+    def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None: ...
+
+    @abstractmethod
+    def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None: ...
+
+    @abstractmethod
+    def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None: ...
+
+    @abstractmethod
+    def barrier(self, ctx: OpContext) -> None: ...
+
+    @abstractmethod
+    def isend(self, buf: np.ndarray, dst: int, tag: int) -> Request: ...
+
+    @abstractmethod
+    def irecv(self, buf: np.ndarray, src: int | None, tag: int) -> Request: ...
+
+    @abstractmethod
+    def cancel(self, request: Request) -> None: ...
+
+    @abstractmethod
+    def peer_host(self, rank: int) -> str:
+        """Host name of group rank ``rank``."""
+
+    def close(self) -> None:
+        """Release what this group's backend owns (the world's transport is closed by the world)."""

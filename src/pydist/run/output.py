@@ -1,0 +1,126 @@
+"""Forward workers' stdout/stderr to the launcher's, one prefixed line at a time.
+
+One thread multiplexes every worker pipe (``selectors``). Bytes are forwarded as they are
+(no decoding); each complete line is written as ``prefix + line`` under a process-wide lock
+and flushed, so lines of different workers, and the launcher's own messages written with
+:func:`write_text`, never interleave inside a line. A partial last line is written, with a
+newline added, when its pipe reaches end of file or the pump is stopped. A line longer than
+:data:`MAX_LINE` bytes is cut into several prefixed lines rather than buffered without bound.
+Write errors on the launcher's side (closed stdout, EPIPE) are ignored: the pump keeps
+draining the pipes so workers never block on a full pipe.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import threading
+from dataclasses import dataclass, field
+from typing import BinaryIO, TextIO
+
+#: Longest line held back waiting for its newline.
+MAX_LINE = 1 << 20
+_WRITE_LOCK = threading.Lock()
+
+
+def write_bytes(dest: BinaryIO, data: bytes) -> None:
+    """Write and flush ``data`` to ``dest`` atomically with respect to other writers here."""
+    with _WRITE_LOCK:
+        try:
+            dest.write(data)
+            dest.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def write_text(dest: TextIO, text: str) -> None:
+    """Write a launcher message (a newline is added) without splitting worker lines."""
+    write_bytes(dest.buffer, (text + "\n").encode(dest.encoding or "utf-8", "replace"))
+
+
+@dataclass
+class _Source:
+    prefix: bytes
+    dest: BinaryIO
+    tail: collections.deque[bytes] | None
+    pending: bytearray = field(default_factory=bytearray)
+
+
+class OutputPump:
+    """Copies registered pipes to their destinations line by line until EOF or :meth:`stop`.
+
+    Register every pipe with :meth:`add` before :meth:`start`. The pump owns the registered
+    file descriptors and closes each at its end of file (or at stop).
+    """
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._sources: dict[int, _Source] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pydist-run-output", daemon=True)
+
+    def add(self, fd: int, prefix: str, dest: BinaryIO, tail: collections.deque[bytes] | None = None) -> None:
+        """Forward ``fd`` to ``dest`` with ``prefix``; keep its last lines in ``tail`` if given."""
+        self._sources[fd] = _Source(prefix.encode(), dest, tail)
+        self._selector.register(fd, selectors.EVENT_READ)
+
+    def start(self) -> None:
+        """Start forwarding (a no-op when already started)."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until every pipe reached end of file; True if they all did within ``timeout``."""
+        self.start()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop now: flush partial lines, close the pipes still open (held by stray grandchildren)."""
+        self._stop.set()
+        self.start()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while self._sources and not self._stop.is_set():
+                for key, _ in self._selector.select(timeout=0.1):
+                    self._read(key.fd)
+        finally:
+            for fd in list(self._sources):
+                self._close(fd)
+            self._selector.close()
+
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._close(fd)
+            return
+        source = self._sources[fd]
+        source.pending += data
+        end = source.pending.rfind(b"\n") + 1
+        if len(source.pending) - end >= MAX_LINE:
+            end = len(source.pending)
+        if end:
+            self._emit(source, bytes(source.pending[:end]))
+            del source.pending[:end]
+
+    def _close(self, fd: int) -> None:
+        source = self._sources.pop(fd)
+        if source.pending:
+            self._emit(source, bytes(source.pending))
+        self._selector.unregister(fd)
+        os.close(fd)
+
+    @staticmethod
+    def _emit(source: _Source, chunk: bytes) -> None:
+        parts = chunk.split(b"\n")
+        if parts[-1] == b"":
+            parts.pop()
+        lines = [part + b"\n" for part in parts]
+        if source.tail is not None:
+            source.tail.extend(lines)
+        write_bytes(source.dest, b"".join(source.prefix + line for line in lines))

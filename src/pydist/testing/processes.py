@@ -1,0 +1,98 @@
+"""Ranks as real processes (see pydist.testing)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import socket
+import tempfile
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+from .threads import RankFailed
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(["numpy", "pydist"])
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _child(rank: int, world_size: int, init: str, address: str, pg_timeout: float, env: dict, results, fn, args,
+           kwargs) -> None:
+    os.environ.update(env)
+    import pydist
+    try:
+        if init == "env":
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=address, RANK=str(rank),
+                              WORLD_SIZE=str(world_size))
+            pydist.init_process_group("pydist", timeout=timedelta(seconds=pg_timeout))
+        elif init == "store":
+            host, port = address.split(":")
+            store = pydist.TCPStore(host, int(port), world_size, rank == 0, timedelta(seconds=pg_timeout))
+            pydist.init_process_group("pydist", store=store, rank=rank, world_size=world_size,
+                                      timeout=timedelta(seconds=pg_timeout))
+        else:
+            pydist.init_process_group("pydist", init_method=address, rank=rank, world_size=world_size,
+                                      timeout=timedelta(seconds=pg_timeout))
+        value = fn(rank, world_size, *args, **kwargs)
+        pydist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str = "env", timeout: float = 60.0,
+                  pg_timeout: float = 30.0, env: dict[str, str] | None = None, **kwargs: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` (importable, picklable) in ``world_size``
+    processes after init_process_group by ``init``: "env", "tcp", "file" or "store";
+    ``env`` is added to each process's environment first."""
+    port = free_port()
+    tmpdir = None
+    if init == "env":
+        address = str(port)
+    elif init == "tcp":
+        address = f"tcp://127.0.0.1:{port}"
+    elif init == "store":
+        address = f"127.0.0.1:{port}"
+    elif init == "file":
+        tmpdir = tempfile.TemporaryDirectory(prefix="pydist-test-")
+        address = f"file://{tmpdir.name}/store"
+    else:
+        raise ValueError(f"init: expected env, tcp, file or store, got {init!r}")
+    results = _CONTEXT.Queue()
+    procs = [_CONTEXT.Process(target=_child, args=(r, world_size, init, address, pg_timeout, env or {}, results, fn, args, kwargs),
+                              name=f"pydist-rank-{r}") for r in range(world_size)]
+    for proc in procs:
+        proc.start()
+    collected: dict[int, tuple[bool, Any]] = {}
+    try:
+        import time
+        deadline = time.monotonic() + timeout
+        while len(collected) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                missing = sorted(set(range(world_size)) - collected.keys())
+                raise TimeoutError(f"process-ranks {missing} did not finish within {timeout} s") from None
+            collected[rank] = (ok, value)
+            if not ok:
+                break
+    finally:
+        for proc in procs:
+            proc.join(5 if len(collected) == world_size else 0.5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        results.close()
+        if tmpdir is not None:
+            tmpdir.cleanup()
+    failed = sorted(rank for rank, (ok, _) in collected.items() if not ok)
+    if failed:
+        raise RankFailed(failed[0], collected[failed[0]][1])
+    return [collected[rank][1] for rank in range(world_size)]

@@ -1,0 +1,73 @@
+"""Ranks as threads of this process (see pydist.testing)."""
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+from .._init import destroy_process_group, init_process_group, is_initialized
+from .._world import World, use_world
+from ..store import HashStore
+from ..transport.loopback import LoopbackFabric
+
+
+class RankFailed(RuntimeError):
+    """A rank of run_threads/run_processes raised; ``rank`` names it, ``__cause__`` is its error."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank = rank
+
+
+def _stacks(threads: list[threading.Thread]) -> str:
+    frames = sys._current_frames()
+    text = []
+    for thread in threads:
+        if thread.is_alive() and thread.ident in frames:
+            text.append(f"--- {thread.name} ---\n" + "".join(traceback.format_stack(frames[thread.ident])))
+    return "\n".join(text)
+
+
+def run_threads(world_size: int, fn: Callable[..., Any], *args: Any, transport: str = "loopback",
+                timeout: float = 60.0, pg_timeout: float = 30.0, **kwargs: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` thread-ranks in one
+    default group; ``transport`` is "loopback" or "tcp"."""
+    if transport not in ("loopback", "tcp"):
+        raise ValueError(f"transport: expected 'loopback' or 'tcp', got {transport!r}")
+    store = HashStore()
+    fabric = LoopbackFabric(world_size) if transport == "loopback" else None
+    results: list[Any] = [None] * world_size
+    errors: dict[int, BaseException] = {}
+
+    def body(rank: int) -> None:
+        world = World()
+        if fabric is not None:
+            world.transport_factory = lambda r, size, s, deadline: fabric.transport(r)
+        use_world(world)
+        try:
+            init_process_group(store=store, rank=rank, world_size=world_size,
+                               timeout=timedelta(seconds=pg_timeout))
+            results[rank] = fn(rank, world_size, *args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - reported to the caller
+            errors[rank] = error
+        finally:
+            try:
+                if is_initialized():
+                    destroy_process_group()
+            finally:
+                use_world(None)
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"rank-{r}", daemon=True) for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if any(thread.is_alive() for thread in threads):
+        raise TimeoutError(f"thread-ranks did not finish within {timeout} s:\n{_stacks(threads)}")
+    if errors:
+        rank = min(errors)
+        others = "".join(f"\n  rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items()) if r != rank)
+        raise RankFailed(rank, f"{type(errors[rank]).__name__}: {errors[rank]}" + others) from errors[rank]
+    return results

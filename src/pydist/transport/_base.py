@@ -1,0 +1,106 @@
+"""The pair interface every transport offers: post a send or a receive, get a Request.
+
+Messages are matched by (source rank, key) in FIFO order, as MPI does: ``key`` is
+(group id, sequence number, tag). A receive may name no source (any source). Buffers are
+contiguous byte views (``memoryview`` of format 'B'); receives land straight in them.
+"""
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+
+class MessageKey(NamedTuple):
+    group: int
+    seq: int
+    tag: int
+
+
+class Request:
+    """One posted send or receive. Completes once, with an error or (receives) a source rank."""
+
+    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "_completed", "_gate", "_callbacks")
+
+    def __init__(self, peer: int | None, buffer: memoryview):
+        self.peer = peer
+        self.buffer = buffer
+        self.nbytes = buffer.nbytes
+        self.error: BaseException | None = None
+        self.source: int | None = peer
+        self.order = 0  # post order, for any-source matching
+        self._completed = False
+        self._callbacks: list | None = None
+        self._gate = threading.Lock()
+        self._gate.acquire()
+
+    def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
+        """Finish the request; only the first completion counts."""
+        with _COMPLETION:
+            if self._completed:
+                return
+            self.error = error
+            if source is not None:
+                self.source = source
+            self._completed = True
+            callbacks, self._callbacks = self._callbacks, None
+        self._gate.release()
+        for callback in callbacks or ():
+            callback(self)
+
+    def add_callback(self, callback) -> None:
+        """Call ``callback(request)`` once complete (at once if it already is)."""
+        with _COMPLETION:
+            if not self._completed:
+                self._callbacks = (self._callbacks or []) + [callback]
+                return
+        callback(self)
+
+    def done(self) -> bool:
+        return self._completed
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until complete or ``timeout`` seconds pass (None: forever); True when complete."""
+        if self._completed:
+            return True
+        if self._gate.acquire(timeout=-1 if timeout is None else timeout):
+            self._gate.release()
+            return True
+        return False
+
+
+_COMPLETION = threading.Lock()
+
+
+def completed_request(peer: int | None, buffer: memoryview, error: BaseException | None = None) -> Request:
+    """A request that is already finished (a send that was delivered at once, or failed)."""
+    request = Request(peer, buffer)
+    request.complete(error)
+    return request
+
+
+class Transport(ABC):
+    """Moves bytes between the ranks of one world; shared by all of its groups."""
+
+    rank: int
+    size: int
+
+    @abstractmethod
+    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+        """Post a send of ``data`` to world rank ``peer``; ``data`` must stay unchanged until done."""
+
+    @abstractmethod
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
+        """Post a receive into ``data`` from world rank ``peer`` (None: any source)."""
+
+    @abstractmethod
+    def cancel(self, request: Request) -> None:
+        """Withdraw a receive that has not started to arrive (after a timeout)."""
+
+    @abstractmethod
+    def peer_host(self, peer: int) -> str:
+        """The host name of world rank ``peer``, for error messages."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush, say goodbye to peers and release every resource; idempotent."""

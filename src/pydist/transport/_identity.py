@@ -1,0 +1,46 @@
+"""Who and where this rank is: host identity (for locality) and the address peers dial."""
+from __future__ import annotations
+
+import os
+import socket
+
+
+def host_identity() -> str:
+    """Ranks with equal identities share a host (memory, /dev/shm).
+
+    PYDIST_HOST_ID overrides it (lets one machine pose as several). Otherwise: host name,
+    boot id and network namespace, so network namespaces on one machine count as hosts.
+    """
+    override = os.environ.get("PYDIST_HOST_ID")
+    if override:
+        return override
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            parts.append(boot.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        pass
+    return "/".join(parts)
+
+
+def advertise_address(store) -> str:
+    """The IP address this rank listens on for peers.
+
+    PYDIST_ADVERTISE_ADDR overrides it. Otherwise the local address of the connection to a
+    TCPStore (the interface that reaches the master reaches the peers too); loopback for
+    in-process stores; the host name's address for a FileStore.
+    """
+    override = os.environ.get("PYDIST_ADVERTISE_ADDR")
+    if override:
+        return override
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    if hasattr(store, "client_address"):
+        return store.client_address()
+    if type(store).__name__ == "HashStore":
+        return "127.0.0.1"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

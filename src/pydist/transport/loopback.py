@@ -1,0 +1,75 @@
+"""In-process transport for ranks that are threads of one process: the unit-test reference.
+
+A send copies its bytes into the destination's matcher at once (straight into a posted
+receive, or held as unexpected), so sends complete immediately and never deadlock.
+"""
+from __future__ import annotations
+
+import threading
+
+from .._errors import DistBackendError, PeerFailedError
+from ._base import MessageKey, Request, Transport, completed_request
+from ._matching import Matcher, Unexpected, size_mismatch
+
+
+class LoopbackFabric:
+    """The shared switchboard of ``size`` thread-ranks; ``transport(rank)`` for each."""
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"size: expected >= 1, got {size}")
+        self.size = size
+        self.matchers = [Matcher() for _ in range(size)]
+        self.closed: set[int] = set()
+        self._lock = threading.Lock()
+
+    def transport(self, rank: int) -> "LoopbackTransport":
+        return LoopbackTransport(self, rank)
+
+
+class LoopbackTransport(Transport):
+    """One thread-rank's end of a LoopbackFabric."""
+
+    def __init__(self, fabric: LoopbackFabric, rank: int):
+        if not 0 <= rank < fabric.size:
+            raise ValueError(f"rank: expected 0 <= rank < {fabric.size}, got {rank}")
+        self.fabric = fabric
+        self.rank = rank
+        self.size = fabric.size
+
+    def _gone(self, peer: int) -> PeerFailedError:
+        return PeerFailedError(f"rank {peer} (thread) has closed its transport", rank=peer, host="local")
+
+    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+        if peer in self.fabric.closed:
+            return completed_request(peer, data, self._gone(peer))
+        target = self.fabric.matchers[peer].arrive(self.rank, key, data.nbytes)
+        if isinstance(target, Unexpected):
+            target.data[:] = data
+            self.fabric.matchers[peer].unexpected_done(target)
+        elif target.nbytes != data.nbytes:
+            target.complete(size_mismatch(target, self.rank, key, data.nbytes))
+        else:
+            target.buffer[:] = data
+            target.complete(source=self.rank)
+        return completed_request(peer, data)
+
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
+        request = Request(peer, data)
+        self.fabric.matchers[self.rank].post(request, peer, key)
+        return request
+
+    def cancel(self, request: Request) -> None:
+        self.fabric.matchers[self.rank].cancel(request, DistBackendError("receive cancelled"))
+
+    def peer_host(self, peer: int) -> str:
+        return "local"
+
+    def close(self) -> None:
+        with self.fabric._lock:
+            if self.rank in self.fabric.closed:
+                return
+            self.fabric.closed.add(self.rank)
+        for rank, matcher in enumerate(self.fabric.matchers):
+            if rank != self.rank:
+                matcher.fail_source(self.rank, self._gone(self.rank))

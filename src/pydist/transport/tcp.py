@@ -1,0 +1,384 @@
+"""TCP transport: one connection per pair of ranks, one I/O thread per world.
+
+Sends are tried at once from the caller's thread (small messages never wait for the I/O
+thread); whatever the kernel does not take is queued and finished by the I/O thread. The
+I/O thread reads every connection: a frame whose receive is already posted lands straight
+in the destination buffer (large payloads with no intermediate copy); others are held as
+unexpected until matched. A peer that disconnects fails every receive and send involving
+it with PeerFailedError naming its rank and host; a clean shutdown is announced by a BYE
+frame so the error can say so.
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+
+from .._deadline import Deadline
+from .._errors import DistBackendError, PeerFailedError
+from ._base import MessageKey, Request, Transport, completed_request
+from ._framing import Chunk, FrameDecoder, FramingError, Header, Kind, encode_frame, encode_header
+from ._matching import Matcher, Unexpected, size_mismatch
+from ._mesh import PeerRecord, build_mesh
+
+log = logging.getLogger("pydist.transport")
+
+STAGING_BYTES = 256 * 1024
+DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
+LINGER_SECONDS = 10.0
+
+
+class _Outgoing:
+    __slots__ = ("parts", "request")
+
+    def __init__(self, parts: list[memoryview], request: Request | None):
+        self.parts = parts
+        self.request = request
+
+    def advance(self, sent: int) -> bool:
+        """Drop ``sent`` bytes from the front; True when everything is sent."""
+        while sent and self.parts:
+            head = self.parts[0]
+            if sent >= head.nbytes:
+                sent -= head.nbytes
+                self.parts.pop(0)
+            else:
+                self.parts[0] = head[sent:]
+                sent = 0
+        while self.parts and self.parts[0].nbytes == 0:
+            self.parts.pop(0)
+        return not self.parts
+
+
+class _Connection:
+    """The socket to one peer: its send queue, and the frame being received from it."""
+
+    def __init__(self, transport: "TcpTransport", peer: int, sock: socket.socket, host: str):
+        self.transport = transport
+        self.peer = peer
+        self.host = host
+        self.sock = sock
+        sock.setblocking(False)
+        self.decoder = FrameDecoder()
+        self.staging = bytearray(STAGING_BYTES)
+        self.staging_view = memoryview(self.staging)
+        self.header: Header | None = None
+        self.target: Request | Unexpected | bytearray | None = None
+        self.dest: memoryview | None = None
+        self.filled = 0
+        self.send_lock = threading.Lock()
+        self.queue: deque[_Outgoing] = deque()
+        self.want_write = False
+        self.bye_received = False
+        self.error: BaseException | None = None
+
+    # -- sending (any thread) -------------------------------------------------------------
+    def send(self, parts: list[memoryview], request: Request | None) -> None:
+        """Send now what the kernel takes; queue the rest for the I/O thread."""
+        with self.send_lock:
+            if self.error is not None:
+                if request is not None:
+                    request.complete(self.error)
+                return
+            outgoing = _Outgoing(parts, request)
+            if not self.queue:
+                try:
+                    done = outgoing.advance(self.sock.sendmsg(outgoing.parts))
+                except BlockingIOError:
+                    done = False
+                except OSError as error:
+                    self.transport._fail_later(self, error)
+                    if request is not None:
+                        request.complete(self._failure(error))
+                    return
+                if done:
+                    if request is not None:
+                        request.complete()
+                    return
+            self.queue.append(outgoing)
+            wake = not self.want_write
+            self.want_write = True
+        if wake:
+            self.transport._want_write(self)
+
+    def flush(self) -> bool:
+        """I/O thread: send queued bytes; True when the queue is empty."""
+        with self.send_lock:
+            while self.queue:
+                outgoing = self.queue[0]
+                try:
+                    sent = self.sock.sendmsg(outgoing.parts)
+                except BlockingIOError:
+                    return False
+                if not outgoing.advance(sent):
+                    return False
+                self.queue.popleft()
+                if outgoing.request is not None:
+                    outgoing.request.complete()
+            self.want_write = False
+            return True
+
+    def idle(self) -> bool:
+        with self.send_lock:
+            return not self.queue or self.error is not None
+
+    # -- receiving (I/O thread) -----------------------------------------------------------
+    def on_readable(self) -> None:
+        """Read what is available; raises OSError/FramingError/EOFError on a broken peer."""
+        while True:
+            if self.dest is not None and self.decoder.payload_left >= DIRECT_MIN:
+                want = self.decoder.payload_left
+                try:
+                    n = self.sock.recv_into(self.dest[self.filled:self.filled + want])
+                except BlockingIOError:
+                    return
+                if n == 0:
+                    raise EOFError
+                self.decoder.skip_payload(n)
+                self.filled += n
+                if self.decoder.payload_left == 0:
+                    self._finish()
+                continue
+            try:
+                n = self.sock.recv_into(self.staging)
+            except BlockingIOError:
+                return
+            if n == 0:
+                raise EOFError
+            for event in self.decoder.feed(self.staging_view[:n]):
+                if isinstance(event, Header):
+                    self._start(event)
+                else:
+                    self._payload(event)
+            if n < STAGING_BYTES:
+                return
+
+    def _start(self, header: Header) -> None:
+        self.header = header
+        self.filled = 0
+        if header.kind == Kind.DATA:
+            key = MessageKey(header.group, header.seq, header.tag)
+            target = self.transport.matcher.arrive(self.peer, key, header.nbytes)
+            if isinstance(target, Unexpected):
+                self.target, self.dest = target, memoryview(target.data)
+            elif target.nbytes != header.nbytes:
+                target.complete(size_mismatch(target, self.peer, key, header.nbytes))
+                self.target, self.dest = None, None
+            else:
+                self.target, self.dest = target, target.buffer
+        elif header.kind in (Kind.ABORT, Kind.BYE):
+            self.target = bytearray(header.nbytes)
+            self.dest = memoryview(self.target)
+        else:
+            raise FramingError(f"unexpected {header.kind.name} frame from rank {self.peer}")
+        if header.nbytes == 0:
+            self._finish()
+
+    def _payload(self, chunk: Chunk) -> None:
+        size = chunk.data.nbytes
+        if self.dest is not None:
+            self.dest[self.filled:self.filled + size] = chunk.data
+        self.filled += size
+        if chunk.last:
+            self._finish()
+
+    def _finish(self) -> None:
+        header, target = self.header, self.target
+        self.header, self.target, self.dest = None, None, None
+        if isinstance(target, Request):
+            target.complete(source=self.peer)
+        elif isinstance(target, Unexpected):
+            self.transport.matcher.unexpected_done(target)
+        elif header.kind == Kind.BYE:
+            self.bye_received = True
+        elif header.kind == Kind.ABORT:
+            self.transport._peer_aborted(self.peer, header.group, bytes(target).decode(errors="replace"))
+
+    def _failure(self, cause: BaseException | None) -> PeerFailedError:
+        me = self.transport.rank
+        if self.bye_received:
+            text = (f"rank {self.peer} on {self.host} has shut down its process group "
+                    f"(destroy_process_group); rank {me} cannot exchange more messages with it")
+        else:
+            text = (f"rank {self.peer} on {self.host} closed its connection to rank {me} "
+                    "unexpectedly: its process exited or was killed, or the network failed")
+            if cause is not None and not isinstance(cause, EOFError):
+                text += f" ({type(cause).__name__}: {cause})"
+        error = PeerFailedError(text, rank=self.peer, host=self.host)
+        error.__cause__ = cause if isinstance(cause, OSError) else None
+        return error
+
+    def fail(self, cause: BaseException | None) -> None:
+        """Mark the peer gone: fail queued sends, the receive in progress, and later receives."""
+        with self.send_lock:
+            if self.error is not None:
+                return
+            self.error = self._failure(cause)
+            queued = list(self.queue)
+            self.queue.clear()
+        for outgoing in queued:
+            if outgoing.request is not None:
+                outgoing.request.complete(self.error)
+        if isinstance(self.target, Request):
+            self.target.complete(self.error)
+        self.target, self.dest = None, None
+        self.transport.matcher.fail_source(self.peer, self.error)
+
+
+class TcpTransport(Transport):
+    """The tcp transport of one rank: sockets to all peers and their I/O thread."""
+
+    def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str,
+                 hostname: str, host_id: str):
+        self.rank, self.size = rank, size
+        self.matcher = Matcher()
+        sockets, self.records = build_mesh(store, rank, size, address, hostname, host_id, deadline)
+        self._conns = {peer: _Connection(self, peer, sock, self.records[peer].hostname)
+                       for peer, sock in sockets.items()}
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        for conn in self._conns.values():
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        self._pending_lock = threading.Lock()
+        self._pending_write: list[_Connection] = []
+        self._pending_fail: list[tuple[_Connection, BaseException]] = []
+        self._abort_listeners: list = []
+        self._stopping = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-io-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- Transport ------------------------------------------------------------------------
+    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
+        request = Request(peer, data)
+        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes))
+        self._conns[peer].send([header, data], request)
+        return request
+
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
+        request = Request(peer, data)
+        self.matcher.post(request, peer, key)
+        return request
+
+    def cancel(self, request: Request) -> None:
+        self.matcher.cancel(request, DistBackendError("receive cancelled"))
+
+    def peer_host(self, peer: int) -> str:
+        return self.records[peer].hostname
+
+    def peer_record(self, peer: int) -> PeerRecord:
+        return self.records[peer]
+
+    def abort(self, group: int, message: str) -> None:
+        """Tell every peer that this rank failed an operation of ``group``."""
+        frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, message.encode()))
+        for conn in self._conns.values():
+            conn.send([frame], None)
+
+    def on_abort(self, listener) -> None:
+        """Call ``listener(peer, group, message)`` when a peer reports an aborted group."""
+        self._abort_listeners.append(listener)
+
+    def close(self) -> None:
+        """Flush queued sends, send BYE, wait briefly for peers' EOF, stop the I/O thread."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = Deadline.after(LINGER_SECONDS)
+        self._wait_until(lambda: all(c.idle() for c in self._conns.values()), deadline)
+        bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0))
+        for conn in self._conns.values():
+            conn.send([bye], None)
+        self._wait_until(lambda: all(c.idle() for c in self._conns.values()), deadline)
+        for conn in self._conns.values():
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self._wait_until(lambda: all(c.error is not None for c in self._conns.values()), deadline)
+        self._stopping = True
+        self._wake()
+        self._thread.join(timeout=LINGER_SECONDS)
+        for conn in self._conns.values():
+            conn.fail(None)
+            conn.sock.close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    @staticmethod
+    def _wait_until(condition, deadline: Deadline) -> None:
+        delay = 0.0005
+        while not condition() and not deadline.expired():
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    # -- I/O thread -----------------------------------------------------------------------
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _want_write(self, conn: _Connection) -> None:
+        with self._pending_lock:
+            self._pending_write.append(conn)
+        self._wake()
+
+    def _fail_later(self, conn: _Connection, error: BaseException) -> None:
+        with self._pending_lock:
+            self._pending_fail.append((conn, error))
+        self._wake()
+
+    def _peer_aborted(self, peer: int, group: int, message: str) -> None:
+        for listener in self._abort_listeners:
+            listener(peer, group, message)
+
+    def _apply_pending(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        with self._pending_lock:
+            writes, self._pending_write = self._pending_write, []
+            fails, self._pending_fail = self._pending_fail, []
+        for conn, error in fails:
+            self._drop(conn, error)
+        for conn in writes:
+            if conn.error is None and not conn.flush():
+                self._selector.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+
+    def _drop(self, conn: _Connection, cause: BaseException | None) -> None:
+        conn.fail(cause)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _run(self) -> None:
+        while not self._stopping:
+            for key, mask in self._selector.select():
+                conn = key.data
+                if conn is None:
+                    self._apply_pending()
+                    continue
+                if conn.error is not None:
+                    continue
+                try:
+                    if mask & selectors.EVENT_READ:
+                        conn.on_readable()
+                    if mask & selectors.EVENT_WRITE and conn.flush():
+                        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+                except (OSError, EOFError, FramingError) as error:
+                    if isinstance(error, FramingError):
+                        log.warning("pydist rank %d: garbage from rank %d: %s", self.rank, conn.peer, error)
+                    self._drop(conn, error)

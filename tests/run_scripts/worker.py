@@ -1,0 +1,87 @@
+"""Worker script for tests/test_run.py: ``worker.py ACTION [args]``.
+
+Every action first records the worker's pid as ``$PIDDIR/<rank>`` (when PIDDIR is set) so
+the test can check that no worker outlives the launcher.
+
+- env: print ``ENV <json of the launcher-set variables>``.
+- echo ARGS...: print ``ARGS <json argv>``, a stderr line, and a partial stdout line.
+- spam N: print N long lines made of the rank digit (interleaving check).
+- fail MODE RANK: rank RANK fails after 0.5 s (MODE raise | sigkill | exit3); others sleep 60 s.
+- sleep [ignore-term] [grandchild]: sleep 60 s; optionally ignore SIGTERM / start a grandchild
+  whose pid goes to ``$PIDDIR/<rank>.child``.
+- store: set/get a key in the agent's TCPStore through MASTER_ADDR/MASTER_PORT.
+- rendezvous: the same through pydist's env:// rendezvous (which uses the agent's store).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+VARS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+        "OMP_NUM_THREADS"]
+
+
+def record(name: str, pid: int) -> None:
+    if os.environ.get("PIDDIR"):
+        with open(os.path.join(os.environ["PIDDIR"], name), "w") as f:
+            f.write(str(pid))
+
+
+def main() -> None:
+    rank = int(os.environ["RANK"])
+    record(str(rank), os.getpid())
+    action, args = sys.argv[1], sys.argv[2:]
+    if action == "env":
+        print("ENV " + json.dumps({k: os.environ.get(k) for k in VARS}))
+    elif action == "echo":
+        print("ARGS " + json.dumps(args))
+        print(f"to stderr from {rank}", file=sys.stderr)
+        sys.stdout.write(f"partial {rank}")
+    elif action == "spam":
+        for _ in range(int(args[0])):
+            sys.stdout.write(str(rank) * 3000 + "\n")
+    elif action == "fail":
+        mode, failing = args[0], int(args[1])
+        if rank == failing:
+            time.sleep(0.5)
+            if mode == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if mode == "exit3":
+                sys.exit(3)
+            raise ValueError(f"boom from rank {rank}")
+        time.sleep(60)
+    elif action == "sleep":
+        if "ignore-term" in args:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if "grandchild" in args:
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            record(f"{rank}.child", child.pid)
+        print("ready", flush=True)
+        time.sleep(60)
+    elif action in ("store", "rendezvous"):
+        if action == "store":
+            from pydist.store import TCPStore
+
+            store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        else:
+            from datetime import timedelta
+
+            from pydist.rendezvous import rendezvous
+
+            store, _, _ = rendezvous("env://", -1, -1, timedelta(seconds=30))
+        store.set(f"key{rank}", f"value{rank}")
+        world = int(os.environ["WORLD_SIZE"])
+        store.wait([f"key{r}" for r in range(world)])
+        got = [store.get(f"key{r}").decode() for r in range(world)]
+        print("STORE " + json.dumps({"port": os.environ["MASTER_PORT"], "values": got}))
+        store.close()
+    else:
+        raise SystemExit(f"unknown action {action}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The conformance matrix: every operation x world sizes 1-8 x dtypes x ReduceOps x counts
+x roots, over loopback (threads) and tcp (real processes), against naive references
+(see pydist.testing.conformance)."""
+import numpy as np
+import pytest
+
+from pydist.testing import run_processes, run_threads
+from pydist.testing.conformance import CASES, run_suite
+
+SIZES = range(1, 9)
+SMALL_SEGMENTS = "64"  # bytes: every case with more than a few elements runs multi-segment
+
+
+def failures(results: list[list[str]]) -> list[str]:
+    return [failure for per_rank in results for failure in per_rank]
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    monkeypatch.setenv("PYDIST_SEGMENT_BYTES", SMALL_SEGMENTS)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_threads_loopback(case, size, small_segments):
+    assert failures(run_threads(size, run_suite, [case], timeout=240)) == []
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_threads_loopback_all_reduce_algorithms(algorithm, size, small_segments, monkeypatch):
+    monkeypatch.setenv("PYDIST_ALGO_ALL_REDUCE", algorithm)
+    assert failures(run_threads(size, run_suite, ["all_reduce"], timeout=240)) == []
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_threads_tcp(size, small_segments):
+    """Thread-ranks over real sockets: the tcp transport without process start-up cost."""
+    assert failures(run_threads(size, run_suite, transport="tcp", timeout=240)) == []
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_processes_tcp(size):
+    """Real processes over tcp; all_reduce forced onto the ring on even sizes so that both
+    algorithms run across processes."""
+    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS}
+    if size % 2 == 0:
+        env["PYDIST_ALGO_ALL_REDUCE"] = "ring"
+    assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []
+
+
+def test_the_suite_detects_wrong_results(monkeypatch):
+    """A broken algorithm must make the suite report failures (the checks are live)."""
+    from pydist.algorithms import broadcast_binomial
+    original = broadcast_binomial.broadcast
+
+    def off_by_one(comm, buf, root, segment_bytes):
+        original(comm, buf, root, segment_bytes)
+        if buf.size and buf.dtype.kind in "iuf":
+            buf[0] += 1
+
+    monkeypatch.setitem(__import__("pydist.backends.native", fromlist=["ALGORITHMS"]).ALGORITHMS["broadcast"],
+                        "binomial", off_by_one)
+    found = failures(run_threads(2, run_suite, ["broadcast"]))
+    assert found and all("broadcast" in f for f in found)
+
+
+def test_all_reduce_large_buffer_over_tcp_processes():
+    """A buffer far beyond the socket buffers: the pipelined ring with direct receives."""
+    results = run_processes(3, _large_all_reduce, init="env", timeout=120)
+    assert results == [True, True, True]
+
+
+def _large_all_reduce(rank, size):
+    import pydist
+    buf = np.full(6_000_001, rank + 1, np.float32)
+    pydist.all_reduce(buf)
+    return bool(np.all(buf == size * (size + 1) / 2))

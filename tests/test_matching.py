@@ -1,0 +1,169 @@
+"""Matching of posted receives and arriving messages (the transports' shared core)."""
+import threading
+
+import numpy as np
+import pytest
+
+from pydist._errors import DistBackendError, PeerFailedError
+from pydist.transport._base import MessageKey, Request
+from pydist.transport._matching import Matcher, Unexpected
+
+KEY = MessageKey(1, 0, 5)
+
+
+def recv_request(nbytes: int, peer=None) -> Request:
+    return Request(peer, memoryview(bytearray(nbytes)))
+
+
+def deliver(matcher: Matcher, source: int, key: MessageKey, payload: bytes) -> None:
+    target = matcher.arrive(source, key, len(payload))
+    if isinstance(target, Unexpected):
+        target.data[:] = payload
+        matcher.unexpected_done(target)
+    else:
+        target.buffer[:] = payload
+        target.complete(source=source)
+
+
+def test_posted_first_then_arrival():
+    matcher, request = Matcher(), recv_request(3, 2)
+    matcher.post(request, 2, KEY)
+    deliver(matcher, 2, KEY, b"abc")
+    assert request.done() and bytes(request.buffer) == b"abc" and request.source == 2
+
+
+def test_arrival_first_is_held_then_matched():
+    matcher, request = Matcher(), recv_request(3, 2)
+    deliver(matcher, 2, KEY, b"xyz")
+    matcher.post(request, 2, KEY)
+    assert request.done() and bytes(request.buffer) == b"xyz"
+
+
+def test_fifo_per_source_and_key():
+    matcher = Matcher()
+    for payload in (b"1", b"2", b"3"):
+        deliver(matcher, 0, KEY, payload)
+    got = []
+    for _ in range(3):
+        request = recv_request(1, 0)
+        matcher.post(request, 0, KEY)
+        got.append(bytes(request.buffer))
+    assert got == [b"1", b"2", b"3"]
+
+
+def test_in_flight_unexpected_is_not_overtaken():
+    """A receive posted while an unexpected message is still arriving waits for that one."""
+    matcher = Matcher()
+    first = matcher.arrive(0, KEY, 1)
+    assert isinstance(first, Unexpected)
+    early = recv_request(1, 0)
+    matcher.post(early, 0, KEY)
+    assert not early.done()
+    second = matcher.arrive(0, KEY, 1)
+    assert isinstance(second, Unexpected)
+    second.data[:] = b"B"
+    matcher.unexpected_done(second)
+    first.data[:] = b"A"
+    matcher.unexpected_done(first)
+    assert bytes(early.buffer) == b"A"
+
+
+def test_any_source_takes_the_earliest_arrival():
+    matcher = Matcher()
+    deliver(matcher, 3, KEY, b"c")
+    deliver(matcher, 1, KEY, b"a")
+    request = recv_request(1)
+    matcher.post(request, None, KEY)
+    assert request.source == 3 and bytes(request.buffer) == b"c"
+    specific = recv_request(1, 1)
+    matcher.post(specific, 1, KEY)
+    assert bytes(specific.buffer) == b"a"
+
+
+def test_any_source_and_specific_posted_in_order():
+    matcher = Matcher()
+    anywhere, specific = recv_request(1), recv_request(1, 4)
+    matcher.post(anywhere, None, KEY)
+    matcher.post(specific, 4, KEY)
+    deliver(matcher, 4, KEY, b"1")
+    deliver(matcher, 4, KEY, b"2")
+    assert bytes(anywhere.buffer) == b"1" and bytes(specific.buffer) == b"2"
+
+
+def test_keys_do_not_mix():
+    matcher = Matcher()
+    deliver(matcher, 0, MessageKey(1, 0, 6), b"6")
+    request = recv_request(1, 0)
+    matcher.post(request, 0, KEY)
+    assert not request.done()
+    deliver(matcher, 0, KEY, b"5")
+    assert bytes(request.buffer) == b"5"
+
+
+def test_size_mismatch_fails_the_receive_without_writing():
+    matcher, request = Matcher(), recv_request(4, 0)
+    deliver(matcher, 0, KEY, b"toolong!")
+    matcher.post(request, 0, KEY)
+    assert isinstance(request.error, DistBackendError) and "8 bytes" in str(request.error)
+    assert bytes(request.buffer) == b"\0" * 4
+
+
+def test_dead_source_fails_pending_and_later_receives():
+    matcher = Matcher()
+    pending = recv_request(1, 2)
+    matcher.post(pending, 2, KEY)
+    deliver(matcher, 2, MessageKey(1, 0, 9), b"z")  # arrived before the failure: still delivered
+    matcher.fail_source(2, PeerFailedError("rank 2 died", rank=2))
+    assert isinstance(pending.error, PeerFailedError)
+    later = recv_request(1, 2)
+    matcher.post(later, 2, KEY)
+    assert isinstance(later.error, PeerFailedError)
+    early_data = recv_request(1, 2)
+    matcher.post(early_data, 2, MessageKey(1, 0, 9))
+    assert early_data.error is None and bytes(early_data.buffer) == b"z"
+
+
+def test_cancelled_receive_is_skipped():
+    matcher, request = Matcher(), recv_request(1, 0)
+    matcher.post(request, 0, KEY)
+    matcher.cancel(request, DistBackendError("cancelled"))
+    assert isinstance(matcher.arrive(0, KEY, 1), Unexpected)
+    assert matcher.pending_receives() == 0
+
+
+def test_request_wait_and_callbacks_across_threads():
+    request, seen = recv_request(1), []
+    request.add_callback(lambda r: seen.append(r.source))
+    threading.Timer(0.05, lambda: request.complete(source=7)).start()
+    assert not request.wait(0.001)
+    assert request.wait(5)
+    request.complete(source=9)  # only the first completion counts
+    assert request.source == 7 and seen == [7]
+    late = []
+    request.add_callback(lambda r: late.append(r.source))
+    assert late == [7]
+
+
+@pytest.mark.parametrize("threads", [4])
+def test_concurrent_posts_and_arrivals(threads):
+    """Many senders and one receiver per source, racing: every message lands exactly once."""
+    matcher, count = Matcher(), 300
+    received = {s: [] for s in range(threads)}
+
+    def sender(source):
+        for i in range(count):
+            deliver(matcher, source, KEY, np.int32(i).tobytes())
+
+    def receiver(source):
+        for _ in range(count):
+            request = recv_request(4, source)
+            matcher.post(request, source, KEY)
+            assert request.wait(10)
+            received[source].append(int(np.frombuffer(request.buffer, np.int32)[0]))
+
+    workers = [threading.Thread(target=f, args=(s,)) for s in range(threads) for f in (sender, receiver)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+    assert all(received[s] == list(range(count)) for s in range(threads))
