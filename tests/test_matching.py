@@ -167,3 +167,16 @@ def test_concurrent_posts_and_arrivals(threads):
     for w in workers:
         w.join(30)
     assert all(received[s] == list(range(count)) for s in range(threads))
+
+
+def test_aborted_group_fails_its_receives_only():
+    from pydist._errors import GroupAbortedError
+    matcher = Matcher()
+    mine, other = recv_request(1, 0), recv_request(1, 0)
+    matcher.post(mine, 0, KEY)
+    matcher.post(other, 0, MessageKey(2, 0, 5))
+    matcher.fail_group(KEY.group, GroupAbortedError("rank 0 aborted", rank=0))
+    assert isinstance(mine.error, GroupAbortedError) and not other.done()
+    later = recv_request(1)
+    matcher.post(later, None, MessageKey(KEY.group, 3, 0))
+    assert isinstance(later.error, GroupAbortedError)

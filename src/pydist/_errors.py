@@ -32,6 +32,14 @@ class QueueEmptyError(DistStoreError):
     """A non-blocking queue_pop found the queue empty."""
 
 
+class GroupAbortedError(DistBackendError):
+    """Another rank of the group failed an operation and told this rank; ``rank`` names it."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
 class PeerFailedError(DistNetworkError):
     """A peer rank died or its connection broke; ``rank`` and ``host`` name it."""
 

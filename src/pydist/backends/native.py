@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from .._comm import Comm, as_bytes
+from .._errors import DistError, GroupAbortedError
 from .._ops import ReduceOp, RedOpType, finish, prescale
 from ..algorithms import (allgather_ring, allreduce_recursive_doubling, allreduce_ring, alltoall_pairwise,
                           barrier_dissemination, broadcast_binomial, gather_linear, reduce_binomial,
@@ -95,8 +96,10 @@ class NativeBackend(Backend):
         comm = self._comm(ctx)
         try:
             ALGORITHMS[collective][algorithm](comm, *args)
-        except BaseException:
+        except BaseException as error:
             comm.abandon()
+            if isinstance(error, DistError) and not isinstance(error, GroupAbortedError):
+                self.transport.abort(self.ranks, self.group_id, str(error))
             raise
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:

@@ -98,6 +98,11 @@ class Transport(ABC):
         """Withdraw a receive that has not started to arrive (after a timeout)."""
 
     @abstractmethod
+    def abort(self, peers: list[int], group: int, message: str) -> None:
+        """Tell ``peers`` that this rank failed an operation of ``group``: their pending and
+        later receives of that group fail with GroupAbortedError carrying ``message``."""
+
+    @abstractmethod
     def peer_host(self, peer: int) -> str:
         """The host name of world rank ``peer``, for error messages."""
 

@@ -68,6 +68,7 @@ class Matcher:
         self._unexpected: dict[tuple[int, MessageKey], deque[Unexpected]] = {}
         self._unexpected_any: dict[MessageKey, deque[Unexpected]] = {}
         self._dead: dict[int, BaseException] = {}
+        self._aborted: dict[int, BaseException] = {}
 
     def post(self, request: Request, source: int | None, key: MessageKey) -> None:
         """Post a receive: match an unexpected message, else queue (or fail: dead source)."""
@@ -75,8 +76,9 @@ class Matcher:
             queue = self._unexpected_any.get(key) if source is None else self._unexpected.get((source, key))
             message = _pop_live(queue) if queue else None
             if message is None:
-                if source is not None and source in self._dead:
-                    request.complete(self._dead[source])
+                failure = self._aborted.get(key.group) or (self._dead.get(source) if source is not None else None)
+                if failure is not None:
+                    request.complete(failure)
                     return
                 request.order = next(self._order)
                 table, index = (self._posted_any, key) if source is None else (self._posted, (source, key))
@@ -131,6 +133,16 @@ class Matcher:
             for (src, _), queue in self._unexpected.items():
                 if src == source:
                     failed += [m.waiter for m in queue if m.waiter is not None and not m.complete]
+        for request in failed:
+            request.complete(error)
+
+    def fail_group(self, group: int, error: BaseException) -> None:
+        """``group`` was aborted by a peer: fail its posted receives now and any posted later."""
+        with self._lock:
+            self._aborted[group] = error
+            queues = [q for (_, key), q in self._posted.items() if key.group == group]
+            queues += [q for key, q in self._posted_any.items() if key.group == group]
+            failed = [r for q in queues for r in q]
         for request in failed:
             request.complete(error)
 

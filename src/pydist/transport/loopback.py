@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import threading
 
-from .._errors import DistBackendError, PeerFailedError
+from .._errors import DistBackendError, GroupAbortedError, PeerFailedError
 from ._base import MessageKey, Request, Transport, completed_request
 from ._matching import Matcher, Unexpected, size_mismatch
+
+
+def aborted_by(rank: int, host: str, message: str) -> GroupAbortedError:
+    return GroupAbortedError(f"rank {rank} ({host}) failed and aborted the group: {message}", rank=rank)
 
 
 class LoopbackFabric:
@@ -61,6 +65,11 @@ class LoopbackTransport(Transport):
 
     def cancel(self, request: Request) -> None:
         self.fabric.matchers[self.rank].cancel(request, DistBackendError("receive cancelled"))
+
+    def abort(self, peers: list[int], group: int, message: str) -> None:
+        for peer in peers:
+            if peer != self.rank:
+                self.fabric.matchers[peer].fail_group(group, aborted_by(self.rank, "local", message))
 
     def peer_host(self, peer: int) -> str:
         return "local"

@@ -22,6 +22,7 @@ from .._errors import DistBackendError, PeerFailedError
 from ._base import MessageKey, Request, Transport, completed_request
 from ._framing import Chunk, FrameDecoder, FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher, Unexpected, size_mismatch
+from .loopback import aborted_by
 from ._mesh import PeerRecord, build_mesh
 
 log = logging.getLogger("pydist.transport")
@@ -248,7 +249,6 @@ class TcpTransport(Transport):
         self._pending_lock = threading.Lock()
         self._pending_write: list[_Connection] = []
         self._pending_fail: list[tuple[_Connection, BaseException]] = []
-        self._abort_listeners: list = []
         self._stopping = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-io-{rank}", daemon=True)
@@ -277,15 +277,11 @@ class TcpTransport(Transport):
     def peer_record(self, peer: int) -> PeerRecord:
         return self.records[peer]
 
-    def abort(self, group: int, message: str) -> None:
-        """Tell every peer that this rank failed an operation of ``group``."""
+    def abort(self, peers: list[int], group: int, message: str) -> None:
         frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, message.encode()))
-        for conn in self._conns.values():
-            conn.send([frame], None)
-
-    def on_abort(self, listener) -> None:
-        """Call ``listener(peer, group, message)`` when a peer reports an aborted group."""
-        self._abort_listeners.append(listener)
+        for peer in peers:
+            if peer != self.rank:
+                self._conns[peer].send([frame], None)
 
     def close(self) -> None:
         """Flush queued sends, send BYE, wait briefly for peers' EOF, stop the I/O thread."""
@@ -339,8 +335,7 @@ class TcpTransport(Transport):
         self._wake()
 
     def _peer_aborted(self, peer: int, group: int, message: str) -> None:
-        for listener in self._abort_listeners:
-            listener(peer, group, message)
+        self.matcher.fail_group(group, aborted_by(peer, self.records[peer].hostname, message))
 
     def _apply_pending(self) -> None:
         try:

@@ -1,0 +1,100 @@
+"""Inputs: numpy arrays, torch CPU tensors (zero copy, bfloat16), buffer-protocol objects."""
+import array
+
+import numpy as np
+import pytest
+
+import pydist as dist
+from pydist._buffers import as_buffer, bf16_bits_to_float32, float32_to_bf16_bits
+from pydist.testing import run_threads
+
+torch = pytest.importorskip("torch")
+
+
+def test_numpy_contiguous_is_zero_copy():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    buf = as_buffer(a, "t")
+    assert not buf.staged and np.shares_memory(buf.array, a) and buf.array.shape == (12,)
+
+
+def test_numpy_strided_is_staged_and_written_back():
+    a = np.zeros((4, 4), np.int32)
+    view = a[:, 1]
+    buf = as_buffer(view, "t")
+    assert buf.staged
+    buf.array[:] = [1, 2, 3, 4]
+    buf.finish()
+    assert a[:, 1].tolist() == [1, 2, 3, 4] and a[:, 0].tolist() == [0, 0, 0, 0]
+
+
+def test_torch_tensor_is_zero_copy_even_with_grad():
+    t = torch.arange(6, dtype=torch.float64, requires_grad=True)
+    buf = as_buffer(t, "t")
+    assert not buf.staged and buf.array.ctypes.data == t.data_ptr()
+
+
+def test_bfloat16_round_trip_is_exact_and_rounds_to_nearest_even():
+    t = torch.tensor([1.0, -2.5, 3.140625, float("inf"), float("nan"), 1e-40], dtype=torch.bfloat16)
+    widened = bf16_bits_to_float32(t.view(torch.int16).numpy())
+    assert np.array_equal(widened[:4], t.float().numpy()[:4]) and np.isnan(widened[4])
+    values = np.array([1.00390625, 1.01171875, 3.0e38, -7.5], np.float32)  # ties and plain values
+    ours = float32_to_bf16_bits(values)
+    assert np.array_equal(ours, torch.from_numpy(values).bfloat16().view(torch.int16).numpy())
+
+
+def test_buffer_protocol_objects():
+    arr = array.array("d", [1.0, 2.0])
+    buf = as_buffer(arr, "t")
+    assert buf.array.dtype == np.float64 and np.shares_memory(buf.array, np.frombuffer(arr))
+    assert as_buffer(bytearray(b"ab"), "t").array.dtype == np.uint8
+    with pytest.raises(ValueError, match="read-only"):
+        as_buffer(b"abc", "tensor")
+    assert as_buffer(b"abc", "tensor", writable=False).array.tolist() == [97, 98, 99]
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    ([1, 2], TypeError, "tensor: expected a numpy array"),
+    ("text", TypeError, "tensor: expected"),
+    (np.array(["a"]), TypeError, "unsupported dtype"),
+    (np.array([object()]), TypeError, "unsupported dtype"),
+])
+def test_unsupported_inputs_name_the_argument(bad, error, words):
+    with pytest.raises(error, match=words):
+        as_buffer(bad, "tensor")
+
+
+def test_non_cpu_tensor_is_rejected():
+    with pytest.raises(ValueError, match="CPU tensors"):
+        as_buffer(torch.empty(2, device="meta"), "tensor")
+
+
+def _torch_ops(rank, size):
+    out = {}
+    t = torch.tensor([1.5, -2.0, 3.0], dtype=torch.bfloat16) * (rank + 1)
+    dist.all_reduce(t)
+    out["bf16"] = t.float().tolist()
+    g = torch.zeros(4, 3)
+    col = g[:, 1]  # non-contiguous view: staged and written back in place
+    col += rank + 1
+    dist.all_reduce(col)
+    out["strided"] = g.tolist()
+    x = torch.arange(4, dtype=torch.int64) + rank
+    work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+    out["result_is_tensor"] = work.result()[0] is x
+    out["max"] = x.tolist()
+    h = torch.full((2,), float(rank), dtype=torch.float16)
+    dist.broadcast(h, src=size - 1)
+    out["f16"] = h.tolist()
+    return out
+
+
+@pytest.mark.parametrize("transport", ["loopback", "tcp"])
+def test_torch_tensors_through_collectives(transport):
+    size = 3
+    results = run_threads(size, _torch_ops, transport=transport)
+    total = sum(range(1, size + 1))
+    for rank, out in enumerate(results):
+        assert out["bf16"] == [1.5 * total, -2.0 * total, 3.0 * total]
+        assert out["strided"] == [[0.0, float(total), 0.0]] * 4
+        assert out["result_is_tensor"] and out["max"] == [size - 1 + i for i in range(4)]
+        assert out["f16"] == [float(size - 1)] * 2
