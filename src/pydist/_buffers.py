@@ -19,11 +19,12 @@ _SUPPORTED_KINDS = "biufc"
 class Buffer:
     """One user tensor, flattened: ``array`` to work on, ``finish()`` to publish results."""
 
-    __slots__ = ("obj", "array", "dtype_name", "shape", "_target", "_from_bf16")
+    __slots__ = ("obj", "name", "array", "dtype_name", "shape", "_target", "_from_bf16")
 
-    def __init__(self, obj: Any, array: np.ndarray, dtype_name: str, shape: tuple[int, ...],
+    def __init__(self, obj: Any, name: str, array: np.ndarray, dtype_name: str, shape: tuple[int, ...],
                  target: np.ndarray | None = None, from_bf16: bool = False):
         self.obj = obj
+        self.name = name
         self.array = array
         self.dtype_name = dtype_name
         self.shape = shape
@@ -110,8 +111,8 @@ def as_buffer(obj: Any, name: str, writable: bool = True) -> Buffer:
         raise ValueError(f"{name}: this tensor receives data but its memory is read-only")
     shape = tuple(array.shape)
     if from_bf16:
-        return Buffer(obj, bf16_bits_to_float32(array.reshape(-1)), dtype_name, shape,
+        return Buffer(obj, name, bf16_bits_to_float32(array.reshape(-1)), dtype_name, shape,
                       target=array, from_bf16=True)
     if array.flags.c_contiguous:
-        return Buffer(obj, array.reshape(-1), dtype_name, shape)
-    return Buffer(obj, np.ascontiguousarray(array).reshape(-1), dtype_name, shape, target=array)
+        return Buffer(obj, name, array.reshape(-1), dtype_name, shape)
+    return Buffer(obj, name, np.ascontiguousarray(array).reshape(-1), dtype_name, shape, target=array)

@@ -31,11 +31,15 @@ def root_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, nam
     if rank is not None and group_rank is not None:
         raise ValueError(f"{name} and group_{name}: give one of them, not both")
     if group_rank is not None:
+        if not isinstance(group_rank, int) or isinstance(group_rank, bool):
+            raise TypeError(f"group_{name}: expected an int (a rank in the group), got {type(group_rank).__name__}")
         if not 0 <= group_rank < group.size():
             raise ValueError(f"group_{name}: expected 0 <= group_{name} < {group.size()}, got {group_rank}")
         return group_rank
     if rank is None:
         raise ValueError(f"{name}: required (a global rank), or group_{name} (a rank in the group)")
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise TypeError(f"{name}: expected an int (a global rank), got {type(rank).__name__} {rank!r}")
     index = group.group_rank_of(rank)
     if index is None:
         raise ValueError(f"{name}: rank {rank} is not in the group (its ranks are {group.ranks})")
@@ -45,8 +49,8 @@ def root_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, nam
 def _same_dtype(buffers: Sequence[Buffer], reference: Buffer) -> None:
     for buffer in buffers:
         if buffer.dtype_name != reference.dtype_name:
-            raise TypeError(f"all tensors of one call must share a dtype: got {buffer.dtype_name} "
-                            f"and {reference.dtype_name}")
+            raise TypeError(f"{buffer.name}: dtype {buffer.dtype_name} differs from {reference.name}'s "
+                            f"{reference.dtype_name}; all tensors of one call must share a dtype")
 
 
 def _buffer_list(objs: Any, name: str, count: int, writable: bool) -> list[Buffer]:

@@ -67,12 +67,18 @@ def rendezvous(url: str, rank: int, world_size: int, timeout: timedelta):
             raise ValueError(f"init_method {url!r}: expected file:///absolute/path")
         rank = _pick("rank", rank, query, None, url)
         world_size = _pick("world_size", world_size, query, None, url)
+        _check_rank(rank, world_size)
         return FileStore(path, world_size), rank, world_size
     raise ValueError(f"init_method {url!r}: unsupported scheme {scheme!r}; expected env://, tcp:// or file://")
 
 
-def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta, agent_store: bool) -> TCPStore:
+def _check_rank(rank: int, world_size: int) -> None:
+    """Reject a bad rank before a store is created (a store may start a server or a file)."""
     if not 0 <= rank < max(world_size, 1):
         raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
+
+
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta, agent_store: bool) -> TCPStore:
+    _check_rank(rank, world_size)
     return TCPStore(host, port, world_size, is_master=(rank == 0 and not agent_store), timeout=timeout,
                     multi_tenant=True)

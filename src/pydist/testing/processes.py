@@ -6,6 +6,7 @@ import os
 import queue
 import socket
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
@@ -72,14 +73,24 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
         proc.start()
     collected: dict[int, tuple[bool, Any]] = {}
     try:
-        import time
         deadline = time.monotonic() + timeout
         while len(collected) < world_size:
             try:
-                rank, ok, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+                rank, ok, value = results.get(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
-                missing = sorted(set(range(world_size)) - collected.keys())
-                raise TimeoutError(f"process-ranks {missing} did not finish within {timeout} s") from None
+                dead = [r for r, proc in enumerate(procs) if r not in collected and proc.exitcode is not None]
+                if dead:
+                    try:  # a result may still be in the pipe
+                        rank, ok, value = results.get(timeout=0.5)
+                    except queue.Empty:
+                        code = procs[dead[0]].exitcode
+                        collected[dead[0]] = (False, f"process exited with code {code} without reporting a result")
+                        break
+                elif time.monotonic() >= deadline:
+                    missing = sorted(set(range(world_size)) - collected.keys())
+                    raise TimeoutError(f"process-ranks {missing} did not finish within {timeout} s") from None
+                else:
+                    continue
             collected[rank] = (ok, value)
             if not ok:
                 break

@@ -29,7 +29,8 @@ log = logging.getLogger("pydist.transport")
 
 STAGING_BYTES = 256 * 1024
 DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
-LINGER_SECONDS = 10.0
+FLUSH_SECONDS = 10.0  # close(): how long queued sends may take to drain
+LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before closing anyway
 
 
 class _Outgoing:
@@ -284,11 +285,12 @@ class TcpTransport(Transport):
                 self._conns[peer].send([frame], None)
 
     def close(self) -> None:
-        """Flush queued sends, send BYE, wait briefly for peers' EOF, stop the I/O thread."""
+        """Flush queued sends, send BYE and EOF, wait briefly for peers' EOF (so nothing they
+        still send hits a closed socket), stop the I/O thread, close everything."""
         if self._closed:
             return
         self._closed = True
-        deadline = Deadline.after(LINGER_SECONDS)
+        deadline = Deadline.after(FLUSH_SECONDS)
         self._wait_until(lambda: all(c.idle() for c in self._conns.values()), deadline)
         bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0))
         for conn in self._conns.values():
@@ -299,10 +301,11 @@ class TcpTransport(Transport):
                 conn.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        self._wait_until(lambda: all(c.error is not None for c in self._conns.values()), deadline)
+        self._wait_until(lambda: all(c.error is not None for c in self._conns.values()),
+                         Deadline.after(LINGER_SECONDS))
         self._stopping = True
         self._wake()
-        self._thread.join(timeout=LINGER_SECONDS)
+        self._thread.join(timeout=FLUSH_SECONDS)
         for conn in self._conns.values():
             conn.fail(None)
             conn.sock.close()
