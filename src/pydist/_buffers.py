@@ -82,12 +82,23 @@ def _torch_to_numpy(obj: Any, name: str) -> tuple[np.ndarray, str, bool]:
         array = tensor.resolve_conj().resolve_neg().numpy()
     except TypeError as error:
         raise TypeError(f"{name}: unsupported tensor dtype {obj.dtype}") from error
-    return array, str(array.dtype), False
+    return array, dtype_name(array.dtype), False
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, cached (numpy computes it slowly)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
 
 
 def _to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, str, bool]:
     if isinstance(obj, np.ndarray):
-        return obj, str(obj.dtype), False
+        return obj, dtype_name(obj.dtype), False
     if _is_torch_tensor(obj):
         return _torch_to_numpy(obj, name)
     try:
@@ -98,7 +109,7 @@ def _to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, str, boo
     if writable and view.readonly:
         raise ValueError(f"{name}: this buffer receives data but is read-only ({type(obj).__name__})")
     array = np.asarray(view)
-    return array, str(array.dtype), False
+    return array, dtype_name(array.dtype), False
 
 
 def as_buffer(obj: Any, name: str, writable: bool = True) -> Buffer:

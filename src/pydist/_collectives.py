@@ -67,9 +67,22 @@ def _sizes_match(buffers: Sequence[Buffer], size: int, name: str) -> None:
             raise ValueError(f"{name}[{index}]: expected {size} elements, got {buffer.array.size}")
 
 
+_CHECKED_OPS: dict = {}
+
+
 def _reduce_op(op: Any, buffer: Buffer):
+    """``op`` as a ReduceOp valid for the buffer's dtype (checked once per (op, dtype))."""
+    key = (op, buffer.dtype_name)
+    try:
+        return _CHECKED_OPS[key]
+    except (KeyError, TypeError):
+        pass
     reduce_op = as_reduce_op(op)
     check_op_dtype(reduce_op, buffer.array.dtype, buffer.dtype_name)
+    try:
+        _CHECKED_OPS[key] = reduce_op
+    except TypeError:  # an unhashable op object: not cached
+        pass
     return reduce_op
 
 

@@ -31,10 +31,15 @@ def with_context(error: BaseException, prefix: str) -> BaseException:
 
 
 class Comm:
-    """One operation's messages over a transport, in group ranks."""
+    """One operation's messages over a transport, in group ranks; ``arena`` is the group's
+    shared-memory arena when its ranks share a host; ``hierarchy`` (local Comm, leaders'
+    Comm or None) is set for hierarchical algorithms."""
+
+    __slots__ = ("transport", "group_id", "ranks", "rank", "size", "seq", "deadline", "op_name", "timeout_text",
+                 "arena", "hierarchy", "_receives")
 
     def __init__(self, transport: Transport, group_id: int, ranks: list[int], rank: int,
-                 seq: int, deadline: Deadline, op_name: str, timeout_text: str = ""):
+                 seq: int, deadline: Deadline, op_name: str, timeout_text: str = "", arena=None):
         self.transport = transport
         self.group_id = group_id
         self.ranks = ranks
@@ -44,6 +49,8 @@ class Comm:
         self.deadline = deadline
         self.op_name = op_name
         self.timeout_text = timeout_text
+        self.arena = arena
+        self.hierarchy = None
         self._receives: list[Request] = []
 
     def describe(self) -> str:

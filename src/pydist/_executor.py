@@ -50,6 +50,37 @@ class OpQueue:
             self._execute_and_release(seq, operation, work)
         return work
 
+    def run_inline(self, body: Callable[[int], None]) -> bool:
+        """The latency path: run ``body(seq)`` now in the caller's thread if the group is
+        idle (True), else do nothing (False: the caller submits instead). Errors propagate;
+        a DistError breaks the queue as in ``submit``."""
+        with self._cond:
+            if self._closing:
+                raise DistBackendError(f"process group {self.name} has been destroyed")
+            if self._busy or self._pending:
+                return False
+            self._busy = True
+            self._seq += 1
+            seq = self._seq
+        try:
+            if self.broken is not None:
+                raise self._broken_error(seq)
+            body(seq)
+        except DistError as error:
+            if self.broken is None:
+                self.broken = error
+            raise
+        finally:
+            with self._cond:
+                self._busy = False
+                if self._pending:
+                    self._cond.notify_all()
+        return True
+
+    def _broken_error(self, seq: int) -> DistBackendError:
+        return DistBackendError(f"process group {self.name} is broken: an earlier operation failed "
+                                f"({self.broken}); operation seq {seq} was not run")
+
     def _start_thread(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=f"pydist-progress-{self.name}",
@@ -58,8 +89,7 @@ class OpQueue:
 
     def _execute(self, seq: int, operation: Operation, work: Work) -> None:
         if self.broken is not None:
-            work._fail(DistBackendError(f"process group {self.name} is broken: an earlier operation "
-                                        f"failed ({self.broken}); operation seq {seq} was not run"))
+            work._fail(self._broken_error(seq))
             return
         try:
             source = operation(seq)

@@ -27,6 +27,7 @@ class ProcessGroup:
         self._rank = self._ranks.index(global_rank)
         self._backend = backend
         self._timeout = timeout
+        self._timeout_text = f" after {timeout:g} s"
         self._queue = OpQueue(name)
 
     # -- torch's ProcessGroup API ---------------------------------------------------------
@@ -68,16 +69,19 @@ class ProcessGroup:
 
         ``timeout`` (seconds) narrows the group's timeout for this operation.
         """
-        work = Work(f"{name} on group {self.group_name}",
-                    results if results is not None else [b.obj for b in outputs])
         seconds = self._timeout if timeout is None else timeout
-        timeout_text = f" after {seconds:g} s"
+        timeout_text = self._timeout_text if timeout is None else f" after {seconds:g} s"
 
         def operation(seq: int) -> None:
             body(OpContext(name, seq, Deadline.after(seconds), timeout_text))
             for buffer in outputs:
-                buffer.finish()
+                if buffer.staged:
+                    buffer.finish()
 
+        if not async_op and self._queue.run_inline(operation):
+            return None
+        work = Work(f"{name} on group {self.group_name}",
+                    results if results is not None else [b.obj for b in outputs])
         self._queue.submit(operation, work, blocking=not async_op)
         if async_op:
             return work

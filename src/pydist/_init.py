@@ -96,9 +96,9 @@ def _make_transport(world: World, rank: int, size: int, store, deadline: Deadlin
     if world.transport_factory is not None:
         return world.transport_factory(rank, size, store, deadline)
     from .transport._identity import advertise_address, host_identity
-    from .transport.tcp import TcpTransport
+    from .transport.world import WorldTransport
     from ._world import local_host
-    return TcpTransport(rank, size, store, deadline, advertise_address(store), local_host(), host_identity())
+    return WorldTransport(rank, size, store, deadline, advertise_address(store), local_host(), host_identity())
 
 
 def init_process_group(backend: str | None = None, init_method: str | None = None,

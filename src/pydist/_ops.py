@@ -143,3 +143,14 @@ def finish(buf: np.ndarray, op: ReduceOp, group_size: int) -> None:
         inexact_negative = (buf < 0) & (buf % group_size != 0)
         np.floor_divide(buf, group_size, out=buf)
         np.add(buf, inexact_negative, out=buf, casting="unsafe")
+
+
+def reduce_many(parts: list[np.ndarray], out: np.ndarray, op: ReduceOp) -> None:
+    """``out = parts[0] op parts[1] op ...`` in this order (so every rank gets the same bits)."""
+    if len(parts) == 1:
+        out[...] = parts[0]
+        return
+    ufunc = _UFUNC[op.op]
+    ufunc(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        ufunc(out, part, out=out)

@@ -34,3 +34,8 @@ def segments(length: int, itemsize: int, segment_bytes: int) -> list[slice]:
 def tag(step: int, segment: int) -> int:
     """A message tag unique per (step, segment) within one operation."""
     return (step << 24) | segment
+
+
+def chunks(count: int, per: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of at most ``per`` covering ``count`` (one empty range for 0)."""
+    return [(start, min(start + per, count)) for start in range(0, count, max(per, 1))] or [(0, 0)]

@@ -8,7 +8,7 @@ transport Requests and do not go through the queue (they progress independently)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -17,8 +17,8 @@ from .._ops import ReduceOp
 from ..transport._base import Request
 
 
-@dataclass(frozen=True)
-class OpContext:
+class OpContext(NamedTuple):
+    """One operation's name, sequence number in its group, and deadline."""
     name: str
     seq: int
     deadline: Deadline

@@ -1,12 +1,18 @@
 """The native engine: picks an algorithm per call and runs it over the world's transport.
 
-Choice (overridable with ``PYDIST_ALGO_<COLLECTIVE>=<name>``, e.g.
-``PYDIST_ALGO_ALL_REDUCE=ring``; see docs/algorithms.md):
+Choice (docs/algorithms.md has the costs; ``PYDIST_ALGO_<COLLECTIVE>=<name>`` forces one,
+e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
 
-- all_reduce: recursive doubling up to ``SMALL_ALL_REDUCE_BYTES`` (or fewer elements than
-  ranks), the segmented ring above.
-- broadcast, reduce: binomial trees; all_gather, reduce_scatter: rings; all_to_all:
-  pairwise exchange; gather, scatter: linear; barrier: dissemination.
+- every rank of the group on this host, with shared memory: the ``shm`` algorithm of each
+  collective (through the group's arena);
+- ranks on several hosts: all_reduce ``hierarchical`` when some host has more than one of
+  them (shared memory inside hosts, the network between them); otherwise, and for the
+  other collectives, the network algorithms below, whose same-host pairs still go
+  through shared-memory rings;
+- network algorithms: all_reduce ``recursive_doubling`` up to SMALL_ALL_REDUCE_BYTES (or
+  fewer elements than ranks) and the segmented ``ring`` above; ``binomial`` trees for
+  broadcast and reduce; ``ring`` all_gather and reduce_scatter; ``pairwise`` all_to_all;
+  ``linear`` gather and scatter; ``dissemination`` barrier.
 
 AVG and PREMUL_SUM run as sums with a step before or after (see _ops).
 """
@@ -19,9 +25,10 @@ import numpy as np
 from .._comm import Comm, as_bytes
 from .._errors import DistError, GroupAbortedError
 from .._ops import ReduceOp, RedOpType, finish, prescale
-from ..algorithms import (allgather_ring, allreduce_recursive_doubling, allreduce_ring, alltoall_pairwise,
-                          barrier_dissemination, broadcast_binomial, gather_linear, reduce_binomial,
-                          reduce_scatter_ring, scatter_linear)
+from ..algorithms import (allgather_ring, allgather_shm, allreduce_hierarchical, allreduce_recursive_doubling,
+                          allreduce_ring, allreduce_shm, alltoall_pairwise, alltoall_shm, barrier_dissemination,
+                          barrier_shm, broadcast_binomial, broadcast_shm, gather_linear, gather_shm, reduce_binomial,
+                          reduce_scatter_ring, reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
 from ..algorithms._segments import DEFAULT_SEGMENT_BYTES
 from ..transport._base import MessageKey, Request, Transport
 from ._base import Backend, OpContext
@@ -29,17 +36,19 @@ from ._base import Backend, OpContext
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
 ALGORITHMS = {
-    "all_reduce": {"recursive_doubling": allreduce_recursive_doubling.all_reduce,
-                   "ring": allreduce_ring.all_reduce},
-    "broadcast": {"binomial": broadcast_binomial.broadcast},
-    "reduce": {"binomial": reduce_binomial.reduce},
-    "all_gather": {"ring": allgather_ring.all_gather},
-    "reduce_scatter": {"ring": reduce_scatter_ring.reduce_scatter},
-    "all_to_all": {"pairwise": alltoall_pairwise.all_to_all},
-    "gather": {"linear": gather_linear.gather},
-    "scatter": {"linear": scatter_linear.scatter},
-    "barrier": {"dissemination": barrier_dissemination.barrier},
+    "all_reduce": {"shm": allreduce_shm.all_reduce, "hierarchical": allreduce_hierarchical.all_reduce,
+                   "recursive_doubling": allreduce_recursive_doubling.all_reduce, "ring": allreduce_ring.all_reduce},
+    "broadcast": {"shm": broadcast_shm.broadcast, "binomial": broadcast_binomial.broadcast},
+    "reduce": {"shm": reduce_shm.reduce, "binomial": reduce_binomial.reduce},
+    "all_gather": {"shm": allgather_shm.all_gather, "ring": allgather_ring.all_gather},
+    "reduce_scatter": {"shm": reduce_scatter_shm.reduce_scatter, "ring": reduce_scatter_ring.reduce_scatter},
+    "all_to_all": {"shm": alltoall_shm.all_to_all, "pairwise": alltoall_pairwise.all_to_all},
+    "gather": {"shm": gather_shm.gather, "linear": gather_linear.gather},
+    "scatter": {"shm": scatter_shm.scatter, "linear": scatter_linear.scatter},
+    "barrier": {"shm": barrier_shm.barrier, "dissemination": barrier_dissemination.barrier},
 }
+NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial", "all_gather": "ring", "reduce_scatter": "ring",
+                   "all_to_all": "pairwise", "gather": "linear", "scatter": "linear", "barrier": "dissemination"}
 
 
 def segment_bytes_setting() -> int:
@@ -53,25 +62,16 @@ def segment_bytes_setting() -> int:
     return int(text)
 
 
-def forced_algorithm(collective: str) -> str | None:
-    """The algorithm named by PYDIST_ALGO_<COLLECTIVE>, validated; None when unset."""
-    name = os.environ.get(f"PYDIST_ALGO_{collective.upper()}")
-    if not name:
-        return None
-    if name not in ALGORITHMS[collective]:
-        raise ValueError(f"PYDIST_ALGO_{collective.upper()}={name!r}: expected one of "
-                         f"{sorted(ALGORITHMS[collective])}")
-    return name
-
-
-def choose(collective: str, nbytes: int = 0, count: int = 0, size: int = 1) -> str:
-    """The algorithm the engine runs for this call."""
-    forced = forced_algorithm(collective)
-    if forced:
-        return forced
-    if collective == "all_reduce":
-        return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < size else "ring"
-    return next(iter(ALGORITHMS[collective]))
+def forced_algorithms() -> dict[str, str]:
+    """The algorithms named by PYDIST_ALGO_<COLLECTIVE> variables, validated."""
+    forced = {}
+    for collective, choices in ALGORITHMS.items():
+        name = os.environ.get(f"PYDIST_ALGO_{collective.upper()}")
+        if name:
+            if name not in choices:
+                raise ValueError(f"PYDIST_ALGO_{collective.upper()}={name!r}: expected one of {sorted(choices)}")
+            forced[collective] = name
+    return forced
 
 
 class NativeBackend(Backend):
@@ -87,13 +87,94 @@ class NativeBackend(Backend):
         self.rank = rank
         self.size = len(ranks)
         self.segment_bytes = segment_bytes or segment_bytes_setting()
+        self.forced = forced_algorithms()
+        hosts = [transport.host_of(r) for r in ranks]
+        self.local = [g for g, host in enumerate(hosts) if host == hosts[rank]]  # group ranks on this host
+        self.spans_hosts = len(set(hosts)) > 1
+        self.leaders = sorted({host: g for g, host in reversed(list(enumerate(hosts)))}.values())
+        self._arena = None
+        self._arena_tried = False
+        self._local_arena = None
 
-    def _comm(self, ctx: OpContext) -> Comm:
-        return Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline,
-                    ctx.name, ctx.timeout_text)
+    # -- algorithm choice -----------------------------------------------------------------
+    def _arena_for(self, ctx: OpContext, group_ranks: list[int]):
+        """The arena of ``group_ranks`` (this host's), made on first use; None without one."""
+        index = group_ranks.index(self.rank)
+        return self.transport.arena(self.group_id, [self.ranks[g] for g in group_ranks], group_ranks, index,
+                                    ctx.deadline, self._describe)
+
+    def arena(self, ctx: OpContext):
+        if not self._arena_tried and self.size > 1 and not self.spans_hosts:
+            self._arena = self._arena_for(ctx, list(range(self.size)))
+            if self._arena is not None:
+                self._arena.alive = self._alive
+        self._arena_tried = True
+        return self._arena
+
+    def choose(self, collective: str, ctx: OpContext, nbytes: int = 0, count: int = 0) -> str:
+        forced = self.forced.get(collective)
+        if forced in ("shm", "hierarchical") and not self._can(forced, ctx):
+            raise ValueError(f"PYDIST_ALGO_{collective.upper()}={forced}: not possible for this group "
+                             f"(shm needs every rank on one host with shared memory; hierarchical needs several "
+                             f"hosts)")
+        if forced:
+            return forced
+        if self.size > 1 and self.arena(ctx) is not None:
+            return "shm"
+        if collective != "all_reduce":
+            return NETWORK_DEFAULT[collective]
+        if self.spans_hosts and len(self.leaders) < self.size:
+            return "hierarchical"
+        return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < self.size else "ring"
+
+    def _can(self, algorithm: str, ctx: OpContext) -> bool:
+        if algorithm == "shm":
+            return self.size == 1 or self.arena(ctx) is not None
+        return self.spans_hosts
+
+    # -- running --------------------------------------------------------------------------
+    def _describe(self, member: int) -> str:
+        world = self.ranks[member]
+        return f"rank {world} ({self.transport.peer_host(world)})"
+
+    def _alive(self) -> None:
+        error = self.transport.failure(self.group_id, self.ranks)
+        if error is not None:
+            raise error
+
+    def _comm(self, ctx: OpContext, algorithm: str) -> Comm:
+        comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
+                    ctx.timeout_text, self._arena if algorithm == "shm" else None)
+        if comm.arena is not None:
+            comm.arena.op = comm
+        if algorithm == "hierarchical":
+            comm.hierarchy = self._hierarchy(ctx)
+            if self._local_arena is not None:
+                self._local_arena.op = comm
+        return comm
+
+    def close(self) -> None:
+        for arena in (self._arena, self._local_arena):
+            if arena is not None:
+                arena.release()
+        self._arena = self._local_arena = None
+
+    def _hierarchy(self, ctx: OpContext) -> tuple[Comm, Comm | None]:
+        if self._local_arena is None and len(self.local) > 1:
+            self._local_arena = self._arena_for(ctx, self.local)
+            if self._local_arena is None:
+                raise ValueError("hierarchical all_reduce needs shared memory between the ranks of a host")
+            self._local_arena.alive = self._alive
+        local = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
+                     ctx.timeout_text, self._local_arena)
+        leaders = None
+        if self.rank in self.leaders:
+            leaders = Comm(self.transport, self.group_id, [self.ranks[g] for g in self.leaders],
+                           self.leaders.index(self.rank), ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text)
+        return local, leaders
 
     def _run(self, ctx: OpContext, collective: str, algorithm: str, *args) -> None:
-        comm = self._comm(ctx)
+        comm = self._comm(ctx, algorithm)
         try:
             ALGORITHMS[collective][algorithm](comm, *args)
         except BaseException as error:
@@ -103,11 +184,11 @@ class NativeBackend(Backend):
             raise
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
-        self._run(ctx, "broadcast", choose("broadcast"), buf, root, self.segment_bytes)
+        self._run(ctx, "broadcast", self.choose("broadcast", ctx), buf, root, self.segment_bytes)
 
     def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
         prescale(buf, op)
-        algorithm = choose("all_reduce", buf.nbytes, buf.size, self.size)
+        algorithm = self.choose("all_reduce", ctx, buf.nbytes, buf.size)
         self._run(ctx, "all_reduce", algorithm, buf, op, self.segment_bytes)
         finish(buf, op, self.size)
 
@@ -115,32 +196,32 @@ class NativeBackend(Backend):
         is_root = self.rank == root
         work = buf if is_root or op.op != RedOpType.PREMUL_SUM else buf.copy()
         prescale(work, op)
-        self._run(ctx, "reduce", choose("reduce"), work, root, op, self.segment_bytes)
+        self._run(ctx, "reduce", self.choose("reduce", ctx), work, root, op, self.segment_bytes)
         if is_root:
             finish(buf, op, self.size)
 
     def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> None:
-        self._run(ctx, "all_gather", choose("all_gather"), outputs, input, self.segment_bytes)
+        self._run(ctx, "all_gather", self.choose("all_gather", ctx), outputs, input, self.segment_bytes)
 
     def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "gather", choose("gather"), input, outputs, root)
+        self._run(ctx, "gather", self.choose("gather", ctx), input, outputs, root)
 
     def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "scatter", choose("scatter"), output, inputs, root)
+        self._run(ctx, "scatter", self.choose("scatter", ctx), output, inputs, root)
 
     def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None:
         if op.op == RedOpType.PREMUL_SUM:
             inputs = [block.copy() for block in inputs]
             for block in inputs:
                 prescale(block, op)
-        self._run(ctx, "reduce_scatter", choose("reduce_scatter"), output, inputs, op, self.segment_bytes)
+        self._run(ctx, "reduce_scatter", self.choose("reduce_scatter", ctx), output, inputs, op, self.segment_bytes)
         finish(output, op, self.size)
 
     def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
-        self._run(ctx, "all_to_all", choose("all_to_all"), outputs, inputs)
+        self._run(ctx, "all_to_all", self.choose("all_to_all", ctx), outputs, inputs)
 
     def barrier(self, ctx: OpContext) -> None:
-        self._run(ctx, "barrier", choose("barrier"))
+        self._run(ctx, "barrier", self.choose("barrier", ctx))
 
     def _p2p_key(self, tag: int) -> MessageKey:
         return MessageKey(self.group_id, 0, tag)

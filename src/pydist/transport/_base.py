@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from ._matching import Matcher
 
 
 class MessageKey(NamedTuple):
@@ -109,3 +112,19 @@ class Transport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Flush, say goodbye to peers and release every resource; idempotent."""
+
+    matcher: "Matcher"
+
+    def host_of(self, peer: int) -> str:
+        """Host identity of world rank ``peer``: ranks with equal identities share memory."""
+        return "local"
+
+    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe):
+        """A shared-memory arena for ``members`` (world ranks on this host), known to
+        algorithms by ``labels`` (their group ranks); this rank is member ``index``. None
+        when the transport has no shared memory for them."""
+        return None
+
+    def failure(self, group: int, peers: list[int]) -> BaseException | None:
+        """The error that ended ``group`` (aborted by a peer) or one of ``peers`` (dead), if any."""
+        return self.matcher.failure(group, peers)

@@ -146,6 +146,13 @@ class Matcher:
         for request in failed:
             request.complete(error)
 
+    def failure(self, group: int, sources: list[int]) -> BaseException | None:
+        """Why ``group`` cannot go on: aborted by a peer, or one of ``sources`` gone."""
+        error = self._aborted.get(group)
+        if error is None:
+            error = next((self._dead[s] for s in sources if s in self._dead), None)
+        return error
+
     def pending_receives(self) -> int:
         """Receives posted and not yet matched (for tests and leak checks)."""
         with self._lock:

@@ -133,8 +133,8 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
 
 
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str,
-               deadline: Deadline) -> tuple[dict[int, socket.socket], list[PeerRecord]]:
-    """Sockets to every other rank (blocking mode) and every rank's record."""
+               deadline: Deadline) -> tuple[dict[int, socket.socket], list[PeerRecord], str]:
+    """Sockets to every other rank (blocking mode), every rank's record, the world token."""
     with socket.create_server((address, 0), backlog=max(size, 16)) as listener:
         record = PeerRecord(rank, address, listener.getsockname()[1], hostname, host_id)
         records, token = publish_and_collect(store, rank, size, record, deadline)
@@ -147,4 +147,4 @@ def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id
             for sock in sockets.values():
                 sock.close()
             raise
-    return sockets, records
+    return sockets, records, token

@@ -10,6 +10,9 @@ import threading
 from .._errors import DistBackendError, GroupAbortedError, PeerFailedError
 from ._base import MessageKey, Request, Transport, completed_request
 from ._matching import Matcher, Unexpected, size_mismatch
+from ._segment import anonymous
+from ._signal import oversubscribed
+from .arena import Arena, arena_bytes
 
 
 def aborted_by(rank: int, host: str, message: str) -> GroupAbortedError:
@@ -19,12 +22,14 @@ def aborted_by(rank: int, host: str, message: str) -> GroupAbortedError:
 class LoopbackFabric:
     """The shared switchboard of ``size`` thread-ranks; ``transport(rank)`` for each."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, hosts: list[str] | None = None):
         if size < 1:
             raise ValueError(f"size: expected >= 1, got {size}")
         self.size = size
+        self.hosts = hosts or ["local"] * size
         self.matchers = [Matcher() for _ in range(size)]
         self.closed: set[int] = set()
+        self.arenas: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
 
     def transport(self, rank: int) -> "LoopbackTransport":
@@ -72,7 +77,27 @@ class LoopbackTransport(Transport):
                 self.fabric.matchers[peer].fail_group(group, aborted_by(self.rank, "local", message))
 
     def peer_host(self, peer: int) -> str:
-        return "local"
+        return self.fabric.hosts[peer]
+
+    def host_of(self, peer: int) -> str:
+        return self.fabric.hosts[peer]
+
+    @property
+    def matcher(self) -> Matcher:
+        return self.fabric.matchers[self.rank]
+
+    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe):
+        """An arena in memory shared by the thread-ranks (same code as the shared-memory one)."""
+        if len({self.fabric.hosts[m] for m in members}) > 1:
+            return None
+        from .world import bytes_setting
+        slot = bytes_setting("PYDIST_SHM_SLOT_BYTES", 64 * 1024, minimum=64)
+        with self.fabric._lock:
+            key = (group_id, tuple(members))
+            if key not in self.fabric.arenas:
+                self.fabric.arenas[key] = anonymous(arena_bytes(len(members), slot))
+            memory, base = self.fabric.arenas[key]
+        return Arena(memory, base, labels, index, slot, oversubscribed(self.size), describe)
 
     def close(self) -> None:
         with self.fabric._lock:

@@ -20,8 +20,9 @@ from collections import deque
 from .._deadline import Deadline
 from .._errors import DistBackendError, PeerFailedError
 from ._base import MessageKey, Request, Transport, completed_request
-from ._framing import Chunk, FrameDecoder, FramingError, Header, Kind, encode_frame, encode_header
-from ._matching import Matcher, Unexpected, size_mismatch
+from ._framing import FramingError, Header, Kind, encode_frame, encode_header
+from ._matching import Matcher
+from ._receiver import FrameReceiver
 from .loopback import aborted_by
 from ._mesh import PeerRecord, build_mesh
 
@@ -64,13 +65,9 @@ class _Connection:
         self.host = host
         self.sock = sock
         sock.setblocking(False)
-        self.decoder = FrameDecoder()
+        self.receiver = FrameReceiver(peer, transport.matcher, self._control)
         self.staging = bytearray(STAGING_BYTES)
         self.staging_view = memoryview(self.staging)
-        self.header: Header | None = None
-        self.target: Request | Unexpected | bytearray | None = None
-        self.dest: memoryview | None = None
-        self.filled = 0
         self.send_lock = threading.Lock()
         self.queue: deque[_Outgoing] = deque()
         self.want_write = False
@@ -130,74 +127,27 @@ class _Connection:
     # -- receiving (I/O thread) -----------------------------------------------------------
     def on_readable(self) -> None:
         """Read what is available; raises OSError/FramingError/EOFError on a broken peer."""
+        receiver = self.receiver
         while True:
-            if self.dest is not None and self.decoder.payload_left >= DIRECT_MIN:
-                want = self.decoder.payload_left
-                try:
-                    n = self.sock.recv_into(self.dest[self.filled:self.filled + want])
-                except BlockingIOError:
-                    return
-                if n == 0:
-                    raise EOFError
-                self.decoder.skip_payload(n)
-                self.filled += n
-                if self.decoder.payload_left == 0:
-                    self._finish()
-                continue
+            direct = receiver.direct_view(DIRECT_MIN)
             try:
-                n = self.sock.recv_into(self.staging)
+                n = self.sock.recv_into(direct if direct is not None else self.staging)
             except BlockingIOError:
                 return
             if n == 0:
                 raise EOFError
-            for event in self.decoder.feed(self.staging_view[:n]):
-                if isinstance(event, Header):
-                    self._start(event)
-                else:
-                    self._payload(event)
+            if direct is not None:
+                receiver.direct_done(n)
+                continue
+            receiver.feed(self.staging_view[:n])
             if n < STAGING_BYTES:
                 return
 
-    def _start(self, header: Header) -> None:
-        self.header = header
-        self.filled = 0
-        if header.kind == Kind.DATA:
-            key = MessageKey(header.group, header.seq, header.tag)
-            target = self.transport.matcher.arrive(self.peer, key, header.nbytes)
-            if isinstance(target, Unexpected):
-                self.target, self.dest = target, memoryview(target.data)
-            elif target.nbytes != header.nbytes:
-                target.complete(size_mismatch(target, self.peer, key, header.nbytes))
-                self.target, self.dest = None, None
-            else:
-                self.target, self.dest = target, target.buffer
-        elif header.kind in (Kind.ABORT, Kind.BYE):
-            self.target = bytearray(header.nbytes)
-            self.dest = memoryview(self.target)
-        else:
-            raise FramingError(f"unexpected {header.kind.name} frame from rank {self.peer}")
-        if header.nbytes == 0:
-            self._finish()
-
-    def _payload(self, chunk: Chunk) -> None:
-        size = chunk.data.nbytes
-        if self.dest is not None:
-            self.dest[self.filled:self.filled + size] = chunk.data
-        self.filled += size
-        if chunk.last:
-            self._finish()
-
-    def _finish(self) -> None:
-        header, target = self.header, self.target
-        self.header, self.target, self.dest = None, None, None
-        if isinstance(target, Request):
-            target.complete(source=self.peer)
-        elif isinstance(target, Unexpected):
-            self.transport.matcher.unexpected_done(target)
-        elif header.kind == Kind.BYE:
+    def _control(self, header: Header, payload: bytes) -> None:
+        if header.kind == Kind.BYE:
             self.bye_received = True
-        elif header.kind == Kind.ABORT:
-            self.transport._peer_aborted(self.peer, header.group, bytes(target).decode(errors="replace"))
+        else:
+            self.transport._peer_aborted(self.peer, header.group, payload.decode(errors="replace"))
 
     def _failure(self, cause: BaseException | None) -> PeerFailedError:
         me = self.transport.rank
@@ -224,20 +174,19 @@ class _Connection:
         for outgoing in queued:
             if outgoing.request is not None:
                 outgoing.request.complete(self.error)
-        if isinstance(self.target, Request):
-            self.target.complete(self.error)
-        self.target, self.dest = None, None
-        self.transport.matcher.fail_source(self.peer, self.error)
+        self.receiver.abandon(self.error)
+        self.transport._on_peer_failed(self.peer, self.error)
 
 
 class TcpTransport(Transport):
     """The tcp transport of one rank: sockets to all peers and their I/O thread."""
 
     def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str,
-                 hostname: str, host_id: str):
+                 hostname: str, host_id: str, matcher: Matcher | None = None, on_peer_failed=None):
         self.rank, self.size = rank, size
-        self.matcher = Matcher()
-        sockets, self.records = build_mesh(store, rank, size, address, hostname, host_id, deadline)
+        self.matcher = matcher if matcher is not None else Matcher()
+        self._on_peer_failed = on_peer_failed or self.matcher.fail_source
+        sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline)
         self._conns = {peer: _Connection(self, peer, sock, self.records[peer].hostname)
                        for peer, sock in sockets.items()}
         self._selector = selectors.DefaultSelector()

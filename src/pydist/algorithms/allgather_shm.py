@@ -1,0 +1,30 @@
+"""Same-host all_gather through the group's shared-memory arena.
+
+Per chunk: every rank copies its part into its slot, a barrier, every rank copies every
+slot out (n copies out per rank, one barrier per chunk). Parts may differ in size. The
+engine picks it for every all_gather of a same-host group.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._comm import Comm
+from ..transport.arena import fingerprint
+from ._segments import chunks
+
+
+def all_gather(comm: Comm, outputs: list[np.ndarray], input: np.ndarray, segment_bytes: int = 0) -> None:
+    """``outputs[i]`` = rank i's ``input``, on every rank."""
+    arena, deadline, dtype = comm.arena, comm.deadline, input.dtype
+    me = arena.rank
+    longest = max(out.size for out in outputs)
+    call = fingerprint("all_gather", dtype, longest)
+    for a, b in chunks(longest, arena.slot_bytes // input.itemsize):
+        parity = arena.next_parity()
+        mine = input[a:b]
+        arena.slot(parity, me, dtype)[:mine.size] = mine
+        arena.sync(deadline, call)
+        call = 0
+        for member, out in enumerate(outputs):
+            part = out[a:b]
+            part[...] = arena.slot(parity, member, dtype)[:part.size]

@@ -1,0 +1,58 @@
+"""Same-host all_reduce through the group's shared-memory arena.
+
+Per chunk of ``slot_bytes``: every rank copies its part into its slot, a barrier, then
+- 2 ranks (or small chunks): each rank reduces every slot straight into its own buffer
+  (one barrier per chunk; reads n chunks, writes one);
+- more ranks: each reduces its 1/n slice of all slots into the shared slot, a barrier,
+  then each copies the whole result out (two barriers; the reduction work is split).
+Chunks alternate between two parities, so one rank can copy the next chunk in while
+another still reduces or copies out the previous one. Results are bitwise identical on
+every rank (same inputs, same order). The engine picks it for every all_reduce of a group
+whose ranks share a host.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._comm import Comm
+from .._ops import ReduceOp, reduce_many
+from ..transport.arena import fingerprint
+from ._segments import block_bounds, chunks
+
+#: chunks smaller than this are reduced whole by every rank (latency beats splitting)
+SPLIT_MIN_BYTES = 64 * 1024
+
+
+def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0) -> None:
+    """Reduce ``buf`` over the group, in place on every rank."""
+    reduce_chunks(comm, buf, op, fingerprint("all_reduce", buf.dtype, buf.size, reduce_op=op.op), deliver=True)
+
+
+def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver: bool) -> None:
+    """Reduce every member's ``buf`` chunk by chunk; the result replaces ``buf`` where
+    ``deliver`` (every rank for all_reduce, the root for reduce)."""
+    arena = comm.arena
+    for a, b in chunks(buf.size, arena.slot_bytes // buf.itemsize):
+        parity = arena.next_parity()
+        arena.slot(parity, arena.rank, buf.dtype)[:b - a] = buf[a:b]
+        arena.sync(comm.deadline, call)
+        call = 0
+        reduce_chunk(comm, parity, buf[a:b], op, deliver)
+
+
+def reduce_chunk(comm: Comm, parity: int, out: np.ndarray, op: ReduceOp, deliver: bool) -> None:
+    """Reduce the first ``out.size`` elements of every member's slot of ``parity`` (after the
+    sync that follows copying in); write the result into ``out`` when ``deliver``."""
+    arena = comm.arena
+    n, length = arena.size, out.size
+    slots = [arena.slot(parity, m, out.dtype)[:length] for m in range(n)]
+    if n <= 2 or length * out.itemsize < SPLIT_MIN_BYTES:
+        if deliver:
+            reduce_many(slots, out, op)
+        return
+    lo, hi = block_bounds(length, n)[arena.rank]
+    result = arena.shared(parity, out.dtype)
+    reduce_many([s[lo:hi] for s in slots], result[lo:hi], op)
+    arena.sync(comm.deadline)
+    if deliver:
+        out[...] = result[:length]

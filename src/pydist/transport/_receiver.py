@@ -1,0 +1,93 @@
+"""One peer's incoming byte stream turned into deliveries (shared by the tcp and shm transports).
+
+Frames are decoded sans-IO; a DATA frame goes straight into its posted receive, or is held
+as unexpected (see _matching); BYE and ABORT frames go to ``on_control``. A transport that
+can read a large payload directly into its destination asks ``direct_view`` for the place
+and reports with ``direct_done``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ._base import MessageKey, Request
+from ._framing import Chunk, FrameDecoder, FramingError, Header, Kind
+from ._matching import Matcher, Unexpected, size_mismatch
+
+
+class FrameReceiver:
+    """Decoding and delivery state for the frames coming from one peer."""
+
+    def __init__(self, peer: int, matcher: Matcher, on_control: Callable[[Header, bytes], None]):
+        self.peer = peer
+        self.matcher = matcher
+        self.on_control = on_control
+        self.decoder = FrameDecoder()
+        self._header: Header | None = None
+        self._target: Request | Unexpected | bytearray | None = None
+        self._dest: memoryview | None = None
+        self._filled = 0
+
+    def feed(self, data: memoryview) -> None:
+        """Consume bytes of the stream (any split); FramingError on garbage."""
+        for event in self.decoder.feed(data):
+            if isinstance(event, Header):
+                self._start(event)
+            else:
+                self._payload(event)
+
+    def direct_view(self, minimum: int) -> memoryview | None:
+        """Where the rest of the current payload goes, when at least ``minimum`` bytes remain."""
+        if self._dest is None or self.decoder.payload_left < minimum:
+            return None
+        return self._dest[self._filled:self._filled + self.decoder.payload_left]
+
+    def direct_done(self, nbytes: int) -> None:
+        """``nbytes`` of payload were written into ``direct_view()`` by the caller."""
+        self.decoder.skip_payload(nbytes)
+        self._filled += nbytes
+        if self.decoder.payload_left == 0:
+            self._finish()
+
+    def abandon(self, error: BaseException) -> None:
+        """The stream broke: fail the receive being filled, if any."""
+        if isinstance(self._target, Request):
+            self._target.complete(error)
+        self._header, self._target, self._dest = None, None, None
+
+    def _start(self, header: Header) -> None:
+        self._header, self._filled = header, 0
+        if header.kind == Kind.DATA:
+            key = MessageKey(header.group, header.seq, header.tag)
+            target = self.matcher.arrive(self.peer, key, header.nbytes)
+            if isinstance(target, Unexpected):
+                self._target, self._dest = target, memoryview(target.data)
+            elif target.nbytes != header.nbytes:
+                target.complete(size_mismatch(target, self.peer, key, header.nbytes))
+                self._target, self._dest = None, None
+            else:
+                self._target, self._dest = target, target.buffer
+        elif header.kind in (Kind.ABORT, Kind.BYE):
+            self._target = bytearray(header.nbytes)
+            self._dest = memoryview(self._target)
+        else:
+            raise FramingError(f"unexpected {header.kind.name} frame from rank {self.peer}")
+        if header.nbytes == 0:
+            self._finish()
+
+    def _payload(self, chunk: Chunk) -> None:
+        size = chunk.data.nbytes
+        if self._dest is not None:
+            self._dest[self._filled:self._filled + size] = chunk.data
+        self._filled += size
+        if chunk.last:
+            self._finish()
+
+    def _finish(self) -> None:
+        header, target = self._header, self._target
+        self._header, self._target, self._dest = None, None, None
+        if isinstance(target, Request):
+            target.complete(source=self.peer)
+        elif isinstance(target, Unexpected):
+            self.matcher.unexpected_done(target)
+        elif header.kind in (Kind.BYE, Kind.ABORT):
+            self.on_control(header, bytes(target))

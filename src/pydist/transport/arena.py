@@ -1,0 +1,156 @@
+"""A group's same-host arena: shared slots every member can read, and phase counters.
+
+Layout: a 64-byte line with the Signal (doorbell, sleepers); one 64-byte line per member
+holding [phase, fingerprint x2, value x2] (fingerprint and value double-buffered by phase
+parity, so a fast member writing its next ones cannot change what a slow one still
+compares); then 2 parities x (members + 1) slots of
+``slot_bytes``: one slot per member and one shared slot. Algorithms alternate parities per
+use (``next_parity``) and separate writing from reading with ``sync``; the invariant that
+makes reuse safe: data written for a use is read only between that use's sync and the
+member's next sync, and a member writes a parity again only after a later sync.
+
+``sync`` is a barrier of the members (spin, yield, then futex sleep; see _signal). It can
+carry a fingerprint of the call (op, dtype, count, root, reduce op): members whose
+fingerprints differ all raise DistBackendError naming the rank and both calls, instead of
+hanging or mixing data. ``exchange(value)`` is a sync that also returns every member's
+value (e.g. the longest part of an uneven all_to_all).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .._deadline import Deadline
+from .._errors import DistBackendError
+from ._signal import Signal, WaitTimeout
+
+LINE = 64
+DEFAULT_SLOT_BYTES = 1 << 20
+
+
+def arena_bytes(members: int, slot_bytes: int) -> int:
+    return _data_offset(members) + 2 * (members + 1) * slot_bytes
+
+
+def _data_offset(members: int) -> int:
+    header = LINE * (1 + members)
+    return (header + 4095) // 4096 * 4096
+
+
+class Arena:
+    """One member's handle on a shared arena (each member has its own object)."""
+
+    def __init__(self, memory: np.ndarray, base: int, members: list[int], index: int, slot_bytes: int,
+                 oversubscribed: bool, describe: Callable[[int], str] = str, keepalive: object = None):
+        self.members = members  # group ranks of the members, in arena order
+        self.size = len(members)
+        self.rank = index
+        self.slot_bytes = slot_bytes
+        self._keepalive = keepalive  # the segment that owns ``memory``
+        self._describe = describe
+        self._signal = Signal(memoryview(memory), base, 0, oversubscribed)
+        self._words = memoryview(memory).cast("Q")
+        self._line = [(LINE * (1 + m)) // 8 for m in range(self.size)]
+        start = _data_offset(self.size)
+        self._slots = [[memory[start + (p * (self.size + 1) + m) * slot_bytes:
+                               start + (p * (self.size + 1) + m + 1) * slot_bytes] for m in range(self.size + 1)]
+                       for p in (0, 1)]
+        self._typed: dict[np.dtype, list[list[np.ndarray]]] = {}
+        self.phase = self._words[self._line[index]]
+        self._uses = 0
+        self.alive: Callable[[], None] | None = None
+        self.op: object = None  # the running operation's Comm, for error messages
+
+    def release(self) -> None:
+        """Give the memory back: unlink the segment if nobody did yet (a member never
+        attached), unmap it once no view is left."""
+        if self._keepalive is not None:
+            self._keepalive.unlink()
+            self._keepalive.close()
+
+    def next_parity(self) -> int:
+        parity = self._uses & 1
+        self._uses += 1
+        return parity
+
+    def _views(self, dtype: np.dtype) -> list[list[np.ndarray]]:
+        views = self._typed.get(dtype)
+        if views is None:
+            count = self.slot_bytes // dtype.itemsize
+            views = [[slot[:count * dtype.itemsize].view(dtype) for slot in parity] for parity in self._slots]
+            self._typed[dtype] = views
+        return views
+
+    def slot(self, parity: int, member: int, dtype: np.dtype) -> np.ndarray:
+        """Member ``member``'s slot of ``parity`` as ``dtype`` elements."""
+        return self._views(dtype)[parity][member]
+
+    def shared(self, parity: int, dtype: np.dtype) -> np.ndarray:
+        """The shared slot of ``parity`` as ``dtype`` elements."""
+        return self._views(dtype)[parity][self.size]
+
+    def sync(self, deadline: Deadline, fingerprint: int = 0, value: int = 0) -> None:
+        """Barrier of the members; with a fingerprint, raise when the members' calls differ."""
+        self.phase += 1
+        line = self._line[self.rank]
+        if fingerprint or value:
+            self._words[line + 1 + (self.phase & 1)] = fingerprint
+            self._words[line + 3 + (self.phase & 1)] = value
+        self._signal.publish(line, self.phase)
+        for member in range(self.size):
+            if member != self.rank:
+                self._wait(member, deadline)
+        if fingerprint:
+            self._check(fingerprint)
+
+    def exchange(self, deadline: Deadline, fingerprint: int, value: int) -> list[int]:
+        """A sync that returns every member's ``value``."""
+        self.sync(deadline, fingerprint, value)
+        return [self._words[self._line[m] + 3 + (self.phase & 1)] for m in range(self.size)]
+
+    def _wait(self, member: int, deadline: Deadline) -> None:
+        try:
+            self._signal.wait_at_least(self._line[member], self.phase, deadline, self.alive)
+        except WaitTimeout:
+            op = self.op
+            what = f"{op.describe()} timed out{op.timeout_text}" if op is not None else "shared-memory wait timed out"
+            raise DistBackendError(f"{what} waiting for {self._describe(member)}; that rank has not reached this "
+                                   f"operation or is stuck") from None
+
+    def _check(self, fingerprint: int) -> None:
+        for member in range(self.size):
+            theirs = self._words[self._line[member] + 1 + (self.phase & 1)]
+            if theirs != fingerprint:
+                raise DistBackendError(f"ranks called different operations: {self._describe(member)} called "
+                                       f"{describe_fingerprint(theirs)} while this rank called "
+                                       f"{describe_fingerprint(fingerprint)}")
+
+
+OPS = ["barrier", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
+       "all_to_all"]
+REDUCE_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+          "float32", "float64", "complex64", "complex128", "longdouble", "clongdouble"]
+
+
+_OP_CODES = {op: i + 1 for i, op in enumerate(OPS)}
+_DTYPE_CODES = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
+
+
+def fingerprint(op: str, dtype: np.dtype | None = None, count: int = 0, root: int = -1, reduce_op: int = 0) -> int:
+    """A call's identity packed in 63 bits (op, dtype, reduce op, root, count) — readable back."""
+    code = _DTYPE_CODES.get(dtype, 0) if dtype is not None else 0
+    return (_OP_CODES[op] << 56 | code << 50 | (reduce_op & 0xF) << 46 | ((root + 1) & 0x3FFF) << 32
+            | (count & 0xFFFFFFFF))
+
+
+def describe_fingerprint(value: int) -> str:
+    op = OPS[(value >> 56) - 1] if 0 < (value >> 56) <= len(OPS) else "?"
+    code = (value >> 50) & 0x3F
+    dtype = DTYPES[code - 1] if 0 < code <= len(DTYPES) else None
+    root = ((value >> 32) & 0x3FFF) - 1
+    parts = [f"{value & 0xFFFFFFFF} x {dtype}" if dtype else None,
+             f"root {root}" if root >= 0 else None,
+             REDUCE_OPS[(value >> 46) & 0xF] if op in ("all_reduce", "reduce", "reduce_scatter") else None]
+    return f"{op}(" + ", ".join(p for p in parts if p) + ")"

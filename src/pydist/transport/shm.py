@@ -1,0 +1,261 @@
+"""Shared-memory channels between the ranks of one host: one ring per ordered pair.
+
+A host segment (created by the host's lowest rank, unlinked once every local rank mapped
+it) holds, per local rank, a Signal (doorbell + sleepers) and, per ordered pair, a
+single-producer single-consumer byte ring carrying the same frames as tcp. A send writes
+what fits at once from the caller's thread and rings the receiver's doorbell; the rest is
+pushed by the sender's progress thread as the receiver frees space (it rings the sender
+when the sender said it waits for space). Each process has one progress thread: it drains
+its incoming rings into posted receives (or holds messages as unexpected, see _matching)
+and pushes pending sends; when idle it sleeps on its doorbell futex. Frame decoding is the
+sans-IO FrameReceiver shared with tcp.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+
+from .._deadline import Deadline
+from .._errors import PeerFailedError
+from . import _atomics as atomics
+from ._base import MessageKey, Request
+from ._framing import Kind, encode_header
+from ._matching import Matcher
+from ._receiver import FrameReceiver
+from ._signal import SLEEP_SLICE, Signal
+
+LINE = 64
+DEFAULT_RING_BYTES = 1 << 20
+
+
+def ring_bytes_for(local_ranks: int, requested: int = DEFAULT_RING_BYTES) -> int:
+    """Ring capacity: the request, shrunk so all rings of a host stay under 256 MiB."""
+    pairs = max(local_ranks * (local_ranks - 1), 1)
+    size = min(requested, (256 << 20) // pairs)
+    return max(64 << 10, size // 4096 * 4096)
+
+
+def host_segment_bytes(local_ranks: int, ring_bytes: int) -> int:
+    return _rings_offset(local_ranks) + local_ranks * local_ranks * ring_bytes
+
+
+def _rings_offset(local_ranks: int) -> int:
+    header = LINE * (1 + local_ranks + 2 * local_ranks * local_ranks)
+    return (header + 4095) // 4096 * 4096
+
+
+class _Ring:
+    """One ordered pair's ring: positions are byte counts since the start (never wrap)."""
+
+    def __init__(self, memory: np.ndarray, base: int, local_ranks: int, source: int, target: int, capacity: int):
+        index = source * local_ranks + target
+        self.tail_word = (LINE * (1 + local_ranks + 2 * index)) // 8
+        self.head_word = self.tail_word + LINE // 8
+        self.want_word = self.head_word + 1
+        self.base = base
+        start = _rings_offset(local_ranks) + index * capacity
+        self.data = memoryview(memory[start:start + capacity])
+        self.capacity = capacity
+
+
+class _Writer:
+    """The sending end of a ring: frames not yet written, in order."""
+
+    def __init__(self, ring: _Ring):
+        self.ring = ring
+        self.lock = threading.Lock()
+        self.pending: deque[tuple[list[memoryview], Request | None]] = deque()
+        self.error: BaseException | None = None
+
+
+class ShmTransport:
+    """Shared-memory channels of one rank to the other ranks of its host (world ranks)."""
+
+    def __init__(self, rank: int, local_ranks: list[int], memory: np.ndarray, base: int, ring_bytes: int,
+                 matcher: Matcher, oversubscribed: bool, keepalive: object = None):
+        self.rank = rank
+        self.local = local_ranks
+        self.matcher = matcher
+        self._keepalive = keepalive
+        self._gone: dict[int, BaseException] = {}
+        count, me = len(local_ranks), local_ranks.index(rank)
+        self._words = memoryview(memory).cast("Q")
+        self._base = base
+        self._signals = [Signal(memoryview(memory), base, LINE * (1 + i), oversubscribed) for i in range(count)]
+        self._index = {peer: i for i, peer in enumerate(local_ranks)}
+        self._writers = {peer: _Writer(_Ring(memory, base, count, me, i, ring_bytes))
+                         for peer, i in self._index.items() if peer != rank}
+        self._readers = {peer: (_Ring(memory, base, count, i, me, ring_bytes),
+                                FrameReceiver(peer, matcher, lambda header, payload: None))
+                         for peer, i in self._index.items() if peer != rank}
+        self._me = me
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"pydist-shm-progress-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- positions ------------------------------------------------------------------------
+    def _load(self, word: int) -> int:
+        if atomics.PLAIN_ORDERING:
+            return self._words[word]
+        return atomics.load_u64_acquire(self._base + 8 * word)
+
+    def _store(self, ring: _Ring, word: int, value: int) -> None:
+        atomics.exchange_u64(ring.base + 8 * word, value)
+
+    # -- sending --------------------------------------------------------------------------
+    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+        request = Request(peer, data)
+        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes))
+        self._send(peer, [header, data], request)
+        return request
+
+    def _send(self, peer: int, parts: list[memoryview], request: Request | None) -> None:
+        writer = self._writers[peer]
+        with writer.lock:
+            if writer.error is not None:
+                if request is not None:
+                    request.complete(writer.error)
+                return
+            writer.pending.append((parts, request))
+            if len(writer.pending) == 1:
+                self._push(peer, writer)
+        if writer.pending:
+            self._signals[self._me].ring()  # our progress thread finishes it
+
+    def _push(self, peer: int, writer: _Writer) -> bool:
+        """Write pending frames while there is space (writer.lock held); True if any byte moved."""
+        ring, moved = writer.ring, False
+        tail = self._words[ring.tail_word]
+        while writer.pending:
+            parts, request = writer.pending[0]
+            head = self._load(ring.head_word)
+            space = ring.capacity - (tail - head)
+            if space == 0:
+                self._store(ring, ring.want_word, 1)
+                if ring.capacity - (tail - self._load(ring.head_word)) == 0:
+                    break
+                continue
+            while parts and space:
+                part = parts[0]
+                take = min(part.nbytes, space)
+                tail = self._copy_in(ring, tail, part[:take])
+                space -= take
+                moved = True
+                if take == part.nbytes:
+                    parts.pop(0)
+                else:
+                    parts[0] = part[take:]
+            if parts:
+                continue
+            writer.pending.popleft()
+            if request is not None:
+                request.complete()
+        if moved:
+            self._publish_tail(peer, ring, tail)
+        if not writer.pending:
+            self._words[ring.want_word] = 0
+        return moved
+
+    @staticmethod
+    def _copy_in(ring: _Ring, tail: int, data: memoryview) -> int:
+        offset = tail % ring.capacity
+        first = min(data.nbytes, ring.capacity - offset)
+        ring.data[offset:offset + first] = data[:first]
+        if first < data.nbytes:
+            ring.data[:data.nbytes - first] = data[first:]
+        return tail + data.nbytes
+
+    def _publish_tail(self, peer: int, ring: _Ring, tail: int) -> None:
+        if atomics.PLAIN_ORDERING:
+            self._words[ring.tail_word] = tail
+        else:
+            atomics.store_u64_release(ring.base + 8 * ring.tail_word, tail)
+        self._signals[self._index[peer]].ring()
+
+    # -- receiving ------------------------------------------------------------------------
+    def _drain(self, peer: int) -> bool:
+        """Consume what ``peer`` wrote to us; True if anything was read."""
+        ring, receiver = self._readers[peer]
+        head, tail = self._words[ring.head_word], self._load(ring.tail_word)
+        if head == tail:
+            return False
+        offset, available = head % ring.capacity, tail - head
+        first = min(available, ring.capacity - offset)
+        receiver.feed(ring.data[offset:offset + first])
+        if first < available:
+            receiver.feed(ring.data[:available - first])
+        self._store(ring, ring.head_word, tail)
+        if self._words[ring.want_word]:
+            self._signals[self._index[peer]].ring()
+        return True
+
+    # -- progress thread ------------------------------------------------------------------
+    def _poll(self) -> bool:
+        busy = False
+        for peer in self._readers:
+            busy |= self._drain(peer)
+        for peer in list(self._gone):  # after the drain: what the peer wrote before leaving counts
+            error = self._gone.pop(peer)
+            self.fail_peer(peer, error)
+            self.matcher.fail_source(peer, error)
+        for peer, writer in self._writers.items():
+            if writer.pending and writer.lock.acquire(blocking=False):
+                try:
+                    busy |= self._push(peer, writer)
+                finally:
+                    writer.lock.release()
+        return busy
+
+    def _run(self) -> None:
+        signal = self._signals[self._me]
+        while not self._stopping:
+            if self._poll():
+                continue
+            signal.sleep(lambda: self._stopping or self._has_work(), SLEEP_SLICE)
+
+    def _has_work(self) -> bool:
+        if self._gone:
+            return True
+        for ring, _ in self._readers.values():
+            if self._words[ring.head_word] != self._load(ring.tail_word):
+                return True
+        return any(w.pending and w.ring.capacity > self._words[w.ring.tail_word] - self._load(w.ring.head_word)
+                   for w in self._writers.values())
+
+    def peer_gone(self, peer: int, error: BaseException) -> None:
+        """``peer`` left (its tcp connection closed): deliver what it already wrote to us,
+        then fail its receives and our sends to it (done by the progress thread)."""
+        self._gone[peer] = error
+        self._signals[self._me].ring()
+
+    def fail_peer(self, peer: int, error: BaseException) -> None:
+        """``peer`` died: fail sends still waiting for ring space."""
+        writer = self._writers.get(peer)
+        if writer is None:
+            return
+        with writer.lock:
+            writer.error = error
+            pending, writer.pending = list(writer.pending), deque()
+        for _, request in pending:
+            if request is not None:
+                request.complete(error)
+
+    def idle(self) -> bool:
+        return all(not w.pending or w.error is not None for w in self._writers.values())
+
+    def close(self, deadline: Deadline) -> None:
+        """Let pending sends drain (until ``deadline``), then stop the progress thread."""
+        while not self.idle() and not deadline.expired():
+            self._signals[self._me].ring()
+            threading.Event().wait(0.001)
+        self._stopping = True
+        self._signals[self._me].ring()
+        self._thread.join(timeout=5)
+        gone = PeerFailedError(f"rank {self.rank} closed its shared-memory channels", rank=self.rank)
+        for peer in self._writers:
+            self.fail_peer(peer, gone)
+        if self._keepalive is not None:
+            self._keepalive.unlink()  # in case a local rank never attached
+            self._keepalive.close()

@@ -1,0 +1,120 @@
+"""The world's transport: tcp to every peer, shared memory to peers on the same host.
+
+Every rank keeps one tcp connection per peer (the fallback, the carrier of ABORT frames,
+and the liveness signal: a local peer's death closes its socket). Data for a peer on the
+same host goes through the shared-memory rings instead; both deliver into one Matcher, so
+receives (any-source included) do not care which way a message came. Groups whose
+members share this host get a shared-memory arena (``arena``) for their collectives.
+
+Shared memory is off when PYDIST_SHM=0, when this host has a single rank, or when the
+machine lacks what it needs (see _atomics.available).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from datetime import timedelta
+
+from .._deadline import Deadline
+from ._base import MessageKey, Request, Transport
+from . import _atomics as atomics
+from ._matching import Matcher
+from ._segment import share
+from ._signal import oversubscribed
+from .arena import DEFAULT_SLOT_BYTES, Arena, arena_bytes
+from .shm import ShmTransport, host_segment_bytes, ring_bytes_for
+from .tcp import TcpTransport
+
+
+def bytes_setting(name: str, default: int, minimum: int = 4096) -> int:
+    """A size in bytes from the environment (a multiple of 64, at least ``minimum``)."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < minimum or int(text) % 64:
+        raise ValueError(f"{name}={text!r}: expected a multiple of 64 bytes, at least {minimum}")
+    return int(text)
+
+
+def shm_enabled() -> bool:
+    """PYDIST_SHM (default on): 0 keeps every byte on tcp."""
+    value = os.environ.get("PYDIST_SHM", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"PYDIST_SHM={value!r}: expected 0 or 1")
+    return value == "1" and atomics.available()
+
+
+def _timeout(deadline: Deadline) -> timedelta:
+    left = deadline.remaining()
+    return timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001))
+
+
+class WorldTransport(Transport):
+    """tcp + shared memory for one rank of a world."""
+
+    def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
+                 host_id: str):
+        self.rank, self.size, self.store = rank, size, store
+        self.matcher = Matcher()
+        self.tcp = TcpTransport(rank, size, store, deadline, address, hostname, host_id, self.matcher,
+                                self._peer_failed)
+        self.hosts = [record.host_id for record in self.tcp.records]
+        self.local = [r for r in range(size) if self.hosts[r] == host_id]
+        self.oversubscribed = oversubscribed(len(self.local))
+        self.shm: ShmTransport | None = None
+        if len(self.local) > 1 and shm_enabled():
+            self.shm = self._open_shm(deadline, host_id)
+        self._local_set = set(self.local) if self.shm is not None else {rank}
+
+    def _open_shm(self, deadline: Deadline, host_id: str) -> ShmTransport:
+        ring = ring_bytes_for(len(self.local), bytes_setting("PYDIST_SHM_RING_BYTES", 1 << 20))
+        key = "shm/host/" + hashlib.blake2b(host_id.encode(), digest_size=8).hexdigest()
+        segment = share(self.store, key, self.local, self.rank, host_segment_bytes(len(self.local), ring),
+                        self.tcp.token, "host", _timeout(deadline))
+        return ShmTransport(self.rank, self.local, segment.array, segment.base, ring, self.matcher,
+                            self.oversubscribed, keepalive=segment)
+
+    def _peer_failed(self, peer: int, error: BaseException) -> None:
+        if self.shm is not None and peer in self._local_set:
+            self.shm.peer_gone(peer, error)  # deliver what it wrote to shared memory first
+        else:
+            self.matcher.fail_source(peer, error)
+
+    # -- Transport ------------------------------------------------------------------------
+    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+        if peer in self._local_set and peer != self.rank:
+            return self.shm.isend(peer, data, key)
+        return self.tcp.isend(peer, data, key)
+
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
+        request = Request(peer, data)
+        self.matcher.post(request, peer, key)
+        return request
+
+    def cancel(self, request: Request) -> None:
+        self.tcp.cancel(request)
+
+    def abort(self, peers: list[int], group: int, message: str) -> None:
+        self.tcp.abort(peers, group, message)
+
+    def peer_host(self, peer: int) -> str:
+        return self.tcp.peer_host(peer)
+
+    def host_of(self, peer: int) -> str:
+        """Host identity of world rank ``peer`` (equal identities share memory)."""
+        return self.hosts[peer]
+
+    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline: Deadline,
+              describe) -> Arena | None:
+        if self.shm is None or any(m not in self._local_set for m in members):
+            return None
+        slot = bytes_setting("PYDIST_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, minimum=64)
+        segment = share(self.store, f"shm/arena/{group_id:x}/{','.join(map(str, members))}", members,
+                        self.rank, arena_bytes(len(members), slot), self.tcp.token, "arena", _timeout(deadline))
+        return Arena(segment.array, segment.base, labels, index, slot, self.oversubscribed, describe,
+                     keepalive=segment)
+
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close(Deadline.after(10))
+        self.tcp.close()
