@@ -1,6 +1,7 @@
 """The conformance matrix: every operation x world sizes 1-8 x dtypes x ReduceOps x counts
-x roots, over loopback (threads) and tcp (real processes), against naive references
-(see pydist.testing.conformance)."""
+x roots, over loopback (threads), shared memory and tcp (real processes), against naive
+references (see pydist.testing.conformance). Forced algorithms and mixed-host groups are in
+test_shm.py."""
 import numpy as np
 import pytest
 
@@ -40,10 +41,18 @@ def test_threads_tcp(size, small_segments):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_processes_tcp(size):
-    """Real processes over tcp; all_reduce forced onto the ring on even sizes so that both
-    algorithms run across processes."""
-    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS}
+def test_processes_shared_memory(size):
+    """Real processes on one host: shared-memory arenas and rings (up to 8 ranks on 2 cores),
+    with 256-byte arena slots so that most cases run multi-chunk."""
+    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM_SLOT_BYTES": "256"}
+    assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_processes_tcp_only(size):
+    """Real processes with shared memory off (PYDIST_SHM=0): every byte over tcp; all_reduce
+    forced onto the ring on even sizes so that both network algorithms run."""
+    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM": "0"}
     if size % 2 == 0:
         env["PYDIST_ALGO_ALL_REDUCE"] = "ring"
     assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []

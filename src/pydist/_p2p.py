@@ -8,7 +8,7 @@ and returns the sender's global rank.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ._buffers import Buffer, as_buffer
 from ._comm import with_context
@@ -18,35 +18,45 @@ from ._init import resolve_group, warn_non_member
 from ._work import Work
 from ._collectives import root_rank
 
-_ANY = object()
+class _Posted(NamedTuple):
+    """A send or receive handed to the transport: what waiting on it needs."""
+    group: ProcessGroup
+    request: Any
+    buffer: Buffer | None  # a receive's buffer (staged copies are written back when done)
+    description: str
+    peer: int | None  # global rank, None for any source
+
+
+def _wait(posted: _Posted, timeout: float | None = None) -> None:
+    """Wait for a posted operation (default: the group's timeout); raise naming the peer."""
+    seconds = posted.group.timeout if timeout is None else timeout
+    if not posted.request.wait(seconds):
+        posted.group.backend.cancel(posted.request)
+        peer = "any rank" if posted.peer is None else f"rank {posted.peer}"
+        raise DistBackendError(f"{posted.description} timed out after {seconds:g} s waiting for {peer}")
+    if posted.request.error is not None:
+        raise with_context(posted.request.error, posted.description)
 
 
 class P2PWork(Work):
     """Work of one isend/irecv; ``wait()`` without a timeout waits the group's timeout."""
 
-    def __init__(self, description: str, group: ProcessGroup, request, buffer: Buffer | None, peer: int | None):
-        super().__init__(description, [buffer.obj] if buffer is not None else [])
-        self._group = group
-        self._request = request
-        self._peer = peer
-        request.add_callback(lambda r: self._done(r, buffer))
+    def __init__(self, posted: _Posted):
+        super().__init__(posted.description, [posted.buffer.obj] if posted.buffer is not None else [])
+        self._posted = posted
+        posted.request.add_callback(self._on_request)
 
-    def _done(self, request, buffer: Buffer | None) -> None:
+    def _on_request(self, request) -> None:
         if request.error is not None:
             self._fail(with_context(request.error, self.description))
             return
-        if buffer is not None:
-            buffer.finish()
-        source = request.source
-        self._succeed(None if source is None else source)
+        if self._posted.buffer is not None:
+            self._posted.buffer.finish()
+        self._succeed(request.source)
 
     def wait(self, timeout: Any = None) -> bool:
         if timeout is None:
-            seconds = self._group.timeout
-            if not self._request.wait(seconds):
-                self._group.backend.cancel(self._request)
-                peer = "any rank" if self._peer is None else f"rank {self._peer}"
-                raise DistBackendError(f"{self.description} timed out after {seconds:g} s waiting for {peer}")
+            _wait(self._posted)
         return super().wait(timeout)
 
 
@@ -65,49 +75,61 @@ def _check_tag(tag: Any) -> int:
     return tag
 
 
-def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
-          group_dst: int | None = None) -> Work | None:
-    """Start sending ``tensor`` to rank ``dst``; the tensor must not change until done."""
+def _post_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None,
+               op: str) -> _Posted | None:
     target = resolve_group(group)
     if target is None:
-        warn_non_member("isend")
+        warn_non_member(op)
         return None
     peer = _peer(target, dst, group_dst, "dst")
     buf = as_buffer(tensor, "tensor", writable=False)
     request = target.backend.isend(buf.array, peer, _check_tag(tag))
-    return P2PWork(f"send to rank {target.ranks[peer]} (tag {tag})", target, request, None, target.ranks[peer])
+    return _Posted(target, request, None, f"send to rank {target.ranks[peer]} (tag {tag})", target.ranks[peer])
 
 
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
-          group_src: int | None = None) -> Work | None:
-    """Start receiving into ``tensor`` from rank ``src`` (None: any rank of the group)."""
+def _post_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
+               op: str) -> _Posted | None:
     target = resolve_group(group)
     if target is None:
-        warn_non_member("irecv")
+        warn_non_member(op)
         return None
     peer = None if src is None and group_src is None else _peer(target, src, group_src, "src")
     buf = as_buffer(tensor, "tensor")
     request = target.backend.irecv(buf.array, peer, _check_tag(tag))
     who = "any rank" if peer is None else f"rank {target.ranks[peer]}"
-    return P2PWork(f"recv from {who} (tag {tag})", target, request, buf,
-                   None if peer is None else target.ranks[peer])
+    return _Posted(target, request, buf, f"recv from {who} (tag {tag})", None if peer is None else target.ranks[peer])
+
+
+def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to rank ``dst``; the tensor must not change until done."""
+    posted = _post_send(tensor, dst, group, tag, group_dst, "isend")
+    return None if posted is None else P2PWork(posted)
+
+
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor`` from rank ``src`` (None: any rank of the group)."""
+    posted = _post_recv(tensor, src, group, tag, group_src, "irecv")
+    return None if posted is None else P2PWork(posted)
 
 
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst``; returns when the data is on its way."""
-    work = isend(tensor, dst, group, tag, group_dst)
-    if work is not None:
-        work.wait()
+    posted = _post_send(tensor, dst, group, tag, group_dst, "send")
+    if posted is not None:
+        _wait(posted)
 
 
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
          group_src: int | None = None) -> int:
     """Receive into ``tensor`` from ``src`` (None: any rank); returns the sender's global rank."""
-    work = irecv(tensor, src, group, tag, group_src)
-    if work is None:
+    posted = _post_recv(tensor, src, group, tag, group_src, "recv")
+    if posted is None:
         return -1
-    work.wait()
-    return work.source_rank()
+    _wait(posted)
+    posted.buffer.finish()
+    return posted.request.source
 
 
 class P2POp:

@@ -49,10 +49,12 @@ def _child(rank: int, world_size: int, init: str, address: str, pg_timeout: floa
 
 
 def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str = "env", timeout: float = 60.0,
-                  pg_timeout: float = 30.0, env: dict[str, str] | None = None, **kwargs: Any) -> list[Any]:
+                  pg_timeout: float = 30.0, env: dict[str, str] | None = None,
+                  rank_env: dict[int, dict[str, str]] | None = None, **kwargs: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` (importable, picklable) in ``world_size``
     processes after init_process_group by ``init``: "env", "tcp", "file" or "store";
-    ``env`` is added to each process's environment first."""
+    ``env`` is added to each process's environment first, then ``rank_env[rank]`` (e.g.
+    PYDIST_HOST_ID, so that one machine poses as several hosts)."""
     port = free_port()
     tmpdir = None
     if init == "env":
@@ -67,7 +69,9 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
     else:
         raise ValueError(f"init: expected env, tcp, file or store, got {init!r}")
     results = _CONTEXT.Queue()
-    procs = [_CONTEXT.Process(target=_child, args=(r, world_size, init, address, pg_timeout, env or {}, results, fn, args, kwargs),
+    envs = [{**(env or {}), **(rank_env or {}).get(r, {})} for r in range(world_size)]
+    procs = [_CONTEXT.Process(target=_child, args=(r, world_size, init, address, pg_timeout, envs[r], results, fn, args,
+                                                   kwargs),
                               name=f"pydist-rank-{r}") for r in range(world_size)]
     for proc in procs:
         proc.start()

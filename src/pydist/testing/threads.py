@@ -11,6 +11,7 @@ from .._init import destroy_process_group, init_process_group, is_initialized
 from .._world import World, use_world
 from ..store import HashStore
 from ..transport.loopback import LoopbackFabric
+from ..transport.world import WorldTransport
 
 
 class RankFailed(RuntimeError):
@@ -31,13 +32,18 @@ def _stacks(threads: list[threading.Thread]) -> str:
 
 
 def run_threads(world_size: int, fn: Callable[..., Any], *args: Any, transport: str = "loopback",
-                timeout: float = 60.0, pg_timeout: float = 30.0, **kwargs: Any) -> list[Any]:
+                timeout: float = 60.0, pg_timeout: float = 30.0, hosts: list[str] | None = None,
+                **kwargs: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` thread-ranks in one
-    default group; ``transport`` is "loopback" or "tcp"."""
+    default group; ``transport`` is "loopback" (in-process) or "tcp" (the real world
+    transport: sockets, and shared memory between ranks of one host). ``hosts`` gives each
+    rank a host identity, so one process poses as several hosts."""
     if transport not in ("loopback", "tcp"):
         raise ValueError(f"transport: expected 'loopback' or 'tcp', got {transport!r}")
+    if hosts is not None and len(hosts) != world_size:
+        raise ValueError(f"hosts: expected {world_size} host identities, got {len(hosts)}")
     store = HashStore()
-    fabric = LoopbackFabric(world_size) if transport == "loopback" else None
+    fabric = LoopbackFabric(world_size, hosts) if transport == "loopback" else None
     results: list[Any] = [None] * world_size
     errors: dict[int, BaseException] = {}
 
@@ -45,6 +51,9 @@ def run_threads(world_size: int, fn: Callable[..., Any], *args: Any, transport: 
         world = World()
         if fabric is not None:
             world.transport_factory = lambda r, size, s, deadline: fabric.transport(r)
+        elif hosts is not None:
+            world.transport_factory = lambda r, size, s, deadline: WorldTransport(
+                r, size, s, deadline, "127.0.0.1", hosts[r], hosts[r])
         use_world(world)
         try:
             init_process_group(store=store, rank=rank, world_size=world_size,

@@ -28,9 +28,13 @@ class _Timespec(ctypes.Structure):
 
 
 def _load_libraries():
+    """(libatomic, libc that releases the GIL, libc that keeps it). Atomics and futex wakes
+    take nanoseconds, so they keep the GIL (PyDLL): releasing it would hand the interpreter
+    to another thread at every call. Only futex_wait releases it."""
     try:
-        atomic = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
+        atomic = ctypes.PyDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
         libc = ctypes.CDLL(None, use_errno=True)
+        libc_holding = ctypes.PyDLL(None, use_errno=True)
     except OSError:
         return None
     for name, args, result in (("__atomic_fetch_add_4", [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int], ctypes.c_uint32),
@@ -41,7 +45,8 @@ def _load_libraries():
         function = getattr(atomic, name)
         function.argtypes, function.restype = args, result
     libc.syscall.restype = ctypes.c_long
-    return atomic, libc
+    libc_holding.syscall.restype = ctypes.c_long
+    return atomic, libc, libc_holding
 
 
 _LIBS = _load_libraries() if _SYS_FUTEX is not None else None
@@ -87,4 +92,4 @@ def futex_wait(address: int, expected: int, timeout: float) -> None:
 
 def futex_wake(address: int) -> None:
     """Wake every waiter sleeping on the 32-bit word at ``address``."""
-    _LIBS[1].syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, ctypes.c_int(0x7FFFFFFF), None, None, 0)
+    _LIBS[2].syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, ctypes.c_int(0x7FFFFFFF), None, None, 0)

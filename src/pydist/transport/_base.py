@@ -7,6 +7,7 @@ contiguous byte views (``memoryview`` of format 'B'); receives land straight in 
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -23,7 +24,7 @@ class MessageKey(NamedTuple):
 class Request:
     """One posted send or receive. Completes once, with an error or (receives) a source rank."""
 
-    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "_completed", "_gate", "_callbacks")
+    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "poll", "_completed", "_gate", "_callbacks")
 
     def __init__(self, peer: int | None, buffer: memoryview):
         self.peer = peer
@@ -32,6 +33,7 @@ class Request:
         self.error: BaseException | None = None
         self.source: int | None = peer
         self.order = 0  # post order, for any-source matching
+        self.poll: tuple | None = None  # (progress function, seconds to spin on it) before sleeping
         self._completed = False
         self._callbacks: list | None = None
         self._gate = threading.Lock()
@@ -66,6 +68,13 @@ class Request:
         """Block until complete or ``timeout`` seconds pass (None: forever); True when complete."""
         if self._completed:
             return True
+        if self.poll is not None:  # drive the transport from this thread for a moment
+            progress, spin = self.poll
+            end = time.perf_counter() + spin
+            while not self._completed and time.perf_counter() < end:
+                progress()
+            if self._completed:
+                return True
         if self._gate.acquire(timeout=-1 if timeout is None else timeout):
             self._gate.release()
             return True

@@ -91,6 +91,8 @@ class ShmTransport:
                                 FrameReceiver(peer, matcher, lambda header, payload: None))
                          for peer, i in self._index.items() if peer != rank}
         self._me = me
+        self._drain_lock = threading.Lock()
+        self.spin_seconds = 0.00002 if oversubscribed else 0.0002
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"pydist-shm-progress-{rank}", daemon=True)
         self._thread.start()
@@ -192,14 +194,24 @@ class ShmTransport:
         return True
 
     # -- progress thread ------------------------------------------------------------------
+    def poll(self) -> bool:
+        """Drain incoming rings now (from any thread; one at a time); True if anything came."""
+        if not self._drain_lock.acquire(blocking=False):
+            return False
+        try:
+            busy = False
+            for peer in self._readers:
+                busy |= self._drain(peer)
+            for peer in list(self._gone):  # after the drain: what the peer wrote before leaving counts
+                error = self._gone.pop(peer)
+                self.fail_peer(peer, error)
+                self.matcher.fail_source(peer, error)
+            return busy
+        finally:
+            self._drain_lock.release()
+
     def _poll(self) -> bool:
-        busy = False
-        for peer in self._readers:
-            busy |= self._drain(peer)
-        for peer in list(self._gone):  # after the drain: what the peer wrote before leaving counts
-            error = self._gone.pop(peer)
-            self.fail_peer(peer, error)
-            self.matcher.fail_source(peer, error)
+        busy = self.poll()
         for peer, writer in self._writers.items():
             if writer.pending and writer.lock.acquire(blocking=False):
                 try:

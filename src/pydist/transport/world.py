@@ -56,15 +56,16 @@ class WorldTransport(Transport):
                  host_id: str):
         self.rank, self.size, self.store = rank, size, store
         self.matcher = Matcher()
+        self.shm: ShmTransport | None = None
+        self._local_set = {rank}
         self.tcp = TcpTransport(rank, size, store, deadline, address, hostname, host_id, self.matcher,
                                 self._peer_failed)
         self.hosts = [record.host_id for record in self.tcp.records]
         self.local = [r for r in range(size) if self.hosts[r] == host_id]
         self.oversubscribed = oversubscribed(len(self.local))
-        self.shm: ShmTransport | None = None
         if len(self.local) > 1 and shm_enabled():
             self.shm = self._open_shm(deadline, host_id)
-        self._local_set = set(self.local) if self.shm is not None else {rank}
+            self._local_set = set(self.local)
 
     def _open_shm(self, deadline: Deadline, host_id: str) -> ShmTransport:
         ring = ring_bytes_for(len(self.local), bytes_setting("PYDIST_SHM_RING_BYTES", 1 << 20))
@@ -88,6 +89,8 @@ class WorldTransport(Transport):
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
         request = Request(peer, data)
+        if self.shm is not None and (peer is None or peer in self._local_set):
+            request.poll = (self.shm.poll, self.shm.spin_seconds)  # the waiter drains rings itself first
         self.matcher.post(request, peer, key)
         return request
 

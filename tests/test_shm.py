@@ -1,0 +1,188 @@
+"""Shared memory: algorithm choice, every algorithm forced, groups mixing hosts, desync
+detection through the arena, p2p rings, and no /dev/shm segment surviving SIGKILL."""
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import pydist as dist
+from pydist.backends.native import ALGORITHMS
+from pydist.testing import run_processes, run_threads
+from pydist.testing.conformance import run_suite
+from pydist.transport import _atomics
+
+pytestmark = pytest.mark.skipif(not _atomics.available(), reason="no libatomic/futex: shared memory is off")
+
+CASE_OF = {"all_reduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce", "all_gather": "all_gather",
+           "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all", "gather": "gather_scatter",
+           "scatter": "gather_scatter", "barrier": "barrier_async"}
+TWO_HOSTS = ["hostA", "hostA", "hostB", "hostA", "hostB"]
+
+
+def failures(results):
+    return [f for per_rank in results for f in per_rank]
+
+
+def _chosen(rank, size):
+    from pydist._deadline import Deadline
+    from pydist.backends._base import OpContext
+    ctx = OpContext("probe", 0, Deadline(None))
+    backend = dist.group.WORLD.backend
+    chosen = {c: backend.choose(c, ctx, 1 << 20, 1 << 18) for c in ALGORITHMS}
+    dist.barrier()  # every rank has attached to the arena the probe made before anyone leaves
+    return chosen
+
+
+def test_engine_picks_shm_on_one_host_and_hierarchical_across_hosts():
+    one_host = run_threads(3, _chosen, transport="tcp")[0]
+    assert set(one_host.values()) == {"shm"}
+    mixed = run_threads(5, _chosen, transport="tcp", hosts=TWO_HOSTS)[0]
+    assert mixed["all_reduce"] == "hierarchical"
+    assert mixed["broadcast"] == "binomial" and mixed["all_gather"] == "ring"
+
+
+@pytest.mark.parametrize("collective, algorithm",
+                         [(c, a) for c, names in ALGORITHMS.items() for a in names])
+def test_every_algorithm_forced(collective, algorithm, monkeypatch):
+    """Each algorithm of each collective, forced through PYDIST_ALGO_<COLLECTIVE>, passes
+    its conformance cases (4 thread-ranks; two hosts for hierarchical)."""
+    monkeypatch.setenv(f"PYDIST_ALGO_{collective.upper()}", algorithm)
+    monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "256")
+    monkeypatch.setenv("PYDIST_SEGMENT_BYTES", "64")
+    hosts = ["h0", "h0", "h1", "h1"] if algorithm == "hierarchical" else None
+    assert failures(run_threads(4, run_suite, [CASE_OF[collective]], hosts=hosts, timeout=240)) == []
+
+
+def test_forcing_an_impossible_algorithm_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PYDIST_ALGO_BROADCAST", "shm")
+
+    def fn(rank, size):
+        with pytest.raises(ValueError, match="PYDIST_ALGO_BROADCAST=shm: not possible"):
+            dist.broadcast(np.zeros(2), src=0)
+    run_threads(2, fn, transport="tcp", hosts=["a", "b"])
+
+
+@pytest.mark.parametrize("transport", ["loopback", "tcp"])
+def test_groups_mixing_hosts_thread_ranks(transport, monkeypatch):
+    monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "512")
+    hosts = ["a", "a", "b", "a", "b", "c"]
+    assert failures(run_threads(6, run_suite, transport=transport, hosts=hosts, timeout=240)) == []
+
+
+@pytest.mark.parametrize("hosts", [["x", "x", "y", "y"], ["x", "y", "x", "y", "x"]])
+def test_groups_mixing_hosts_processes(hosts):
+    """Real processes; PYDIST_HOST_ID makes this machine pose as several hosts."""
+    rank_env = {r: {"PYDIST_HOST_ID": host} for r, host in enumerate(hosts)}
+    env = {"PYDIST_SHM_SLOT_BYTES": "512", "PYDIST_SEGMENT_BYTES": "256"}
+    results = run_processes(len(hosts), run_suite, ["all_reduce", "broadcast", "p2p", "subgroups", "all_gather"],
+                            env=env, rank_env=rank_env, timeout=240)
+    assert failures(results) == []
+
+
+def _disagree(rank, size, case):
+    if case == "dtype":  # the same 16 bytes, different dtypes
+        call = lambda: dist.all_reduce(np.ones(4, np.float32) if rank == 0 else np.ones(4, np.int32))  # noqa: E731
+    elif case == "root":  # each rank believes it is the source
+        call = lambda: dist.broadcast(np.full(4, float(rank)), src=rank)  # noqa: E731
+    elif case == "op":
+        call = lambda: dist.all_reduce(np.ones(2), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)  # noqa
+    else:  # different collectives
+        call = (lambda: dist.all_reduce(np.ones(4))) if rank == 0 else (lambda: dist.broadcast(np.ones(4), src=0))
+    with pytest.raises(dist.DistBackendError) as caught:
+        call()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("case, words", [("dtype", "float32"), ("root", "root"), ("op", "MAX"),
+                                         ("collective", "broadcast")])
+def test_arena_detects_ranks_calling_different_things(case, words):
+    """Every rank raises, naming the other rank and both calls, instead of mixing data."""
+    messages = run_threads(2, _disagree, case, transport="tcp", pg_timeout=10)
+    for rank, message in enumerate(messages):
+        assert f"rank {1 - rank}" in message and "ranks called different operations" in message, message
+        assert words in message, message
+
+
+def _big_p2p(rank, size, nbytes):
+    data = (np.arange(nbytes, dtype=np.int64) % 251).astype(np.uint8)
+    if rank == 0:
+        works = [dist.isend(data, dst=1, tag=t) for t in range(3)]
+        for w in works:
+            w.wait()
+        got = np.zeros(nbytes, np.uint8)
+        dist.recv(got, src=1, tag=9)
+        return bool(np.array_equal(got, data[::-1]))
+    received = []
+    for t in reversed(range(3)):  # posted out of order: tags still match
+        buf = np.zeros(nbytes, np.uint8)
+        dist.recv(buf, src=0, tag=t)
+        received.append(np.array_equal(buf, data))
+    dist.send(np.ascontiguousarray(data[::-1]), dst=0, tag=9)
+    return all(received)
+
+
+def test_p2p_through_small_rings_streams_large_messages(monkeypatch):
+    monkeypatch.setenv("PYDIST_SHM_RING_BYTES", "65536")
+    assert run_threads(2, _big_p2p, 1_000_003, transport="tcp") == [True, True]
+
+
+def _any_source_mixed(rank, size):
+    if rank == 0:
+        senders = sorted(dist.recv(np.zeros(1), tag=4) for _ in range(size - 1))
+        return senders
+    dist.send(np.ones(1), dst=0, tag=4)
+    return None
+
+
+def test_any_source_receive_over_shm_and_tcp_together():
+    """Rank 0 shares a host with rank 1 (shm) but not with ranks 2, 3 (tcp)."""
+    assert run_threads(4, _any_source_mixed, transport="tcp", hosts=["a", "a", "b", "c"])[0] == [1, 2, 3]
+
+
+def _segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("pydist")}
+
+
+def _loop_until_killed(rank, size, ready):
+    """Collectives and p2p over shared memory forever, after saying it is ready."""
+    buf = np.ones(1 << 16, np.float32)
+    dist.new_group(list(range(size)))  # a second group: a second arena
+    dist.all_reduce(buf)
+    ready.put(os.getpid())
+    while True:
+        dist.all_reduce(buf)
+        dist.broadcast(buf, src=0)
+
+
+def test_sigkill_leaves_no_shared_memory_segment():
+    before = _segments()
+    context = multiprocessing.get_context("spawn")
+    ready = context.Queue()
+    from pydist.testing.processes import free_port
+    port = free_port()
+    procs = [context.Process(target=_killed_rank, args=(r, 3, port, ready)) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        pids = [ready.get(timeout=60) for _ in procs]
+        time.sleep(0.2)  # mid-run
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for proc in procs:
+            proc.join(10)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        ready.close()
+    assert _segments() - before == set()
+
+
+def _killed_rank(rank, size, port, ready):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
+    dist.init_process_group("pydist")
+    _loop_until_killed(rank, size, ready)
