@@ -114,8 +114,13 @@ def _to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, str, boo
 
 def as_buffer(obj: Any, name: str, writable: bool = True) -> Buffer:
     """Wrap ``obj`` (named ``name`` in errors); ``writable`` when the operation writes into it."""
+    if type(obj) is np.ndarray and obj.flags.c_contiguous and (obj.flags.writeable or not writable):
+        dtype_name = _DTYPE_NAMES.get(obj.dtype)  # the common case, checked before
+        if dtype_name is not None:
+            return Buffer(obj, name, obj.reshape(-1), dtype_name, obj.shape)
     array, dtype_name, from_bf16 = _to_numpy(obj, name, writable)
     if array.dtype.kind not in _SUPPORTED_KINDS or array.dtype.itemsize == 0:
+        _DTYPE_NAMES.pop(array.dtype, None)  # only supported dtypes stay cached (see the fast path)
         raise TypeError(f"{name}: unsupported dtype {dtype_name}; expected bool, int, uint, float "
                         "or complex")
     if writable and not array.flags.writeable:

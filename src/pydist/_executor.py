@@ -24,7 +24,7 @@ class OpQueue:
 
     def __init__(self, name: str):
         self.name = name
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._pending: deque[tuple[int, Operation, Work]] = deque()
         self._busy = False
         self._seq = 0

@@ -6,6 +6,7 @@ issue order (OpQueue); staged output buffers are written back before the Work co
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from ._buffers import Buffer
@@ -73,7 +74,7 @@ class ProcessGroup:
         timeout_text = self._timeout_text if timeout is None else f" after {seconds:g} s"
 
         def operation(seq: int) -> None:
-            body(OpContext(name, seq, Deadline.after(seconds), timeout_text))
+            body(OpContext(name, seq, Deadline(time.monotonic() + seconds), timeout_text))
             for buffer in outputs:
                 if buffer.staged:
                     buffer.finish()

@@ -36,6 +36,8 @@ def tag(step: int, segment: int) -> int:
     return (step << 24) | segment
 
 
-def chunks(count: int, per: int) -> list[tuple[int, int]]:
+def chunks(count: int, per: int) -> list[tuple[int, int]] | tuple[tuple[int, int]]:
     """[start, stop) ranges of at most ``per`` covering ``count`` (one empty range for 0)."""
-    return [(start, min(start + per, count)) for start in range(0, count, max(per, 1))] or [(0, 0)]
+    if count <= per:
+        return ((0, count),)
+    return [(start, min(start + per, count)) for start in range(0, count, max(per, 1))]

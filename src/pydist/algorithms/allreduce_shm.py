@@ -45,11 +45,11 @@ def reduce_chunk(comm: Comm, parity: int, out: np.ndarray, op: ReduceOp, deliver
     sync that follows copying in); write the result into ``out`` when ``deliver``."""
     arena = comm.arena
     n, length = arena.size, out.size
-    slots = [arena.slot(parity, m, out.dtype)[:length] for m in range(n)]
     if n <= 2 or length * out.itemsize < SPLIT_MIN_BYTES:
         if deliver:
-            reduce_many(slots, out, op)
+            reduce_many([arena.slot(parity, m, out.dtype)[:length] for m in range(n)], out, op)
         return
+    slots = [arena.slot(parity, m, out.dtype)[:length] for m in range(n)]
     lo, hi = block_bounds(length, n)[arena.rank]
     result = arena.shared(parity, out.dtype)
     reduce_many([s[lo:hi] for s in slots], result[lo:hi], op)

@@ -51,9 +51,10 @@ def run_threads(world_size: int, fn: Callable[..., Any], *args: Any, transport: 
         world = World()
         if fabric is not None:
             world.transport_factory = lambda r, size, s, deadline: fabric.transport(r)
-        elif hosts is not None:
+        else:
             world.transport_factory = lambda r, size, s, deadline: WorldTransport(
-                r, size, s, deadline, "127.0.0.1", hosts[r], hosts[r])
+                r, size, s, deadline, "127.0.0.1", "localhost", hosts[r] if hosts else "this-host",
+                shares_interpreter=True)
         use_world(world)
         try:
             init_process_group(store=store, rank=rank, world_size=world_size,

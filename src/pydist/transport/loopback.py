@@ -11,7 +11,6 @@ from .._errors import DistBackendError, GroupAbortedError, PeerFailedError
 from ._base import MessageKey, Request, Transport, completed_request
 from ._matching import Matcher, Unexpected, size_mismatch
 from ._segment import anonymous
-from ._signal import oversubscribed
 from .arena import Arena, arena_bytes
 
 
@@ -97,7 +96,7 @@ class LoopbackTransport(Transport):
             if key not in self.fabric.arenas:
                 self.fabric.arenas[key] = anonymous(arena_bytes(len(members), slot))
             memory, base = self.fabric.arenas[key]
-        return Arena(memory, base, labels, index, slot, oversubscribed(self.size), describe)
+        return Arena(memory, base, labels, index, slot, True, describe)  # threads: never spin on the GIL
 
     def close(self) -> None:
         with self.fabric._lock:

@@ -53,7 +53,9 @@ class WorldTransport(Transport):
     """tcp + shared memory for one rank of a world."""
 
     def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
-                 host_id: str):
+                 host_id: str, shares_interpreter: bool = False):
+        """``shares_interpreter``: ranks are threads of one process (tests), so waiting must
+        never spin (spinning holds the GIL the awaited rank needs)."""
         self.rank, self.size, self.store = rank, size, store
         self.matcher = Matcher()
         self.shm: ShmTransport | None = None
@@ -62,7 +64,7 @@ class WorldTransport(Transport):
                                 self._peer_failed)
         self.hosts = [record.host_id for record in self.tcp.records]
         self.local = [r for r in range(size) if self.hosts[r] == host_id]
-        self.oversubscribed = oversubscribed(len(self.local))
+        self.oversubscribed = shares_interpreter or oversubscribed(len(self.local))
         if len(self.local) > 1 and shm_enabled():
             self.shm = self._open_shm(deadline, host_id)
             self._local_set = set(self.local)
