@@ -73,11 +73,12 @@ class ProcessGroup:
         seconds = self._timeout if timeout is None else timeout
         timeout_text = self._timeout_text if timeout is None else f" after {seconds:g} s"
 
+        staged = [buffer for buffer in outputs if buffer.staged]
+
         def operation(seq: int) -> None:
             body(OpContext(name, seq, Deadline(time.monotonic() + seconds), timeout_text))
-            for buffer in outputs:
-                if buffer.staged:
-                    buffer.finish()
+            for buffer in staged:
+                buffer.finish()
 
         if not async_op and self._queue.run_inline(operation):
             return None

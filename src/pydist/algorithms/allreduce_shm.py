@@ -34,22 +34,23 @@ def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver:
     arena = comm.arena
     for a, b in chunks(buf.size, arena.slot_bytes // buf.itemsize):
         parity = arena.next_parity()
-        arena.slot(parity, arena.rank, buf.dtype)[:b - a] = buf[a:b]
+        slots = arena.slots(parity, buf.dtype, b - a)
+        slots[arena.rank][...] = buf[a:b]
         arena.sync(comm.deadline, call)
         call = 0
-        reduce_chunk(comm, parity, buf[a:b], op, deliver)
+        reduce_chunk(comm, parity, slots, buf[a:b], op, deliver)
 
 
-def reduce_chunk(comm: Comm, parity: int, out: np.ndarray, op: ReduceOp, deliver: bool) -> None:
-    """Reduce the first ``out.size`` elements of every member's slot of ``parity`` (after the
-    sync that follows copying in); write the result into ``out`` when ``deliver``."""
+def reduce_chunk(comm: Comm, parity: int, slots: list[np.ndarray], out: np.ndarray, op: ReduceOp,
+                 deliver: bool) -> None:
+    """Reduce every member's ``slots`` (of ``parity``, after the sync that follows copying
+    in); write the result into ``out`` when ``deliver``."""
     arena = comm.arena
     n, length = arena.size, out.size
     if n <= 2 or length * out.itemsize < SPLIT_MIN_BYTES:
         if deliver:
-            reduce_many([arena.slot(parity, m, out.dtype)[:length] for m in range(n)], out, op)
+            reduce_many(slots, out, op)
         return
-    slots = [arena.slot(parity, m, out.dtype)[:length] for m in range(n)]
     lo, hi = block_bounds(length, n)[arena.rank]
     result = arena.shared(parity, out.dtype)
     reduce_many([s[lo:hi] for s in slots], result[lo:hi], op)

@@ -57,6 +57,7 @@ class Arena:
                                start + (p * (self.size + 1) + m + 1) * slot_bytes] for m in range(self.size + 1)]
                        for p in (0, 1)]
         self._typed: dict[np.dtype, list[list[np.ndarray]]] = {}
+        self._slot_cache: dict[tuple, list[np.ndarray]] = {}
         self.phase = self._words[self._line[index]]
         self._uses = 0
         self.alive: Callable[[], None] | None = None
@@ -86,6 +87,17 @@ class Arena:
         """Member ``member``'s slot of ``parity`` as ``dtype`` elements."""
         return self._views(dtype)[parity][member]
 
+    def slots(self, parity: int, dtype: np.dtype, length: int) -> list[np.ndarray]:
+        """The first ``length`` elements of every member's slot of ``parity`` (cached views:
+        the latency path asks for the same ones call after call)."""
+        key = (parity, dtype, length)
+        views = self._slot_cache.get(key)
+        if views is None:
+            if len(self._slot_cache) > 256:
+                self._slot_cache.clear()
+            views = self._slot_cache[key] = [self.slot(parity, m, dtype)[:length] for m in range(self.size)]
+        return views
+
     def shared(self, parity: int, dtype: np.dtype) -> np.ndarray:
         """The shared slot of ``parity`` as ``dtype`` elements."""
         return self._views(dtype)[parity][self.size]
@@ -98,8 +110,9 @@ class Arena:
             self._words[line + 1 + (self.phase & 1)] = fingerprint
             self._words[line + 3 + (self.phase & 1)] = value
         self._signal.publish(line, self.phase)
-        for member in range(self.size):
-            if member != self.rank:
+        words, phase = self._words, self.phase
+        for member, word in enumerate(self._line):
+            if words[word] < phase and member != self.rank:  # not there yet: spin, yield, sleep
                 self._wait(member, deadline)
         if fingerprint:
             self._check(fingerprint)
