@@ -4,9 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH := torch==2.13.0
+MPI := mpi4py mpich
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv test-venv clean
+.PHONY: demo test bench venv test-venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install --quiet -e '.[test]' $(TORCH)
+	$(PIP) install --quiet -e '.[test,bench]' $(TORCH) $(MPI)
 	touch $@
 
 venv: $(VENV)/.installed
@@ -27,6 +28,10 @@ demo: venv
 
 test: test-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: test-venv
+	$(VENV)/bin/pydist-bench --op all_reduce --nproc 2 --sizes 4:256M --compare gloo,mpi
+	$(VENV)/bin/pydist-bench --op all_reduce --nproc 4 --sizes 4:256M --compare gloo,mpi
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

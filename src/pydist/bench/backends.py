@@ -1,0 +1,72 @@
+"""The backends pydist-bench can measure, and whether each one can run here.
+
+Names are those of ``--backend`` (``pydist``, ``mpi``) and ``--compare`` (``gloo``, ``mpi``,
+``pydist``). ``--backend mpi`` means pydist's own MPI backend (``init_process_group("mpi")``
+under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means plain mpi4py on MPICH (key
+``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
+(MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, like torchrun); ``mpiexec`` runs the venv's
+``mpiexec -n N``. Adding a backend is one entry in :data:`BACKENDS`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from . import comms
+
+
+def mpiexec_path() -> str | None:
+    """The mpiexec next to this Python (the venv's, from ``pip install mpich``), else on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def _pydist_mpi_missing() -> str | None:
+    import pydist
+    try:
+        pydist.Backend("mpi")
+    except ValueError:
+        return ("pydist's MPI backend does not exist yet: init_process_group(\"mpi\") is not "
+                "implemented (pydist.Backend does not accept \"mpi\")")
+    return None
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """How to run one backend: its column label, launcher, requirements and connect function."""
+
+    key: str
+    label: str
+    launcher: str  # "spawn" or "mpiexec"
+    connect: Callable[[float], Any]
+    modules: tuple[str, ...] = ()
+    install_hint: str = ""
+    extra_check: Callable[[], str | None] = lambda: None
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run here, or None if it can."""
+        for module in self.modules:
+            if importlib.util.find_spec(module) is None:
+                return f"not installed ({module} cannot be imported; {self.install_hint})"
+        if self.launcher == "mpiexec" and mpiexec_path() is None:
+            return f"no mpiexec found next to {sys.executable} or on PATH ({self.install_hint})"
+        return self.extra_check()
+
+
+BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
+    BackendSpec("pydist", "pydist", "spawn", comms.connect_pydist),
+    BackendSpec("pydist-mpi", "pydist-mpi", "mpiexec", comms.connect_pydist_mpi, ("mpi4py",),
+                "pip install mpi4py mpich", _pydist_mpi_missing),
+    BackendSpec("gloo", "gloo", "spawn", comms.connect_gloo, ("torch",), "pip install torch"),
+    BackendSpec("mpi", "mpi", "mpiexec", comms.connect_mpi, ("mpi4py",), "pip install mpi4py mpich"),
+)}
+
+MAIN_CHOICES = {"pydist": "pydist", "mpi": "pydist-mpi"}
+"""``--backend`` names -> BACKENDS keys."""
+
+COMPARE_CHOICES = {"gloo": "gloo", "mpi": "mpi", "pydist": "pydist"}
+"""``--compare`` names -> BACKENDS keys."""

@@ -1,0 +1,124 @@
+"""What each backend's workers run: connecting, and one zero-argument call per operation.
+
+A Comm exposes ``rank``, ``size``, ``barrier()``, ``max_across_ranks(values)`` (element-wise
+maximum of a float64 numpy array over all ranks), ``call(op, inp, out)`` (a closure running
+the operation once on preallocated numpy buffers; ``out`` is None for in-place ops) and
+``close()``. :class:`TorchStyleComm` drives a ``torch.distributed``-like module — pydist
+itself, or torch with gloo — through its public API exactly as a user calls it;
+:class:`MpiComm` drives mpi4py's buffer methods (Allreduce, Allgather, ...). The
+``connect_*`` functions join the group of the current process (rendezvous from the
+environment: MASTER_ADDR/PORT, RANK, WORLD_SIZE; or MPI under mpiexec). torch and mpi4py
+are imported only inside the functions that need them.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Callable
+
+import numpy as np
+
+Call = Callable[[], Any]
+
+
+def ping_pong(rank: int, send: Callable[[int], Any], recv: Callable[[int], Any]) -> Call:
+    """Rank 0 sends to rank 1 and waits for the reply; rank 1 echoes; other ranks idle."""
+    if rank == 0:
+        return lambda: (send(1), recv(1))
+    if rank == 1:
+        return lambda: (recv(0), send(0))
+    return lambda: None
+
+
+class TorchStyleComm:
+    """A torch.distributed-like ``dist`` module; ``wrap`` turns numpy buffers into its tensors."""
+
+    def __init__(self, dist: Any, wrap: Callable[[np.ndarray], Any] = lambda array: array) -> None:
+        self.dist, self.wrap = dist, wrap
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def max_across_ranks(self, values: np.ndarray) -> np.ndarray:
+        result = values.copy()
+        self.dist.all_reduce(self.wrap(result), op=self.dist.ReduceOp.MAX)
+        return result
+
+    def call(self, op: str, inp: np.ndarray, out: np.ndarray | None) -> Call:
+        d, x, y = self.dist, self.wrap(inp), None if out is None else self.wrap(out)
+        calls: dict[str, Call] = {
+            "all_reduce": lambda: d.all_reduce(x),
+            "all_gather": lambda: d.all_gather_into_tensor(y, x),
+            "reduce_scatter": lambda: d.reduce_scatter_tensor(y, x),
+            "broadcast": lambda: d.broadcast(x, src=0),
+            "all_to_all": lambda: d.all_to_all_single(y, x),
+        }
+        if op == "sendrecv":
+            return ping_pong(self.rank, lambda peer: d.send(x, peer), lambda peer: d.recv(x, peer))
+        return calls[op]
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class MpiComm:
+    """mpi4py's COMM_WORLD with numpy buffers (all_reduce in place, like torch's)."""
+
+    def __init__(self) -> None:
+        from mpi4py import MPI
+        self.mpi, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def max_across_ranks(self, values: np.ndarray) -> np.ndarray:
+        result = np.empty_like(values)
+        self.comm.Allreduce(values, result, op=self.mpi.MAX)
+        return result
+
+    def call(self, op: str, inp: np.ndarray, out: np.ndarray | None) -> Call:
+        c, in_place = self.comm, self.mpi.IN_PLACE
+        calls: dict[str, Call] = {
+            "all_reduce": lambda: c.Allreduce(in_place, inp),
+            "all_gather": lambda: c.Allgather(inp, out),
+            "reduce_scatter": lambda: c.Reduce_scatter_block(inp, out),
+            "broadcast": lambda: c.Bcast(inp, root=0),
+            "all_to_all": lambda: c.Alltoall(inp, out),
+        }
+        if op == "sendrecv":
+            return ping_pong(self.rank, lambda peer: c.Send(inp, peer), lambda peer: c.Recv(inp, peer))
+        return calls[op]
+
+    def close(self) -> None:
+        """Nothing to do: mpi4py finalizes MPI at interpreter exit."""
+
+
+def connect_pydist(timeout: float) -> TorchStyleComm:
+    """pydist's own backend, env:// rendezvous."""
+    import pydist
+    pydist.init_process_group("pydist", timeout=timedelta(seconds=timeout))
+    return TorchStyleComm(pydist)
+
+
+def connect_pydist_mpi(timeout: float) -> TorchStyleComm:
+    """pydist's MPI backend under mpiexec."""
+    import pydist
+    pydist.init_process_group("mpi", timeout=timedelta(seconds=timeout))
+    return TorchStyleComm(pydist)
+
+
+def connect_gloo(timeout: float) -> TorchStyleComm:
+    """torch.distributed with gloo on CPU tensors (zero-copy views of the numpy buffers)."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's rename
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    return TorchStyleComm(dist, torch.from_numpy)
+
+
+def connect_mpi(timeout: float) -> MpiComm:
+    """mpi4py on COMM_WORLD (the MPI library has its own notion of timeouts: none)."""
+    return MpiComm()

@@ -1,0 +1,101 @@
+"""Results of a run, as nccl-tests-style table or as JSON.
+
+A :class:`BackendResult` holds one backend's measured seconds per size (``rows``, keyed by
+bytes) and its status: ``ok``, ``unavailable`` (not installed / not implemented: not run)
+or ``failed`` (stopped partway: the sizes it finished are kept). Times are printed in µs,
+bandwidths in GB/s (1e9 B/s), ratios as other backend's time / main backend's time, so a
+ratio above 1 means the main backend is faster. Missing values print as ``-`` (JSON null).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .ops import OPS, bandwidths
+
+
+@dataclass
+class BackendResult:
+    key: str
+    label: str
+    status: str = "ok"
+    note: str = ""
+    rows: dict[int, dict] = field(default_factory=dict)  # bytes -> {"seconds", "iters", "warmup"}
+
+
+@dataclass
+class Meta:
+    """What was run: printed in the table header and the JSON document."""
+
+    command: str
+    op: str
+    nproc: int
+    dtype: str
+    iters: int
+    warmup: int
+    budget: int
+    cpus: int
+
+
+def measure(meta: Meta, result: BackendResult, nbytes: int) -> dict | None:
+    """Time (µs), algbw and busbw (GB/s), iterations of ``result`` at ``nbytes``; None if not measured."""
+    row = result.rows.get(nbytes)
+    if row is None:
+        return None
+    algbw, busbw = bandwidths(meta.op, nbytes, row["seconds"], meta.nproc)
+    return {"time_us": row["seconds"] * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw, "iters": row["iters"],
+            "warmup": row["warmup"]}
+
+
+def _ratio(main: dict | None, other: dict | None) -> float | None:
+    if main is None or other is None or main["time_us"] <= 0:
+        return None
+    return other["time_us"] / main["time_us"]
+
+
+def to_json(meta: Meta, plan: list[tuple[int, int]], results: list[BackendResult]) -> str:
+    """The JSON document: meta, backends (status, note) and one row per size."""
+    main = results[0]
+    rows = []
+    for nbytes, count in plan:
+        measured = {r.key: measure(meta, r, nbytes) for r in results if r.rows}
+        rows.append({"bytes": nbytes, "count": count, "results": measured,
+                     "ratios": {r.key: _ratio(measured.get(main.key), measured[r.key])
+                                for r in results[1:] if r.rows}})
+    document = {**meta.__dict__, "busbw_factor": OPS[meta.op].bus_factor(meta.nproc), "main": main.key,
+                "backends": [{"key": r.key, "label": r.label, "status": r.status, "note": r.note} for r in results],
+                "rows": rows}
+    return json.dumps(document, indent=2)
+
+
+def _cell(value: float | None, width: int, digits: int) -> str:
+    return f"{'-' if value is None else f'{value:.{digits}f}':>{width}}"
+
+
+def format_table(meta: Meta, plan: list[tuple[int, int]], results: list[BackendResult]) -> str:
+    """The table: comment header (what ran, the command, notes), then one row per size."""
+    main, shown = results[0], [r for r in results[1:] if r.rows]
+    lines = [f"# pydist-bench {meta.op}  nproc={meta.nproc}  dtype={meta.dtype}  iters={meta.iters} "
+             f"warmup={meta.warmup}   (host: {meta.cpus} cpus)",
+             f"# command: {meta.command}"]
+    for result in results:
+        if result.status != "ok":
+            note = result.note.replace("\n", "\n#   ")
+            lines.append(f"# note: {result.label}: {result.status}: {note}")
+    headers = [("bytes", 14), ("count", 11), (f"{main.label} us", 12), ("algbw GB/s", 12), ("busbw GB/s", 12)]
+    for other in shown:
+        headers += [(f"{other.label} us", 12), ("busbw GB/s", 12), (f"{other.label}/{main.label}", 13)]
+    widths = [max(width, len(name) + 2) for name, width in headers]
+    lines.append("#" + "".join(f"{name:>{w}}" for (name, _), w in zip(headers, widths))[1:])
+    for nbytes, count in plan:
+        first = measure(meta, main, nbytes)
+        cells = [f"{nbytes:>{widths[0]}}", f"{count:>{widths[1]}}"]
+        values = [(first and first["time_us"], 1), (first and first["algbw_gbps"], 2),
+                  (first and first["busbw_gbps"], 2)]
+        for other in shown:
+            measured = measure(meta, other, nbytes)
+            values += [(measured and measured["time_us"], 1), (measured and measured["busbw_gbps"], 2),
+                       (_ratio(first, measured), 2)]
+        cells += [_cell(value, w, digits) for (value, digits), w in zip(values, widths[2:])]
+        lines.append("".join(cells))
+    return "\n".join(lines)
