@@ -26,7 +26,7 @@ from .._errors import DistBackendError
 from ._signal import Signal, WaitTimeout
 
 LINE = 64
-DEFAULT_SLOT_BYTES = 1 << 20
+DEFAULT_SLOT_BYTES = 512 << 10
 
 
 def arena_bytes(members: int, slot_bytes: int) -> int:
