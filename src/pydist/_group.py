@@ -30,6 +30,7 @@ class ProcessGroup:
         self._timeout = timeout
         self._timeout_text = f" after {timeout:g} s"
         self._queue = OpQueue(name)
+        self.owned_transport = None  # closed by destroy() when the group has a transport of its own
 
     # -- torch's ProcessGroup API ---------------------------------------------------------
     def rank(self) -> int:
@@ -94,6 +95,9 @@ class ProcessGroup:
         """Finish queued operations (up to ``timeout``), stop the progress thread."""
         self._queue.close(timeout)
         self._backend.close()
+        if self.owned_transport is not None:
+            self.owned_transport.close()
+            self.owned_transport = None
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name} ranks={self._ranks} rank={self._rank}>"

@@ -92,13 +92,28 @@ def _timeout_seconds(timeout: Any) -> float:
     return seconds
 
 
-def _make_transport(world: World, rank: int, size: int, store, deadline: Deadline):
-    if world.transport_factory is not None:
-        return world.transport_factory(rank, size, store, deadline)
+def default_transport(rank: int, size: int, store, deadline: Deadline):
+    """The world transport (tcp + shared memory) of ``rank``, met through ``store``."""
     from .transport._identity import advertise_address, host_identity
     from .transport.world import WorldTransport
     from ._world import local_host
     return WorldTransport(rank, size, store, deadline, advertise_address(store), local_host(), host_identity())
+
+
+def _make_transport(world: World, rank: int, size: int, store, deadline: Deadline):
+    if world.transport_factory is not None:
+        return world.transport_factory(rank, size, store, deadline)
+    return default_transport(rank, size, store, deadline)
+
+
+def standalone_group(store, rank: int, size: int, timeout: float, name: str) -> ProcessGroup:
+    """A group with a transport of its own, outside pydist's global state (what the torch
+    plugin makes for each torch group); ``destroy()`` closes its transport too."""
+    transport = default_transport(rank, size, store, Deadline.after(timeout))
+    ranks = list(range(size))
+    group = ProcessGroup(name, 1, ranks, rank, NativeBackend(transport, 1, ranks, rank), timeout)
+    group.owned_transport = transport
+    return group
 
 
 def init_process_group(backend: str | None = None, init_method: str | None = None,

@@ -24,25 +24,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _init(rank: int, world_size: int, init: str, address: str, pg_timeout: float):
+    """init_process_group the way ``init`` says; returns the module whose destroy_process_group ends it."""
+    import pydist
+    timeout = timedelta(seconds=pg_timeout)
+    if init in ("env", "torch"):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=address, RANK=str(rank), WORLD_SIZE=str(world_size))
+        if init == "torch":  # torch.distributed on pydist's plugin
+            import torch.distributed as tdist
+            import pydist.torch  # noqa: F401
+            tdist.init_process_group("pydist", timeout=timeout)
+            return tdist
+        pydist.init_process_group("pydist", timeout=timeout)
+    elif init == "store":
+        host, port = address.split(":")
+        store = pydist.TCPStore(host, int(port), world_size, rank == 0, timeout)
+        pydist.init_process_group("pydist", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        pydist.init_process_group("pydist", init_method=address, rank=rank, world_size=world_size, timeout=timeout)
+    return pydist
+
+
 def _child(rank: int, world_size: int, init: str, address: str, pg_timeout: float, env: dict, results, fn, args,
            kwargs) -> None:
     os.environ.update(env)
-    import pydist
     try:
-        if init == "env":
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=address, RANK=str(rank),
-                              WORLD_SIZE=str(world_size))
-            pydist.init_process_group("pydist", timeout=timedelta(seconds=pg_timeout))
-        elif init == "store":
-            host, port = address.split(":")
-            store = pydist.TCPStore(host, int(port), world_size, rank == 0, timedelta(seconds=pg_timeout))
-            pydist.init_process_group("pydist", store=store, rank=rank, world_size=world_size,
-                                      timeout=timedelta(seconds=pg_timeout))
-        else:
-            pydist.init_process_group("pydist", init_method=address, rank=rank, world_size=world_size,
-                                      timeout=timedelta(seconds=pg_timeout))
+        module = _init(rank, world_size, init, address, pg_timeout)
         value = fn(rank, world_size, *args, **kwargs)
-        pydist.destroy_process_group()
+        module.destroy_process_group()
         results.put((rank, True, value))
     except BaseException as error:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
@@ -52,12 +61,13 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
                   pg_timeout: float = 30.0, env: dict[str, str] | None = None,
                   rank_env: dict[int, dict[str, str]] | None = None, **kwargs: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` (importable, picklable) in ``world_size``
-    processes after init_process_group by ``init``: "env", "tcp", "file" or "store";
+    processes after init_process_group by ``init``: "env", "tcp", "file" or "store" (pydist's),
+    or "torch" (torch.distributed.init_process_group("pydist") through the plugin);
     ``env`` is added to each process's environment first, then ``rank_env[rank]`` (e.g.
     PYDIST_HOST_ID, so that one machine poses as several hosts)."""
     port = free_port()
     tmpdir = None
-    if init == "env":
+    if init in ("env", "torch"):
         address = str(port)
     elif init == "tcp":
         address = f"tcp://127.0.0.1:{port}"
@@ -67,7 +77,7 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
         tmpdir = tempfile.TemporaryDirectory(prefix="pydist-test-")
         address = f"file://{tmpdir.name}/store"
     else:
-        raise ValueError(f"init: expected env, tcp, file or store, got {init!r}")
+        raise ValueError(f"init: expected env, tcp, file, store or torch, got {init!r}")
     results = _CONTEXT.Queue()
     envs = [{**(env or {}), **(rank_env or {}).get(r, {})} for r in range(world_size)]
     procs = [_CONTEXT.Process(target=_child, args=(r, world_size, init, address, pg_timeout, envs[r], results, fn, args,

@@ -24,6 +24,16 @@ def host_identity() -> str:
     return "/".join(parts)
 
 
+def _route_to(host: str, port: int) -> str:
+    """The local address of the interface that reaches ``host`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), port))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
 def advertise_address(store) -> str:
     """The IP address this rank listens on for peers.
 
@@ -40,6 +50,8 @@ def advertise_address(store) -> str:
         return store.client_address()
     if type(store).__name__ == "HashStore":
         return "127.0.0.1"
+    if hasattr(store, "host") and hasattr(store, "port"):  # torch's TCPStore
+        return _route_to(store.host, store.port)
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:

@@ -1,0 +1,13 @@
+"""pydist as a torch.distributed backend.
+
+``import pydist.torch`` registers the backend "pydist" with torch.distributed (installing
+pydist also registers it at ``import torch``, through the ``torch.backends`` entry point).
+Then ``torch.distributed.init_process_group("pydist")``, every torch.distributed call and
+``torch.nn.parallel.DistributedDataParallel`` run on pydist. ``pydist.torch.ddp`` holds
+pydist's own DistributedDataParallel.
+"""
+from .backend import ProcessGroupPydist, create_process_group, register
+
+register()
+
+__all__ = ["ProcessGroupPydist", "create_process_group", "register"]

@@ -1,0 +1,199 @@
+"""The torch.distributed plugin: a ``torch.distributed.ProcessGroup`` subclass over pydist.
+
+torch calls ``create_process_group(store, rank, size, timeout)`` for every group it makes
+(the default group and each new_group); each gets a pydist group with a transport of its
+own (like gloo's per-group connections), met through torch's store. Every method maps
+torch's call (tensor lists, option objects) onto pydist's operations with ``async_op=True``
+and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping pydist's Work), so
+torch's own async handling, DDP's bucketing and ``wait()`` work unchanged. CUDA tensors are
+rejected with a clear error; torch's functional collectives (used by DTensor/FSDP2) cannot
+be forwarded to a Python process group in torch 2.13 (see README).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+import pydist
+from .._init import standalone_group
+from .._ops import RedOpType, ReduceOp
+from .work import PydistWork, done_work
+
+BACKEND_NAME = "pydist"
+
+
+def register() -> None:
+    """Register "pydist" with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() not in tdist.Backend._plugins:
+        tdist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+
+
+def create_process_group(store, rank: int, size: int, timeout: timedelta) -> "ProcessGroupPydist":
+    """torch's backend creator: (prefix store, group rank, group size, timeout)."""
+    return ProcessGroupPydist(store, rank, size, timeout)
+
+
+def _op(reduce_op: Any) -> ReduceOp:
+    """torch's ReduceOp (with PREMUL_SUM's factor) as pydist's."""
+    kind = getattr(reduce_op, "op", reduce_op)
+    op = ReduceOp(RedOpType[kind.name] if hasattr(kind, "name") else RedOpType(int(kind)))
+    if op.op == RedOpType.PREMUL_SUM:
+        factor = reduce_op.factor
+        op.factor = factor.item() if hasattr(factor, "item") else float(factor)
+    return op
+
+
+class ProcessGroupPydist(tdist.ProcessGroup):
+    """A torch ProcessGroup whose every operation runs on pydist."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._group = standalone_group(store, rank, size, timeout.total_seconds(), "torch")
+        self._name = ""
+        self._desc = ""
+
+    # -- identity -------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's names
+        return BACKEND_NAME
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupPydist(rank={self.rank()}, size={self.size()})"
+
+    # -- collectives ----------------------------------------------------------------------
+    def _run(self, work, outputs: list) -> PydistWork:
+        return PydistWork(work, outputs)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
+        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
+        return self._run(pydist.all_reduce(tensors[0], op=op, group=self._group, async_op=True), tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
+        """One all_reduce of the tensors flattened together, then copied back."""
+        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
+        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+        work = pydist.all_reduce(flat, op=op, group=self._group, async_op=True)
+        return PydistWork(work, tensors, after=lambda: _unflatten(flat, tensors))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
+        root = opts.rootRank if opts is not None else 0
+        return self._run(pydist.broadcast(tensors[0], group=self._group, group_src=root, async_op=True), tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
+        work = pydist.reduce(tensors[0], op=_op(opts.reduceOp), group=self._group, group_dst=opts.rootRank,
+                             async_op=True)
+        return self._run(work, tensors)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts=None) -> tdist.Work:
+        work = pydist.all_gather(output_tensors[0], input_tensors[0], group=self._group, async_op=True)
+        return self._run(work, output_tensors)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
+        return self._run(pydist.all_gather_into_tensor(output, input, group=self._group, async_op=True), [output])
+
+    all_gather_single = _allgather_base
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts=None) -> tdist.Work:
+        """``output_lists[rank][j]`` receives ``input_list[j]`` of ``rank`` (torch's layout)."""
+        works = [pydist.all_gather([per_rank[j] for per_rank in output_lists], inp, group=self._group,
+                                   async_op=True)
+                 for j, inp in enumerate(input_list)]
+        return PydistWork.all_of(works, output_lists)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts=None) -> tdist.Work:
+        works = [pydist.all_gather_into_tensor(o, i, group=self._group, async_op=True) for o, i in zip(outputs, inputs)]
+        return PydistWork.all_of(works, outputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts=None) -> tdist.Work:
+        work = pydist.reduce_scatter(outputs[0], input_lists[0], op=_op(opts.reduceOp), group=self._group,
+                                     async_op=True)
+        return self._run(work, outputs)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
+        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
+        return self._run(pydist.reduce_scatter_tensor(output, input, op=op, group=self._group, async_op=True),
+                         [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts=None) -> tdist.Work:
+        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
+        works = [pydist.reduce_scatter_tensor(o, i, op=op, group=self._group, async_op=True)
+                 for o, i in zip(outputs, inputs)]
+        return PydistWork.all_of(works, outputs)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts=None) -> tdist.Work:
+        work = pydist.all_to_all_single(output, input, output_split_sizes or None, input_split_sizes or None,
+                                        group=self._group, async_op=True)
+        return self._run(work, [output])
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts=None) -> tdist.Work:
+        return self._run(pydist.all_to_all(output_tensors, input_tensors, group=self._group, async_op=True),
+                         output_tensors)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts=None) -> tdist.Work:
+        root = opts.rootRank
+        outs = output_lists[0] if self.rank() == root else None
+        work = pydist.gather(input_tensors[0], outs, group=self._group, group_dst=root, async_op=True)
+        return self._run(work, output_lists)
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts=None) -> tdist.Work:
+        root = opts.rootRank
+        ins = input_lists[0] if self.rank() == root else None
+        work = pydist.scatter(output_tensors[0], ins, group=self._group, group_src=root, async_op=True)
+        return self._run(work, output_tensors)
+
+    def barrier(self, opts=None) -> tdist.Work:
+        return self._run(pydist.barrier(group=self._group, async_op=True), [])
+
+    # -- point-to-point -------------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> tdist.Work:
+        return self._run(pydist.isend(tensors[0], group=self._group, group_dst=dst, tag=tag), tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> tdist.Work:
+        return self._run(pydist.irecv(tensors[0], group=self._group, group_src=src, tag=tag), tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> tdist.Work:
+        return self._run(pydist.irecv(tensors[0], group=self._group, tag=tag), tensors)
+
+    # -- lifetime -------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Release pydist's transport of this group (torch's destroy_process_group)."""
+        if self._group is not None:
+            self._group.destroy(timeout=self._group.timeout)
+            self._group = None
+
+    abort = shutdown
+
+
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for tensor in tensors:
+        count = tensor.numel()
+        tensor.copy_(flat[offset:offset + count].view_as(tensor))
+        offset += count

@@ -1,0 +1,95 @@
+"""torch Work objects over pydist's Work.
+
+``PydistWork`` subclasses ``torch.distributed.Work``: ``wait`` re-raises pydist's error,
+``get_future`` returns a torch Future resolving to the output tensors, and
+``_source_rank`` reports the sender of a receive from any source (what torch's ``recv``
+asks for).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as tdist
+
+from .._work import Work
+
+
+class PydistWork(tdist.Work):
+    """A torch Work completed by one or more pydist Works."""
+
+    def __init__(self, works: Work | list[Work] | None, outputs: list[Any],
+                 after: Callable[[], None] | None = None):
+        super().__init__()
+        self._works = [] if works is None else works if isinstance(works, list) else [works]
+        self._outputs = outputs
+        self._after = after
+        self._future: torch.futures.Future | None = None
+
+    @classmethod
+    def all_of(cls, works: list[Work], outputs: list[Any]) -> "PydistWork":
+        return cls(works, outputs)
+
+    def _finish(self) -> None:
+        for work in self._works:
+            work.wait()
+        if self._after is not None:
+            after, self._after = self._after, None
+            after()
+
+    def wait(self, timeout=None) -> bool:
+        for work in self._works:
+            work.wait(timeout if timeout else None)
+        self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return all(work.is_success() for work in self._works)
+
+    def exception(self):
+        return next((work.exception() for work in self._works if work.exception() is not None), None)
+
+    def result(self) -> list[Any]:
+        self.wait()
+        return self._outputs
+
+    def _source_rank(self) -> int:
+        source = self._works[-1].source_rank() if self._works else None
+        return -1 if source is None else source
+
+    source_rank = _source_rank
+
+    def synchronize(self) -> None:
+        """CPU work: nothing to synchronise."""
+
+    def get_future(self) -> torch.futures.Future:
+        """A torch Future set (from pydist's progress thread) when every part is done."""
+        if self._future is None:
+            future: torch.futures.Future = torch.futures.Future()
+            self._future = future
+            remaining = [len(self._works)]
+
+            def one_done(_work: Work) -> None:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+                try:
+                    self._finish()
+                except BaseException as error:  # noqa: BLE001 - delivered through the future
+                    future.set_exception(error)
+                else:
+                    future.set_result(self._outputs)
+
+            if not self._works:
+                future.set_result(self._outputs)
+            for work in self._works:
+                work.add_done_callback(one_done)
+        return self._future
+
+
+def done_work(outputs: list[Any]) -> PydistWork:
+    """A Work that is already complete."""
+    return PydistWork(None, outputs)
