@@ -12,11 +12,11 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e '.[demo]' $(TORCH)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install --quiet -e '.[test,bench]' $(TORCH) $(MPI)
+	$(PIP) install --quiet -e '.[test,bench,demo]' $(TORCH) $(MPI) expecttest
 	touch $@
 
 venv: $(VENV)/.installed
@@ -24,7 +24,7 @@ venv: $(VENV)/.installed
 test-venv: $(VENV)/.installed-test
 
 demo: venv
-	$(VENV)/bin/pydist-run --nproc-per-node 4 examples/collectives.py
+	$(VENV)/bin/pydist-run --nproc-per-node 2 examples/train.py
 
 test: test-venv
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,21 +1,57 @@
 """pydist-bench smoke runs at tiny sizes: rows are produced and the arithmetic is right.
 Nothing here is timed (benchmarks are a CLI, never asserts)."""
+import dataclasses
 import importlib.util
+import io
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 
-from pydist.bench.ops import OPS
-from pydist.bench.sizes import parse_sizes
+from pydist.bench import cli
+from pydist.bench.backends import BACKENDS
+from pydist.bench.progress import Progress
+from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
+from pydist.bench.report import BackendResult, Meta, format_table
+from pydist.bench.sizes import format_size, parse_size, parse_sizes
 
 BENCH = [sys.executable, "-m", "pydist.bench"]
 TINY = ["--sizes", "4:64", "--iters", "2", "--warmup", "1", "--nproc", "2"]
+MARKER = f"pydist-bench-test-{uuid.uuid4().hex}"  # in every worker's environment, to find leftovers
+
+
+def marked_processes() -> list[int]:
+    """Pids of live processes started by these tests (their environment holds MARKER)."""
+    found = []
+    for pid in set(filter(str.isdigit, os.listdir("/proc"))) - {str(os.getpid())}:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                if MARKER.encode() in environ.read():
+                    with open(f"/proc/{pid}/stat") as stat:
+                        if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_workers():
+    yield
+    deadline = time.monotonic() + 5
+    while marked_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_processes() == [], "pydist-bench left worker processes running"
 
 
 def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(BENCH + list(args), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(BENCH + list(args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
 
 
 def test_size_specs():
@@ -26,6 +62,66 @@ def test_size_specs():
     for bad in ("0", "x", "4:2", "-1"):
         with pytest.raises(ValueError):
             parse_sizes(bad)
+
+
+def test_size_units_ranges_and_names():
+    assert [parse_size(text) for text in ("7", "1k", "2KiB", "3MB", "1G")] == [7, 1024, 2048, 3 << 20, 1 << 30]
+    assert parse_sizes("64,4:16") == [4, 8, 16, 64]
+    assert parse_sizes("4:4") == [4] and parse_sizes("1:100:10") == [1, 10, 100]
+    assert parse_sizes("4:100") == [4, 8, 16, 32, 64]
+    for bad in ("4:64:1", "4:64:x", "4::", "", "4,,8", "1T", "1:2:3:4"):
+        with pytest.raises(ValueError):
+            parse_sizes(bad)
+    assert [format_size(n) for n in (4, 65536, 3 << 19, 1 << 30)] == ["4 B", "64 KiB", "1.5 MiB", "1 GiB"]
+
+
+def test_split_ops_round_counts_to_whole_blocks_per_rank():
+    assert size_plan("all_gather", [4, 8, 16, 64], "float32", 3) == [(12, 3), (60, 15)]
+    assert size_plan("all_to_all", [1024], "float64", 4) == [(1024, 128)]
+    assert size_plan("all_reduce", [1, 4, 8], "float64", 2) == [(8, 1)]
+    assert size_plan("sendrecv", [4, 6], "int8", 2) == [(4, 4), (6, 6)]
+
+
+def test_busbw_factors_follow_nccl_tests():
+    factors = {op: spec.bus_factor(4) for op, spec in OPS.items()}
+    assert factors == {"all_reduce": 1.5, "all_gather": 0.75, "reduce_scatter": 0.75, "broadcast": 1.0,
+                       "all_to_all": 0.75, "sendrecv": 1.0}
+    assert bandwidths("all_reduce", 2_000_000_000, 2.0, 4) == (1.0, 1.5)
+
+
+def test_large_sizes_get_fewer_iterations():
+    assert iterations(4, 20, 5, 1 << 30) == (20, 5)
+    assert iterations(256 << 20, 20, 5, 1 << 30) == (4, 1)
+    assert iterations(64 << 20, 20, 5, 1 << 30) == (16, 4)
+    assert iterations(256 << 20, 2, 0, 1 << 30) == (2, 0)
+    assert iterations(1 << 30, 20, 5, 0) == (20, 5)
+
+
+def test_table_marks_missing_values_and_notes():
+    meta = Meta("pydist-bench --compare gloo,mpi", "all_reduce", 2, "float32", 2, 1, 0, 2, 0.5)
+    main = BackendResult("pydist", "pydist", rows={4: {"seconds": 1e-4, "iters": 2, "warmup": 1},
+                                                   8: {"seconds": 2e-4, "iters": 2, "warmup": 1}})
+    gloo = BackendResult("gloo", "gloo", "failed", "boom\nsecond line", {4: {"seconds": 3e-4, "iters": 2, "warmup": 1}})
+    mpi = BackendResult("mpi", "mpi", "unavailable", "not installed")
+    lines = format_table(meta, [(4, 1), (8, 2)], [main, gloo, mpi]).splitlines()
+    assert lines[0].endswith("(host: 2 cpus, load 0.50)")
+    assert lines[1] == "# command: pydist-bench --compare gloo,mpi"
+    assert "# note: gloo: failed: boom" in lines and "#   second line" in lines
+    assert "# note: mpi: unavailable: not installed" in lines
+    header = lines[-3]
+    assert header.startswith("#        bytes") and "gloo/pydist" in header and "mpi us" not in header
+    assert lines[-2].split() == ["4", "1", "100.0", "0.00", "0.00", "300.0", "0.00", "3.00"]
+    assert lines[-1].split() == ["8", "2", "200.0", "0.00", "0.00", "-", "-", "-"]
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_every_op_prints_a_table_row_per_size(op):
+    done = run_bench("--op", op, *TINY)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    assert [(int(r[0]), int(r[1])) for r in rows] == size_plan(op, [4, 8, 16, 32, 64], "float32", 2)
+    assert all(float(r[2]) > 0 for r in rows)
+    assert f"{op} pydist 1/1 backends" in done.stderr  # progress lines (plain: stderr is not a tty)
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
@@ -72,9 +168,27 @@ def test_compare_with_mpi():
     assert all(row["results"]["mpi"]["time_us"] > 0 for row in json.loads(done.stdout)["rows"])
 
 
-def test_missing_backend_is_a_note_not_a_crash():
+def test_backend_mpi_runs_or_says_why_not():
+    """--backend mpi is pydist's own MPI backend: a clear error until init_process_group("mpi") exists."""
     done = run_bench("--op", "all_reduce", "--backend", "mpi", *TINY)
-    assert done.returncode != 0 and "does not exist" in (done.stdout + done.stderr)
+    if BACKENDS["pydist-mpi"].unavailable() is None:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 1 and "--backend mpi:" in done.stderr, done.stderr
+        assert "does not exist" in done.stderr or "not installed" in done.stderr
+
+
+def test_progress_rewrites_one_line_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = Progress(stream)
+    progress.update("a")
+    progress.update("b")
+    progress.clear()
+    assert stream.getvalue() == "\r\x1b[Ka\r\x1b[Kb\r\x1b[K"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed")
@@ -83,3 +197,41 @@ def test_plot_writes_a_png(tmp_path):
     done = run_bench("--op", "all_reduce", "--plot", str(out), *TINY)
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unavailable_compare_backend_is_a_note(monkeypatch, capsys):
+    missing = dataclasses.replace(BACKENDS["mpi"], modules=("pydist_bench_no_such_module",))
+    monkeypatch.setitem(BACKENDS, "mpi", missing)
+    monkeypatch.setenv("PYDIST_BENCH_TEST_MARKER", MARKER)
+    assert cli.main(["--compare", "mpi", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "# note: mpi: unavailable: not installed" in out and "mpi us" not in out
+    assert len([line for line in out.splitlines() if not line.startswith("#")]) == 5
+
+
+def test_usage_errors_exit_2():
+    assert run_bench("--sizes", "64:4").returncode == 2
+    assert run_bench("--op", "sendrecv", "--nproc", "1").returncode == 2
+    assert run_bench("--compare", "nccl").returncode == 2
+
+
+def test_timeout_stops_every_worker():
+    done = run_bench("--sizes", "64M", "--iters", "100", "--budget", "0", "--timeout", "1")
+    assert done.returncode == 1 and "timed out after 1 s" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_every_worker(signum):
+    proc = subprocess.Popen(BENCH + ["--sizes", "64M", "--iters", "100", "--budget", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    try:
+        deadline = time.monotonic() + 30
+        while len(marked_processes()) < 3 and time.monotonic() < deadline:  # the CLI and its 2 workers
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted" in err, err

@@ -23,8 +23,17 @@ from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """``pydist.DistributedDataParallel`` needs torch, so it is imported on first use only."""
+    if name == "DistributedDataParallel":
+        from .torch.ddp import DistributedDataParallel
+        return DistributedDataParallel
+    raise AttributeError(f"module 'pydist' has no attribute {name!r}")
+
+
 __all__ = [
-    "Backend", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
+    "Backend", "DistBackendError", "DistributedDataParallel", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
     "GroupAbortedError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
     "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",

@@ -18,8 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from contextlib import closing
 
 from . import plot
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
@@ -53,6 +56,13 @@ def _non_negative(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def _budget(text: str) -> int:
     return 0 if text.strip() == "0" else parse_size(text)
 
@@ -66,7 +76,8 @@ def _compare(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pydist-bench", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="pydist-bench", description="nccl-tests-style collective benchmarks of pydist, "
+                                     "optionally side by side with gloo and MPI.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--op", choices=list(OPS), default="all_reduce", help="operation to time")
     parser.add_argument("--nproc", type=_arg(_positive), default=2, help="ranks (processes) per backend")
@@ -81,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="what the main columns measure (mpi: pydist's own MPI backend under mpiexec)")
     parser.add_argument("--compare", type=_arg(_compare), default=[],
                         help="comma list of backends to run too: gloo (torch), mpi (mpi4py + mpiexec), pydist")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for each backend's run")
+    parser.add_argument("--timeout", type=_arg(_seconds), default=1800.0, help="seconds allowed for each backend's run")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--plot", metavar="PATH", help="write busbw and time against size (needs matplotlib)")
     return parser
@@ -91,20 +102,47 @@ def _run_one(result: BackendResult, position: str, args: argparse.Namespace, con
              progress: Progress) -> None:
     """Run one backend into ``result``; BackendFailed propagates with the rows so far kept."""
     total = len(config["plan"])
-    for event in run_backend(BACKENDS[result.key], args.nproc, config, args.timeout):
-        if event["event"] == "start":
-            progress.update(f"{args.op} {result.label} {position} backends, size "
-                            f"{format_size(event['bytes'])} ({event['index'] + 1}/{total})")
-        elif event["event"] == "row":
-            result.rows[event["bytes"]] = {key: event[key] for key in ("seconds", "iters", "warmup")}
+    # closing(): the workers are stopped at once even if this loop is interrupted
+    with closing(run_backend(BACKENDS[result.key], args.nproc, config, args.timeout)) as events:
+        for event in events:
+            if event["event"] == "start":
+                progress.update(f"{args.op} {result.label} {position} backends, size "
+                                f"{format_size(event['bytes'])} ({event['index'] + 1}/{total})")
+            elif event["event"] == "row":
+                result.rows[event["bytes"]] = {key: event[key] for key in ("seconds", "iters", "warmup")}
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _measure_all(results: list[BackendResult], args: argparse.Namespace, config: dict, progress: Progress) -> int:
+    """Run every available backend in turn; 0, or 1 if the main one failed (its error printed).
+    SIGTERM is treated like Ctrl-C meanwhile, so the workers are stopped on the way out."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        for index, result in enumerate(results):
+            if result.status != "ok":
+                continue
+            try:
+                _run_one(result, f"{index + 1}/{len(results)}", args, config, progress)
+            except BackendFailed as error:
+                result.status, result.note = "failed", str(error)
+                if index == 0:
+                    progress.clear()
+                    print(f"pydist-bench: error: {result.label} failed: {error}", file=sys.stderr)
+                    return 1
+        return 0
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if isinstance(args.sizes, str):
-        args.sizes = parse_sizes(args.sizes)
     if args.nproc < OPS[args.op].min_ranks:
         parser.error(f"--op {args.op} needs --nproc >= {OPS[args.op].min_ranks}")
     keys = [MAIN_CHOICES[args.backend]] + [COMPARE_CHOICES[name] for name in args.compare]
@@ -127,20 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               "plan": [[nbytes, count, *iterations(nbytes, args.iters, args.warmup, args.budget)]
                        for nbytes, count in plan]}
     meta = Meta(shlex.join(["pydist-bench", *argv]), args.op, args.nproc, args.dtype, args.iters, args.warmup,
-                args.budget, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+                args.budget, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                os.getloadavg()[0])
     progress = Progress()
     try:
-        for index, result in enumerate(results):
-            if result.status != "ok":
-                continue
-            try:
-                _run_one(result, f"{index + 1}/{len(results)}", args, config, progress)
-            except BackendFailed as error:
-                result.status, result.note = "failed", str(error)
-                if index == 0:
-                    progress.clear()
-                    print(f"pydist-bench: error: {result.label} failed: {error}", file=sys.stderr)
-                    return 1
+        if _measure_all(results, args, config, progress):
+            return 1
     except KeyboardInterrupt:
         progress.clear()
         print("pydist-bench: interrupted", file=sys.stderr)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 
 from .backends import BackendSpec, mpiexec_path
-from .worker import PREFIX
+from .worker import LAUNCHER_ENV, PREFIX
 
 _GRACE = 3.0  # seconds between SIGTERM and SIGKILL, and for workers to exit after "done"
 
@@ -38,8 +38,9 @@ def _free_port() -> int:
 
 def _base_env() -> dict[str, str]:
     """This environment, with OMP_NUM_THREADS=1 unless set (what torchrun and pydist-run do for
-    several workers per host: each rank's math threads would otherwise fight over the cores)."""
-    return {"OMP_NUM_THREADS": "1", **os.environ}
+    several workers per host: each rank's math threads would otherwise fight over the cores),
+    and the launcher's pid for the workers' orphan watchdog."""
+    return {"OMP_NUM_THREADS": "1", **os.environ, LAUNCHER_ENV: str(os.getpid())}
 
 
 def _commands(spec: BackendSpec, nproc: int, config: dict) -> list[tuple[list[str], dict[str, str]]]:
@@ -65,8 +66,11 @@ class _Workers:
             for argv, env in _commands(spec, nproc, config):
                 self.procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=write_fd,
                                                    stderr=self.stderr))
-        finally:
+        except BaseException:
             os.close(write_fd)
+            self.stop(gracefully=False)
+            raise
+        os.close(write_fd)
 
     def lines(self, timeout: float) -> list[str]:
         """Complete lines read within ``timeout`` seconds; raises EOFError once all writers closed."""
@@ -82,10 +86,10 @@ class _Workers:
 
     def failure(self, reason: str) -> BackendFailed:
         """``reason`` plus the exit codes and the last lines the workers wrote to stderr."""
-        codes = [proc.poll() for proc in self.procs]
+        codes = ["running" if proc.poll() is None else proc.returncode for proc in self.procs]
         self.stderr.seek(0)
         tail = self.stderr.read().decode(errors="replace").strip().splitlines()[-15:]
-        text = f"{reason} (exit codes {codes})"
+        text = f"{reason} (worker processes: {', '.join(map(str, codes))})"
         return BackendFailed(text + ("\n  worker stderr:\n    " + "\n    ".join(tail) if tail else ""))
 
     def stop(self, gracefully: bool) -> None:

@@ -35,6 +35,7 @@ class Meta:
     warmup: int
     budget: int
     cpus: int
+    load: float  # 1-minute load average at the start: a busy host makes noisy numbers
 
 
 def measure(meta: Meta, result: BackendResult, nbytes: int) -> dict | None:
@@ -76,7 +77,7 @@ def format_table(meta: Meta, plan: list[tuple[int, int]], results: list[BackendR
     """The table: comment header (what ran, the command, notes), then one row per size."""
     main, shown = results[0], [r for r in results[1:] if r.rows]
     lines = [f"# pydist-bench {meta.op}  nproc={meta.nproc}  dtype={meta.dtype}  iters={meta.iters} "
-             f"warmup={meta.warmup}   (host: {meta.cpus} cpus)",
+             f"warmup={meta.warmup}   (host: {meta.cpus} cpus, load {meta.load:.2f})",
              f"# command: {meta.command}"]
     for result in results:
         if result.status != "ok":

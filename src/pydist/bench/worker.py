@@ -5,7 +5,7 @@ runs :func:`.timing.run_plan`, and writes events as single-line JSON to stdout, 
 prefixed with :data:`PREFIX` and written with one ``write`` so lines of several ranks sharing
 the pipe never interleave: every rank reports ``pid`` (for cleanup) and, on failure,
 ``error``; rank 0 reports ``start``/``row`` per size and ``done``. A watchdog thread exits
-the process if its parent dies, so a killed launcher leaves no orphans.
+the process if its parent or the launcher dies, so a killed launcher leaves no orphans.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import time
 import traceback
 
 PREFIX = "@@pydist-bench "
+LAUNCHER_ENV = "PYDIST_BENCH_LAUNCHER_PID"
 _MAX_MESSAGE = 1500  # keeps an error line below PIPE_BUF, so its write stays atomic
 
 
@@ -25,11 +26,23 @@ def emit(event: dict) -> None:
     os.write(1, (PREFIX + json.dumps(event) + "\n").encode())
 
 
+def _gone(pid: int) -> bool:
+    """True once no process ``pid`` exists (signal 0 only probes; EPERM means it exists)."""
+    try:
+        os.kill(pid, 0)
+        return False
+    except OSError as error:
+        return isinstance(error, ProcessLookupError)
+
+
 def _exit_when_orphaned(interval: float = 0.5) -> None:
+    """Exit (status 3) once the parent process or the launcher (``$LAUNCHER_ENV``: the CLI,
+    which is not the parent under mpiexec) is gone."""
     parent = os.getppid()
+    launcher = int(os.environ.get(LAUNCHER_ENV, "0"))
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and not (launcher and _gone(launcher)):
             time.sleep(interval)
         os._exit(3)
 
@@ -41,7 +54,7 @@ def main(argv: list[str]) -> int:
     from .timing import run_plan
     name, config = argv[0], json.loads(argv[1])
     _exit_when_orphaned()
-    rank = -1
+    rank = os.environ.get("RANK") or os.environ.get("PMI_RANK") or "?"  # until the group says
     try:
         comm = BACKENDS[name].connect(config["timeout"])
         rank = comm.rank

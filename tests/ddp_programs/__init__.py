@@ -1,0 +1,5 @@
+"""Rank functions and single-process references for tests/test_ddp.py.
+
+``training`` holds the models, the data, the DDP rank functions (importable by
+thread-ranks and process-ranks alike) and the references they are compared with.
+"""
