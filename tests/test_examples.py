@@ -42,3 +42,22 @@ def test_training_demo_learns_snapshots_and_resumes(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resuming from" in second.stdout and "after epoch 3" in second.stdout
     assert re.findall(r"epoch +(\d+)/4", second.stdout) == ["4"], second.stdout
+
+
+def test_torch_tutorial_script_runs_under_pydist_run(tmp_path):
+    """A torchrun-style script (torch's DDP, DistributedSampler, snapshot on rank 0) with
+    only the backend name changed: torch's env:// rendezvous reaches the launcher's store,
+    and a second run resumes from the snapshot."""
+    pytest.importorskip("torch")
+    script = str(ROOT / "tests" / "ddp_programs" / "ddp_torchrun_style.py")
+    snapshot = str(tmp_path / "snapshot.pt")
+    first = launch("--nproc-per-node", "2", script, "4", "2", "--snapshot", snapshot, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for rank in range(2):
+        losses = [float(x) for x in re.findall(rf"\[rank{rank}\] epoch \d \| steps 8 \| loss ([\d.]+)", first.stdout)]
+        assert len(losses) == 4 and losses[-1] < losses[0] / 10, first.stdout
+    assert first.stdout.count("Training snapshot saved") == 2, first.stdout
+    second = launch("--nproc-per-node", "2", script, "6", "2", "--snapshot", snapshot, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.count("Resuming training from snapshot at Epoch 4") == 2, second.stdout
+    assert re.findall(r"\[rank0\] epoch (\d)", second.stdout) == ["4", "5"], second.stdout

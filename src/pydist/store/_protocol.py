@@ -223,15 +223,13 @@ class _Reader:
             raise ProtocolError(f"{len(self._body) - self._pos} unexpected bytes at the end of a message")
 
 
-class Parser:
-    """Incremental parser of one stream: ``feed(bytes)``, then ``next()`` until None."""
+class StreamParser:
+    """Incremental parser of one stream: ``feed(bytes)``, then ``next()`` until None.
+    Subclasses implement ``_next`` (a whole message from ``self._buf``, or None)."""
 
-    def __init__(self, table: _Table, magic: bytes):
-        self._table = table
-        self._magic = magic
+    def __init__(self) -> None:
         self._buf = bytearray()
         self._error: ProtocolError | None = None
-        self.handshaken = False
 
     @property
     def pending(self) -> int:
@@ -252,6 +250,19 @@ class Parser:
         except ProtocolError as e:
             self._error = e
             raise
+
+    def _next(self) -> Message | None:
+        raise NotImplementedError
+
+
+class Parser(StreamParser):
+    """A pydist store stream's parser (see the module docstring)."""
+
+    def __init__(self, table: _Table, magic: bytes):
+        super().__init__()
+        self._table = table
+        self._magic = magic
+        self.handshaken = False
 
     def _next(self) -> Message | None:
         buf = self._buf

@@ -1,36 +1,85 @@
 """The TCPStore server's logic without sockets: connections are integer ids, time is
 passed in, and the answers wait in per-connection output buffers.
 
+A connection speaks the protocol its first byte names: pydist's (``b"PDST"`` hello, see
+``_protocol``; the server's hello answers it) or torch's TCPStore client protocol (a
+VALIDATE query, byte 0; see ``_torch_protocol`` and ``_torch_service``). Both run on the
+one :class:`KVState`, so pydist and torch clients share keys; a codec per connection
+(:class:`PydistCodec` or :class:`~pydist.store._torch_service.TorchCodec`) parses its
+requests, names the operations to run and frames their answers.
+
 The I/O loop (``tcp.py``) calls ``open`` / ``receive`` / ``close`` as connections come,
 send bytes and go, ``expire`` when ``next_deadline`` passes, and then sends what
 ``take_output`` returns and closes what ``take_dropped`` names (connections that sent a
 malformed stream). A connection's requests are answered in order: while one of them is
-blocked (get/wait/multi_get/queue_pop on missing keys) the ones after it stay buffered.
+blocked (get/wait/multi_get/queue_pop on missing keys) the ones after it stay buffered
+(a torch connection's are still read: its CANCEL_WAIT ends the blocked one).
 A blocked request is parked on the keys it misses and re-run when one of them changes;
-at its deadline it is answered ``timeout`` with the keys still missing, so the client
-and server stay in sync.
+at its deadline (torch's: none) it is answered ``timeout`` with the keys still missing,
+so the client and server stay in sync.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import logging
+import math
 from collections import deque
 from typing import Any
 
 from .._errors import DistStoreError
-from ._protocol import REQUESTS, Message, ProtocolError, RequestParser, encode_response, error_code, hello
+from ._protocol import REQUESTS, WIRE_MAGIC, Message, ProtocolError, RequestParser, encode_response, error_code, hello
 from ._state import KVState, NotReady
+from ._torch_service import TorchCodec
 
 logger = logging.getLogger("pydist.store")
 
 
+class PydistCodec(RequestParser):
+    """A pydist client's connection: its request parser, the operations it runs (the
+    state's methods) and how answers are framed."""
+
+    greeting = hello()
+    cancel_op: str | None = None
+
+    def bind(self, state: KVState) -> KVState:
+        return state
+
+    def split(self, msg: Message) -> tuple[tuple[Any, ...], float]:
+        """Arguments and timeout in ms (a blocking request's last field; else 0)."""
+        return (msg.args[:-1], msg.args[-1]) if REQUESTS[msg.name].blocking else (msg.args, 0)
+
+    def answer(self, name: str, result: Any) -> bytes:
+        kind = REQUESTS[name].result
+        args = () if kind == "ok" else (int(result),) if kind == "int" else (result,)
+        return encode_response(Message(kind, args))
+
+    def timeout(self, name: str, missing: list[str], waited_ms: int) -> bytes | None:
+        return encode_response(Message("timeout", (missing, waited_ms)))
+
+    def error(self, name: str, exc: BaseException) -> bytes | None:
+        return encode_response(Message("error", (error_code(exc), str(exc))))
+
+
+Codec = PydistCodec | TorchCodec
+
+
+def _codec_for(first: bytes) -> Codec:
+    """The codec of a connection whose first byte is ``first``. Raises ProtocolError."""
+    if WIRE_MAGIC.startswith(first):
+        return PydistCodec()
+    if first == b"\x00":  # torch's VALIDATE query type
+        return TorchCodec()
+    raise ProtocolError(f"bad magic {first!r}: neither a pydist store stream ({WIRE_MAGIC!r}) nor a torch TCPStore client")
+
+
 class _Conn:
-    __slots__ = ("cid", "parser", "waiter")
+    __slots__ = ("cid", "codec", "ops", "waiter")
 
     def __init__(self, cid: int):
         self.cid = cid
-        self.parser = RequestParser()
+        self.codec: Codec | None = None
+        self.ops: Any = None
         self.waiter: _Waiter | None = None
 
 
@@ -39,16 +88,10 @@ class _Waiter:
 
     __slots__ = ("conn", "op", "args", "timeout_ms", "keys", "done")
 
-    def __init__(self, conn: _Conn, op: str, args: tuple[Any, ...], timeout_ms: int):
+    def __init__(self, conn: _Conn, op: str, args: tuple[Any, ...], timeout_ms: float):
         self.conn, self.op, self.args, self.timeout_ms = conn, op, args, timeout_ms
         self.keys: set[str] = set()
         self.done = False
-
-
-def _answer(kind: str, result: Any) -> Message:
-    if kind == "ok":
-        return Message("ok", ())
-    return Message(kind, (int(result),) if kind == "int" else (result,))
 
 
 class StoreService:
@@ -67,16 +110,23 @@ class StoreService:
 
     # -- the I/O loop's interface ----------------------------------------------------
     def open(self, cid: int) -> None:
-        """A new connection; the server's hello is queued for it."""
+        """A new connection; its first bytes will say which protocol it speaks."""
         self._conns[cid] = _Conn(cid)
-        self._send(cid, hello())
 
     def receive(self, cid: int, data: bytes, now: float) -> None:
         """Bytes from connection ``cid``; answers what they complete."""
         conn = self._conns.get(cid)
-        if conn is None or cid in self._dropped:
+        if conn is None or cid in self._dropped or not data:
             return
-        conn.parser.feed(data)
+        if conn.codec is None:
+            try:
+                conn.codec = _codec_for(data[:1])
+            except ProtocolError as e:
+                self._dropped[cid] = str(e)
+                return
+            conn.ops = conn.codec.bind(self.state)
+            self._send(cid, conn.codec.greeting)
+        conn.codec.feed(data)
         self._drain(conn, now)
         self._settle(now)
 
@@ -89,7 +139,7 @@ class StoreService:
             return False
         if conn.waiter is not None:
             self._unpark(conn.waiter)
-        return conn.parser.pending > 0
+        return conn.codec is not None and conn.codec.pending > 0
 
     def next_deadline(self) -> float | None:
         """When the earliest parked request times out (monotonic seconds), if any."""
@@ -102,10 +152,11 @@ class StoreService:
         while self._timers and self._timers[0][0] <= now:
             waiter = heapq.heappop(self._timers)[2]
             if not waiter.done:
+                conn = waiter.conn
                 try:
-                    answer = self._run(waiter.op, waiter.args)
+                    answer = self._run(conn, waiter.op, waiter.args)
                 except NotReady as e:
-                    answer = Message("timeout", (e.missing, waiter.timeout_ms))
+                    answer = self._checked(conn, conn.codec.timeout(waiter.op, e.missing, waiter.timeout_ms), "timed out")
                 self._finish(waiter, answer, now)
         self._settle(now)
 
@@ -121,51 +172,70 @@ class StoreService:
 
     # -- internals -------------------------------------------------------------------
     def _send(self, cid: int, data: bytes) -> None:
-        self._output.setdefault(cid, bytearray()).extend(data)
+        if data:
+            self._output.setdefault(cid, bytearray()).extend(data)
+
+    def _checked(self, conn: _Conn, answer: bytes | None, what: str) -> bytes:
+        """``answer``, or if the codec has none to give (torch), drop the connection."""
+        if answer is None:
+            self._dropped.setdefault(conn.cid, f"{what} (torch's protocol has no error reply)")
+            return b""
+        return answer
 
     def _drain(self, conn: _Conn, now: float) -> None:
-        """Handle the connection's buffered requests until one blocks."""
-        while conn.waiter is None and conn.cid not in self._dropped:
+        """Handle the connection's buffered requests until one blocks (a torch connection
+        reads on: its CANCEL_WAIT ends the blocked request)."""
+        codec = conn.codec
+        while (conn.waiter is None or codec.cancel_op) and conn.cid not in self._dropped:
             try:
-                msg = conn.parser.next()
+                msg = codec.next()
             except ProtocolError as e:
                 self._dropped[conn.cid] = str(e)
                 return
             if msg is None:
                 return
-            self._handle(conn, msg, now)
+            if msg.name == codec.cancel_op:
+                if conn.waiter is not None:
+                    self._unpark(conn.waiter)
+                self._send(conn.cid, codec.answer(msg.name, None))
+            else:
+                self._handle(conn, msg, now)
 
     def _handle(self, conn: _Conn, msg: Message, now: float) -> None:
-        op = REQUESTS[msg.name]
-        args, timeout_ms = (msg.args[:-1], msg.args[-1]) if op.blocking else (msg.args, 0)
+        args, timeout_ms = conn.codec.split(msg)
         try:
-            answer = self._run(msg.name, args)
+            answer = self._run(conn, msg.name, args)
         except NotReady as e:
             if timeout_ms <= 0:
-                answer = Message("timeout", (e.missing, 0))
-            else:
-                self._park(_Waiter(conn, msg.name, args, timeout_ms), e.missing, now)
+                answer = self._checked(conn, conn.codec.timeout(msg.name, e.missing, 0), f"{msg.name} timed out")
+            elif conn.waiter is not None:
+                self._dropped.setdefault(conn.cid, f"{msg.name} sent while another request is blocked")
                 return
-        self._send(conn.cid, encode_response(answer))
+            else:
+                retry = args if e.retry_args is None else e.retry_args
+                self._park(_Waiter(conn, msg.name, retry, timeout_ms), e.missing, now)
+                return
+        self._send(conn.cid, answer)
 
-    def _run(self, op: str, args: tuple[Any, ...]) -> Message:
-        """Run one operation on the state; its answer. Raises NotReady."""
+    def _run(self, conn: _Conn, op: str, args: tuple[Any, ...]) -> bytes:
+        """Run one operation of ``conn`` on the state; its answer. Raises NotReady."""
         try:
-            result = getattr(self.state, op)(*args)
+            result = getattr(conn.ops, op)(*args)
         except NotReady:
             raise
         except Exception as e:  # a failing operation is answered, never fatal
             if not isinstance(e, (ValueError, DistStoreError)):
                 logger.warning("store server: %s failed: %r", op, e)
-            return Message("error", (error_code(e), str(e)))
+            return self._checked(conn, conn.codec.error(op, e), f"{op} failed: {e}")
         finally:
             self._changed.extend(change.args[0] for change in self.state.take_changes())
-        return _answer(REQUESTS[op].result, result)
+        return conn.codec.answer(op, result)
 
     def _park(self, waiter: _Waiter, missing: list[str], now: float) -> None:
         waiter.conn.waiter = waiter
         self._watch(waiter, missing)
-        heapq.heappush(self._timers, (now + waiter.timeout_ms / 1000, next(self._seq), waiter))
+        if not math.isinf(waiter.timeout_ms):
+            heapq.heappush(self._timers, (now + waiter.timeout_ms / 1000, next(self._seq), waiter))
 
     def _watch(self, waiter: _Waiter, keys: list[str]) -> None:
         for key in keys:
@@ -182,9 +252,9 @@ class StoreService:
                 if not parked:
                     del self._parked[key]
 
-    def _finish(self, waiter: _Waiter, answer: Message, now: float) -> None:
+    def _finish(self, waiter: _Waiter, answer: bytes, now: float) -> None:
         self._unpark(waiter)
-        self._send(waiter.conn.cid, encode_response(answer))
+        self._send(waiter.conn.cid, answer)
         if waiter.conn.cid in self._conns:
             self._drain(waiter.conn, now)
 
@@ -196,7 +266,7 @@ class StoreService:
                 if waiter.done:
                     continue
                 try:
-                    answer = self._run(waiter.op, waiter.args)
+                    answer = self._run(waiter.conn, waiter.op, waiter.args)
                 except NotReady as e:
                     self._watch(waiter, e.missing)
                     continue

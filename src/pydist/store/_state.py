@@ -30,11 +30,14 @@ _STOLL = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 
 class NotReady(Exception):
-    """A blocking operation cannot complete yet; ``missing`` names the keys it waits for."""
+    """A blocking operation cannot complete yet; ``missing`` names the keys it waits for.
+    ``retry_args``, if given, are the arguments to re-run it with (an operation that
+    already changed the state before blocking, like a barrier's arrival)."""
 
-    def __init__(self, missing: list[str]):
+    def __init__(self, missing: list[str], retry_args: tuple | None = None):
         super().__init__(", ".join(missing))
         self.missing = missing
+        self.retry_args = retry_args
 
 
 def wrap_int64(value: int) -> int:
