@@ -216,13 +216,13 @@ def test_usage_errors_exit_2():
 
 
 def test_timeout_stops_every_worker():
-    done = run_bench("--sizes", "64M", "--iters", "100", "--budget", "0", "--timeout", "1")
+    done = run_bench("--sizes", "64M", "--iters", "5000", "--budget", "0", "--timeout", "1")  # ~30 s of work
     assert done.returncode == 1 and "timed out after 1 s" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_every_worker(signum):
-    proc = subprocess.Popen(BENCH + ["--sizes", "64M", "--iters", "100", "--budget", "0"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(BENCH + ["--sizes", "64M", "--iters", "5000", "--budget", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
     try:
         deadline = time.monotonic() + 30
