@@ -98,16 +98,19 @@ class NativeBackend(Backend):
 
     # -- algorithm choice -----------------------------------------------------------------
     def _arena_for(self, ctx: OpContext, group_ranks: list[int]):
-        """The arena of ``group_ranks`` (this host's), made on first use; None without one."""
+        """The arena of ``group_ranks`` (this host's), made on first use; None without one.
+        Its waits fail when the group was aborted or one of those members is gone (not any
+        member of the group: a rank on another host may leave once it is done)."""
         index = group_ranks.index(self.rank)
-        return self.transport.arena(self.group_id, [self.ranks[g] for g in group_ranks], group_ranks, index,
-                                    ctx.deadline, self._describe)
+        members = [self.ranks[g] for g in group_ranks]
+        arena = self.transport.arena(self.group_id, members, group_ranks, index, ctx.deadline, self._describe)
+        if arena is not None:
+            arena.alive = lambda: self._alive(members)
+        return arena
 
     def arena(self, ctx: OpContext):
         if not self._arena_tried and self.size > 1 and not self.spans_hosts:
             self._arena = self._arena_for(ctx, list(range(self.size)))
-            if self._arena is not None:
-                self._arena.alive = self._alive
         self._arena_tried = True
         return self._arena
 
@@ -137,8 +140,8 @@ class NativeBackend(Backend):
         world = self.ranks[member]
         return f"rank {world} ({self.transport.peer_host(world)})"
 
-    def _alive(self) -> None:
-        error = self.transport.failure(self.group_id, self.ranks)
+    def _alive(self, members: list[int]) -> None:
+        error = self.transport.failure(self.group_id, members)
         if error is not None:
             raise error
 
@@ -164,7 +167,6 @@ class NativeBackend(Backend):
             self._local_arena = self._arena_for(ctx, self.local)
             if self._local_arena is None:
                 raise ValueError("hierarchical all_reduce needs shared memory between the ranks of a host")
-            self._local_arena.alive = self._alive
         local = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                      ctx.timeout_text, self._local_arena)
         leaders = None

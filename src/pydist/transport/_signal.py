@@ -110,7 +110,12 @@ class Signal:
                 if self.read(index) >= target:
                     return
                 if alive is not None:
-                    alive()  # only consulted while the counter is short: a peer may leave once done
+                    try:
+                        alive()  # only consulted while the counter is short: a peer may leave once done
+                    except BaseException:
+                        if self.read(index) >= target:  # it did its part just before it left
+                            return
+                        raise
                 remaining = deadline.remaining()
                 if remaining == 0:
                     raise WaitTimeout
