@@ -22,7 +22,7 @@ import pytest
 from pydist.run import cli
 from pydist.run import output
 from pydist.run.agent import LocalAgent
-from pydist.run.config import LaunchConfig, worker_command, worker_env
+from pydist.run.config import LaunchConfig, Placement, worker_command, worker_env
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 WORKER = str(SCRIPTS / "worker.py")
@@ -99,7 +99,7 @@ def all_pids(piddir: Path) -> list[int]:
 
 def test_worker_env_is_torchruns():
     config = LaunchConfig(nproc_per_node=4, command=["x"], run_id="job", base_env={"PATH": "/bin"})
-    env = worker_env(config, 3, master_port=1234)
+    env = worker_env(config, Placement(master_port=1234), 3)
     assert env == {
         "PATH": "/bin", "RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
         "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4",
@@ -107,8 +107,8 @@ def test_worker_env_is_torchruns():
         "TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1",
     }
-    assert "OMP_NUM_THREADS" not in worker_env(LaunchConfig(1, ["x"], base_env={}), 0, 1)
-    assert worker_env(LaunchConfig(2, ["x"], base_env={"OMP_NUM_THREADS": "7"}), 0, 1)["OMP_NUM_THREADS"] == "7"
+    assert "OMP_NUM_THREADS" not in worker_env(LaunchConfig(1, ["x"], base_env={}), Placement(), 0)
+    assert worker_env(LaunchConfig(2, ["x"], base_env={"OMP_NUM_THREADS": "7"}), Placement(), 0)["OMP_NUM_THREADS"] == "7"
 
 
 def test_worker_command():
@@ -141,7 +141,9 @@ def test_parse_spellings_and_passthrough(monkeypatch):
     [
         (["--bogus", "s.py"], "unrecognized arguments"),
         (["-m", "--no-python", "s.py"], "not allowed with"),
-        (["--nnodes", "2", "s.py"], "not supported yet"),
+        (["--nnodes", "1:2", "s.py"], "needs --rdzv-backend c10d"),
+        (["--rdzv-conf", "bogus=1", "s.py"], "--rdzv-conf"),
+        (["-r", "5", "s.py"], "expected 0, 1, 2 or 3"),
         (["--nproc-per-node", "0", "s.py"], "at least 1"),
         ([], "required"),
     ],

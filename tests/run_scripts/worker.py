@@ -11,6 +11,9 @@ the test can check that no worker outlives the launcher.
   whose pid goes to ``$PIDDIR/<rank>.child``.
 - store: set/get a key in the agent's TCPStore through MASTER_ADDR/MASTER_PORT.
 - rendezvous: the same through pydist's env:// rendezvous (which uses the agent's store).
+- flaky RANK: print ENV; in the first attempt (TORCHELASTIC_RESTART_COUNT=0) rank RANK
+  raises ValueError after 0.3 s and the others sleep 60 s; later attempts exit 0.
+- until-world N: print ENV; exit 0 once WORLD_SIZE >= N, else sleep 60 s.
 """
 import json
 import os
@@ -79,6 +82,17 @@ def main() -> None:
         got = [store.get(f"key{r}").decode() for r in range(world)]
         print("STORE " + json.dumps({"port": os.environ["MASTER_PORT"], "values": got}))
         store.close()
+    elif action == "flaky":
+        print("ENV " + json.dumps({k: os.environ.get(k) for k in VARS}), flush=True)
+        if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            if rank == int(args[0]):
+                time.sleep(0.3)
+                raise ValueError(f"boom from rank {rank}")
+            time.sleep(60)
+    elif action == "until-world":
+        print("ENV " + json.dumps({k: os.environ.get(k) for k in VARS}), flush=True)
+        if int(os.environ["WORLD_SIZE"]) < int(args[0]):
+            time.sleep(60)
     else:
         raise SystemExit(f"unknown action {action}")
 

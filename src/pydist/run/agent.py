@@ -1,102 +1,199 @@
-"""The local agent: host the job's store, start this node's workers, watch them, stop them.
+"""The agent: one per node. Opens the job's store, meets the other agents in rounds, runs
+this node's workers for each round, and restarts them when the job must.
 
-:meth:`LocalAgent.run` returns the launcher's exit code:
+:meth:`Agent.run` returns the launcher's exit code:
 
-- 0 when every worker exited with 0.
-- 1 when a worker failed (non-zero exit or killed by a signal) -- torchrun's code, since its
-  ``ChildFailedError`` escapes ``main``. The agent then sends SIGTERM to the other workers'
-  process groups, SIGKILL after ``shutdown_timeout`` seconds, and prints a root-cause summary
-  (first failed rank, its pid, exit code or signal, the tail of its stderr) to stderr. Ranks
-  that exited because the agent stopped them are not failures.
-- 128 + N when the launcher itself got signal N (SIGINT, SIGTERM, SIGHUP, SIGQUIT, the signals
-  torchrun handles): the signal is forwarded to every worker group, with SIGKILL after the
-  grace period. torchrun exits 1 here (its ``SignalException`` escapes ``main``); the shell's
-  128+N convention tells the caller what happened. A second signal skips the grace period.
-- 1 when the store or a worker cannot be started.
+- 0 when every worker of every node exited with 0.
+- 1 when a worker failed (non-zero exit or killed by a signal) and no restart is left
+  (``--max-restarts`` counts failure restarts for the whole job, not per node). Every
+  agent stops its workers (SIGTERM, SIGKILL after ``shutdown_timeout``) and prints the
+  root-cause summary: the first failure, on whichever node it happened, with its rank,
+  host, exit code or signal, and exception and traceback. Ranks stopped by the launcher
+  are not failures. With restarts left, the agents meet in a new round instead.
+- 128 + N when a launcher got signal N (SIGINT, SIGTERM, SIGHUP, SIGQUIT): every agent
+  stops its workers the same way and exits with that code. A second signal skips the
+  grace period.
+- 1 when the store, the rendezvous or a worker cannot be started.
 
-Whatever happens, when ``run`` returns no worker or grandchild in the workers' process groups
-is left, every worker is reaped, the pipes are closed, the store is closed and the previous
-signal handlers are back.
+A node that arrives while a round runs (``--nnodes MIN:MAX`` with room left) makes the
+round stop and a new one begin, without using a restart. Whatever happens, when ``run``
+returns no worker or grandchild is left, pipes and log files are closed, a temporary log
+directory is removed, the store is closed and the previous signal handlers are back.
 """
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import sys
 import threading
 import time
+import uuid
 from queue import Empty, SimpleQueue
 from types import FrameType
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
-from .config import OMP_NOTE, LaunchConfig, worker_env
+from .config import OMP_NOTE, LaunchConfig, Placement, worker_env
+from .endpoint import EndpointError, open_store
 from .failure import WorkerExit, format_summary
+from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
+from .rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
 from .workers import Worker, spawn, sweep_groups, watch
-
-if TYPE_CHECKING:
-    from pydist.store import TCPStore
 
 #: Signals the launcher catches and forwards to the workers (torchrun's --signals-to-handle default).
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 EXIT_WORKER_FAILED = 1
 #: Seconds to wait for pipes still held open by stray grandchildren after the workers exited.
 PIPE_DRAIN_TIMEOUT = 2.0
+#: Seconds the agent hosting the store waits for the others to read the outcome.
+LEAVE_TIMEOUT = 10.0
 
 
-def start_store(host: str, port: int) -> TCPStore:
-    """Start the job's TCPStore server on ``host:port`` (0: a free port, read back from ``.port``)."""
-    from pydist.store import TCPStore  # lazily: the store package is not needed to parse arguments
-
-    return TCPStore(host, port, world_size=None, is_master=True, wait_for_workers=False)
-
-
-class LocalAgent:
-    """Runs one node's worker group to completion; see the module docstring for exit codes."""
+class Agent:
+    """Runs one node's share of a job to completion; see the module docstring."""
 
     def __init__(self, config: LaunchConfig, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None):
         self.config = config
         self._stdout = stdout if stdout is not None else sys.stdout.buffer
         self._stderr = stderr if stderr is not None else sys.stderr.buffer
         self._events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
-        self.workers: list[Worker] = []
+        self._signals: list[int] = []
         self.master_port: int | None = None
-        self._stopping_since: float | None = None
 
     def _say(self, text: str) -> None:
         write_bytes(self._stderr, f"pydist-run: {text}\n".encode("utf-8", "replace"))
 
     def run(self) -> int:
-        """Launch the workers, wait for them, clean up; return the launcher's exit code."""
+        """Meet the other agents, run the workers round after round; the exit code."""
         previous = self._install_signal_handlers()
+        logs = LogDirs(self.config.logs, self.config.run_id)
         store = None
         try:
             try:
-                store = start_store(self.config.master_addr, self.config.master_port)
-                self.master_port = store.port
-            except (OSError, RuntimeError) as exc:  # RuntimeError: pydist's DistStoreError & co.
-                self._say(f"cannot start the store on {self.config.master_addr}:{self.config.master_port}: {exc}")
+                store, hosting = open_store(self.config)
+            except EndpointError as exc:
+                self._say(str(exc))
                 return EXIT_WORKER_FAILED
+            self.master_port = store.port
             if self.config.sets_omp_num_threads():
                 write_bytes(self._stderr, (OMP_NOTE + "\n").encode())
-            return self._run_workers(self.master_port)
+            return self._rounds(self._rendezvous(store), hosting, logs)
         finally:
             if store is not None:
                 store.close()
+            logs.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _run_workers(self, master_port: int) -> int:
+    def _rendezvous(self, store: Any) -> Rendezvous:
+        config = self.config
+        settings = RendezvousSettings(config.run_id, config.min_nodes, config.max_nodes, config.join_timeout,
+                                      config.last_call_timeout, config.static)
+        host = socket.gethostname()
+        me = NodeRecord(f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}", host,
+                        config.local_addr or store.client_address(), config.nproc_per_node, config.node_rank)
+        return Rendezvous(store, settings, me, interrupted=lambda: bool(self._signals))
+
+    def _rounds(self, rdzv: Rendezvous, hosting: bool, logs: LogDirs) -> int:
+        while True:
+            try:
+                round_ = rdzv.join()
+            except Interrupted:
+                self._say(f"got {signal.Signals(self._signals[0]).name} while waiting for the other nodes")
+                return 128 + self._signals[0]
+            except RendezvousError as exc:
+                self._say(str(exc))
+                return EXIT_WORKER_FAILED
+            except (OSError, RuntimeError) as exc:  # the store went away
+                self._say(f"lost the job's store at {self.config.master_addr}:{self.master_port}: {exc}")
+                return EXIT_WORKER_FAILED
+            if round_.nnodes > 1 or round_.number > 0:
+                first = round_.node_rank * round_.nproc
+                self._say(f"round {round_.number}: node {round_.node_rank} of {round_.nnodes} "
+                          f"({rdzv.me.where()}), ranks {first}..{first + round_.nproc - 1} of {round_.world_size}")
+            placement = Placement(round_.node_rank, round_.nnodes, round_.number,
+                                  self.config.master_addr, self.master_port or 0)
+            outcome = RoundRun(self, rdzv, round_, placement, logs).run()
+            code = self._verdict(outcome)
+            if code is not None:
+                self._leave(rdzv, round_, hosting)
+                return code
+
+    def _verdict(self, outcome: dict[str, Any]) -> int | None:
+        """The exit code for a round's outcome, or None to meet in a new round."""
+        reason = outcome.get("reason")
+        if reason == "done":
+            return 0
+        if reason == "signal":
+            if outcome.get("host") != self._where():
+                self._say(f"the launcher on {outcome.get('host')} got {signal.Signals(outcome['signal']).name}; stopped")
+            return 128 + int(outcome["signal"])
+        if reason == "store":
+            self._say(outcome["message"])
+            return EXIT_WORKER_FAILED
+        if reason == "join":
+            self._say(f"{outcome.get('host')} joins the job: starting a new round")
+            return None
+        used, allowed = int(outcome["restarts_used"]), self.config.max_restarts
+        if used < allowed:
+            self._say(f"restarting the job ({used + 1} of {allowed} restarts)")
+            return None
+        if allowed:
+            self._say(f"no restarts left (--max-restarts {allowed})")
+        return EXIT_WORKER_FAILED
+
+    def _leave(self, rdzv: Rendezvous, round_: Round, hosting: bool) -> None:
+        try:
+            rdzv.leave(round_.number)
+            if hosting:
+                rdzv.wait_all_left(round_, LEAVE_TIMEOUT)
+        except (OSError, RuntimeError):
+            pass  # the store is gone: nobody is left to wait for
+
+    def _where(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Catch :data:`HANDLED_SIGNALS` (main thread only); return the handlers replaced."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self._signals.append(signum)
+            self._events.put(("signal", signum))  # SimpleQueue.put is safe in a signal handler
+
+        return {sig: signal.signal(sig, on_signal) for sig in HANDLED_SIGNALS}
+
+
+#: The single-node agent of earlier versions: the same agent.
+LocalAgent = Agent
+
+
+class RoundRun:
+    """This node's workers during one round: start them, watch them and the round's stop
+    record, stop them; :meth:`run` returns the round's outcome (a stop record, or
+    ``{"reason": "done"}``)."""
+
+    def __init__(self, agent: Agent, rdzv: Rendezvous, round_: Round, placement: Placement, logs: LogDirs):
+        self.agent, self.rdzv, self.round, self.placement, self.logs = agent, rdzv, round_, placement, logs
+        self.config = agent.config
+        self.workers: list[Worker] = []
+        self.error_files: list[str] = []
+        self._files: list[BinaryIO] = []
+        self._stopping_since: float | None = None
+        self._outcome: dict[str, Any] | None = None
+
+    def run(self) -> dict[str, Any]:
         pump = OutputPump()
-        code = 0
         try:
             try:
-                self._spawn_all(master_port, pump)
+                self._spawn_all(pump)
             except OSError as exc:
-                self._say(f"cannot start worker {len(self.workers)} ({' '.join(self.config.command)}): {exc}")
-                code = EXIT_WORKER_FAILED
-                self._stop(signal.SIGTERM)
+                self.agent._say(f"cannot start worker {len(self.workers)} ({' '.join(self.config.command)}): {exc}")
+                self._fail_to_start(exc)
             pump.start()
-            code = self._monitor() or code
+            self._monitor()
         finally:
             for worker in self.workers:  # only reached with live workers if the agent itself broke
                 if worker.proc.returncode is None:
@@ -105,55 +202,103 @@ class LocalAgent:
             sweep_groups(self.workers, self.config.shutdown_timeout)
             if not pump.wait(PIPE_DRAIN_TIMEOUT):
                 pump.stop()
-        if code == EXIT_WORKER_FAILED:
-            self._report_failures()
-        return code
+            for file in self._files:
+                file.close()
+        if self._outcome is None:
+            self._outcome = self._finish()
+        if self._outcome.get("reason") == "failure":
+            self._report(self._outcome)
+        return self._outcome
 
-    def _spawn_all(self, master_port: int, pump: OutputPump) -> None:
-        for local_rank in range(self.config.nproc_per_node):
-            rank = self.config.global_rank(local_rank)
-            env = worker_env(self.config, local_rank, master_port)
-            worker = spawn(self.config.command, env, rank, local_rank)
+    # -- starting ------------------------------------------------------------------------
+    def _spawn_all(self, pump: OutputPump) -> None:
+        nproc, agent = self.config.nproc_per_node, self.agent
+        for local_rank in range(nproc):
+            rank = self.placement.node_rank * nproc + local_rank
+            folder = self.logs.worker_dir(self.round.number, local_rank)
+            error_file = os.path.join(folder, "error.json")
+            self.error_files.append(error_file)
+            worker = spawn(self.config.command, worker_env(self.config, self.placement, local_rank, error_file),
+                           rank, local_rank)
             self.workers.append(worker)
-            pump.add(worker.stdout_fd, f"[rank{rank}]:", self._stdout)
-            pump.add(worker.stderr_fd, f"[rank{rank}]:", self._stderr, worker.stderr_tail)
-            watch(worker, self._events)
+            for fd, stream, console, name in ((worker.stdout_fd, STDOUT, agent._stdout, "stdout.log"),
+                                              (worker.stderr_fd, STDERR, agent._stderr, "stderr.log")):
+                spec = self.config.logs
+                files = (self._open(os.path.join(folder, name)),) if spec.to_file(local_rank, stream) else ()
+                tail = worker.stderr_tail if stream == STDERR else None
+                pump.add(fd, f"[rank{rank}]:", console if spec.to_console(local_rank, stream) else None, tail, files)
+            watch(worker, agent._events)
 
-    def _monitor(self) -> int:
-        """Handle exits and signals until every worker is reaped; return the exit code."""
+    def _open(self, path: str) -> BinaryIO:
+        file = open(path, "ab")
+        self._files.append(file)
+        return file
+
+    def _fail_to_start(self, exc: OSError) -> None:
+        rank = self.placement.node_rank * self.config.nproc_per_node + len(self.workers)
+        failed = WorkerExit(rank, len(self.workers), -1, 1, time.time(), time.monotonic(), self.rdzv.me.where(),
+                            f"{type(exc).__name__}: {exc}", f"cannot start {' '.join(self.config.command)}")
+        self._stop_round({"reason": "failure", "exit": failed.to_json()}, signal.SIGTERM)
+
+    # -- watching ------------------------------------------------------------------------
+    def _monitor(self) -> None:
+        """Handle exits, signals and the round's stop record until every worker is reaped."""
         alive = {w.local_rank for w in self.workers}
-        code = 0
         killed = hurry = False
         while alive:
             kill_at = None if self._stopping_since is None else self._stopping_since + self.config.shutdown_timeout
-            timeout = 1.0 if kill_at is None or killed else max(0.0, kill_at - time.monotonic())
+            timeout = self.config.monitor_interval
+            if kill_at is not None and not killed:
+                timeout = min(timeout, max(0.0, kill_at - time.monotonic()))
             try:
-                event = self._events.get(timeout=timeout)
+                event = self.agent._events.get(timeout=timeout)
             except Empty:
                 event = ("tick",)
             if event[0] == "exit":
-                _, local_rank, mono, wall = event
-                alive.discard(local_rank)
-                worker = self.workers[local_rank]
-                worker.exit = WorkerExit(worker.rank, local_rank, worker.pid, worker.proc.returncode, wall, mono)
-                if worker.exit.failed and self._stopping_since is None:
-                    self._say(f"rank {worker.rank} (pid {worker.pid}) failed with {worker.exit.describe()}; "
-                              "stopping the other workers")
-                    code = EXIT_WORKER_FAILED
-                    self._stop(signal.SIGTERM)
+                alive.discard(event[1])
+                self._on_exit(self.workers[event[1]], event[2], event[3])
             elif event[0] == "signal" and self._stopping_since is None:
-                self._say(f"got {signal.Signals(event[1]).name}; stopping the workers")
-                code = 128 + event[1]
-                self._stop(event[1])
+                self.agent._say(f"got {signal.Signals(event[1]).name}; stopping the workers")
+                self._stop_round({"reason": "signal", "signal": event[1], "host": self.agent._where()}, event[1])
             elif event[0] == "signal":
                 hurry = True  # a second signal: no more grace
+            elif self._stopping_since is None:
+                self._look_at_store()
             if self._stopping_since is not None and not killed and alive:
                 if hurry or time.monotonic() >= self._stopping_since + self.config.shutdown_timeout:
                     for worker in self.workers:
                         if worker.local_rank in alive:
                             worker.signal_group(signal.SIGKILL)
                     killed = True
-        return code
+
+    def _on_exit(self, worker: Worker, mono: float, wall: float) -> None:
+        worker.exit = WorkerExit(worker.rank, worker.local_rank, worker.pid, worker.proc.returncode, wall, mono,
+                                 self.rdzv.me.where())
+        if worker.exit.failed:
+            worker.exit.add_output(self.error_files[worker.local_rank], list(worker.stderr_tail))
+        if worker.exit.failed and self._stopping_since is None:
+            self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
+                            f"{worker.exit.describe()}; stopping the other workers")
+            self._stop_round({"reason": "failure", "exit": worker.exit.to_json()}, signal.SIGTERM)
+
+    def _look_at_store(self) -> None:
+        try:
+            record = self.rdzv.stop_record(self.round.number)
+        except (OSError, RuntimeError) as exc:
+            record = {"reason": "store", "message": f"lost the job's store at {self.placement.master_addr}:"
+                                                     f"{self.placement.master_port}: {exc}"}
+        if record is not None:
+            self._outcome = record
+            self._stop(signal.SIGTERM)
+
+    def _stop_round(self, why: dict[str, Any], sig: int) -> None:
+        """Ask every node to stop this round (the first request wins), and stop here."""
+        try:
+            self._outcome = self.rdzv.request_stop(self.round.number, why)
+        except (OSError, RuntimeError) as exc:
+            self._outcome = {**why, "restarts_used": self.config.max_restarts,
+                             "note": f"the job's store is unreachable: {exc}"}
+        self._stop(sig)
 
     def _stop(self, sig: int) -> None:
         """Start stopping: send ``sig`` to every worker group that has not exited yet."""
@@ -162,25 +307,31 @@ class LocalAgent:
             if worker.proc.returncode is None:
                 worker.signal_group(sig)
 
-    def _report_failures(self) -> None:
-        """Print the root-cause summary: failures that happened before the agent began stopping."""
+    # -- the end of the round ------------------------------------------------------------
+    def _finish(self) -> dict[str, Any]:
+        """Every local worker succeeded: wait until every node's did, or the round stops."""
+        try:
+            self.rdzv.finished(self.round.number)
+            while not self.rdzv.all_finished(self.round):
+                record = self.rdzv.stop_record(self.round.number)
+                if record is not None:
+                    return record
+                if self.agent._signals:
+                    why = {"reason": "signal", "signal": self.agent._signals[0], "host": self.agent._where()}
+                    return self.rdzv.request_stop(self.round.number, why)
+                time.sleep(self.config.monitor_interval)
+        except (OSError, RuntimeError) as exc:
+            return {"reason": "store", "message": f"lost the job's store while waiting for the other nodes: {exc}"}
+        return {"reason": "done"}
+
+    def _report(self, outcome: dict[str, Any]) -> None:
+        """Print the root-cause summary: the round's first failure, and this node's other
+        failures that happened before stopping began."""
+        root = WorkerExit.from_json(outcome["exit"])
         stop = self._stopping_since if self._stopping_since is not None else float("inf")
         exits = [w.exit for w in self.workers if w.exit is not None]
-        failures = sorted((e for e in exits if e.failed and e.monotonic_time <= stop), key=lambda e: e.monotonic_time)
-        if not failures:
-            return
-        for failure in failures:
-            failure.stderr_tail = list(self.workers[failure.local_rank].stderr_tail)
+        others = sorted((e for e in exits if e.failed and e.monotonic_time <= stop and e != root),
+                        key=lambda e: e.monotonic_time)
         stopped = sorted(e.rank for e in exits if e.monotonic_time > stop)
         name = self.config.entrypoint or self.config.command[0]
-        write_bytes(self._stderr, (format_summary(name, failures[0], failures[1:], stopped) + "\n").encode())
-
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        """Catch :data:`HANDLED_SIGNALS` (main thread only); return the handlers replaced."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            self._events.put(("signal", signum))  # SimpleQueue.put is safe in a signal handler
-
-        return {sig: signal.signal(sig, on_signal) for sig in HANDLED_SIGNALS}
+        write_bytes(self.agent._stderr, (format_summary(name, root, others, stopped) + "\n").encode())

@@ -1,19 +1,29 @@
-"""``pydist-run``: torchrun's command line, single host.
+"""``pydist-run``: torchrun's command line.
 
 ::
 
-    pydist-run [--nproc-per-node N|cpu|auto] [--nnodes 1] [--node-rank 0]
-               [--master-addr 127.0.0.1] [--master-port P] [--standalone]
-               [--rdzv-id ID] [--role NAME] [--shutdown-timeout S]
-               [-m | --no-python] script [script args...]
+    pydist-run [--nproc-per-node N|cpu|auto] [--nnodes N|MIN:MAX] [--node-rank R]
+               [--master-addr A] [--master-port P] [--rdzv-backend static|c10d]
+               [--rdzv-endpoint HOST[:PORT]] [--rdzv-id ID] [--rdzv-conf K=V,...]
+               [--standalone] [--max-restarts N] [--monitor-interval S] [--role NAME]
+               [--log-dir DIR] [-r SPEC] [-t SPEC] [--local-ranks-filter R,...]
+               [--local-addr A] [--shutdown-timeout S]
+               [-m | --no-python | --run-path] script [script args...]
 
 Flags take dash or underscore spellings (``--nproc_per_node``) and, like torchrun, default
 to ``$PET_<NAME>`` (``PET_NPROC_PER_NODE=4``) when set. Everything after the script is
 passed to it untouched, even if it looks like a launcher flag; an unknown flag before the
-script is an error (exit 2). ``--master-port`` defaults to 0: the launcher's store takes a
-free port and workers get it as MASTER_PORT (torchrun's ``--standalone`` behaviour, which
-is therefore always on). ``--rdzv-id`` defaults to a random id. ``--shutdown-timeout``
-(grace period before SIGKILL) defaults to 5 s, not torchrun's 30.
+script is an error (exit 2).
+
+Rendezvous: ``static`` (the default) has node 0 host the store at
+``--master-addr:--master-port`` and every node give ``--node-rank``; ``c10d`` has the
+agent on the endpoint's host host it at ``--rdzv-endpoint`` (port 29400 by default) and
+assigns node ranks, and allows ``--nnodes MIN:MAX``. ``--rdzv-conf`` takes
+``join_timeout`` (600 s), ``last_call_timeout`` (30 s) and ``read_timeout`` (60 s: how long
+to retry reaching the endpoint). Differences from torchrun: a single-node job's
+``--master-port`` defaults to 0 (a free port, so jobs never collide; multi-node: 29500);
+``--max-restarts`` counts restarts for the whole job; ``--shutdown-timeout`` (grace before
+SIGKILL) defaults to 5 s, not 30.
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .config import LaunchConfig, worker_command
+from .logs import LogSpec, parse_ranks_filter, parse_streams
 
 
 def _env_default(dest: str, default: Any) -> Any:
@@ -38,32 +49,44 @@ def _flag_default(dest: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; flag names, spellings and meanings are torchrun's."""
-    parser = argparse.ArgumentParser(
-        prog="pydist-run", description="Launch a pydist job: N worker processes on this host."
-    )
-    add = parser.add_argument
-    add("--nproc-per-node", "--nproc_per_node", default=_env_default("nproc_per_node", "1"),
-        help="workers on this node: an integer, or 'cpu'/'auto' for os.cpu_count() (default 1)")
-    add("--nnodes", default=_env_default("nnodes", "1"), help="number of nodes, N or N:N (only 1 for now)")
-    add("--node-rank", "--node_rank", type=int, default=_env_default("node_rank", 0), help="rank of this node")
-    add("--master-addr", "--master_addr", default=_env_default("master_addr", "127.0.0.1"),
-        help="address of the store, exported as MASTER_ADDR (default 127.0.0.1)")
-    add("--master-port", "--master_port", type=int, default=_env_default("master_port", 0),
-        help="port of the store, exported as MASTER_PORT (default 0: a free port)")
-    add("--standalone", action="store_true", default=_flag_default("standalone"),
-        help="torchrun compatibility: store on a free port (ignores --master-port)")
-    add("--rdzv-id", "--rdzv_id", default=_env_default("rdzv_id", ""),
-        help="job id, exported as TORCHELASTIC_RUN_ID (default: random)")
-    add("--role", default=_env_default("role", "default"), help="role name, exported as ROLE_NAME")
-    add("--shutdown-timeout", "--shutdown_timeout", type=float, default=_env_default("shutdown_timeout", 5.0),
-        help="seconds between SIGTERM and SIGKILL when stopping workers (default 5)")
+    parser = argparse.ArgumentParser(prog="pydist-run", description="Launch a pydist job's workers on this node.")
+
+    def add(*names: str, default: Any = None, **kwargs: Any) -> None:
+        dest = names[-1].lstrip("-").replace("-", "_")
+        spellings = [*names, *("--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:])]
+        parser.add_argument(*spellings, dest=dest, default=_env_default(dest, default), **kwargs)
+
+    add("--nproc-per-node", default="1", help="workers on this node: an integer, or 'cpu'/'auto' (the CPU count)")
+    add("--nnodes", default="1", help="number of nodes: N, or MIN:MAX (c10d rendezvous)")
+    add("--node-rank", type=int, default=0, help="rank of this node (static rendezvous)")
+    add("--master-addr", default="127.0.0.1", help="static rendezvous: address of node 0, which hosts the store")
+    add("--master-port", type=int, default=None,
+        help="static rendezvous: port of the store (default: a free port for one node, 29500 for several)")
+    add("--rdzv-backend", default="static", choices=["static", "c10d"], help="rendezvous backend (default static)")
+    add("--rdzv-endpoint", default="", help="c10d rendezvous: HOST[:PORT] of the store (port 29400 by default)")
+    add("--rdzv-id", default="", help="job id, exported as TORCHELASTIC_RUN_ID (default: 'none'; random "
+        "when the store takes a free port)")
+    add("--rdzv-conf", default="", help="rendezvous settings: join_timeout=S,last_call_timeout=S,read_timeout=S")
+    add("--max-restarts", type=int, default=0, help="failure restarts allowed for the whole job (default 0)")
+    add("--monitor-interval", type=float, default=0.1, help="seconds between looks at the other nodes' news")
+    add("--role", default="default", help="role name, exported as ROLE_NAME")
+    add("--log-dir", default=None, help="directory for the workers' log files and error records")
+    add("-r", "--redirects", default="0", help="streams sent only to log files: 0-3 or LOCAL_RANK:0-3,...")
+    add("-t", "--tee", default="0", help="streams sent to log files and the console: 0-3 or LOCAL_RANK:0-3,...")
+    add("--local-ranks-filter", default="", help="show only these local ranks' output on the console: 0,1,...")
+    add("--local-addr", default="", help="this node's address, as the other nodes see it")
+    add("--shutdown-timeout", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (default 5)")
+    parser.add_argument("--standalone", action="store_true", default=_flag_default("standalone"),
+                        help="single node: a c10d store on a free local port, a random job id")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("-m", "--module", action="store_true", default=_flag_default("module"),
                       help="run the script argument as a module, like 'python -m'")
-    mode.add_argument("--no-python", "--no_python", action="store_true", default=_flag_default("no_python"),
-                      help="run the script argument as an executable, without python")
-    add("training_script", help="the script (or module, or executable) every worker runs")
-    add("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    mode.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                      default=_flag_default("no_python"), help="run the script argument as an executable")
+    mode.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
+                      default=_flag_default("run_path"), help="run the script with runpy.run_path in each worker")
+    parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
 
 
@@ -80,45 +103,93 @@ def nproc_from(value: str) -> int:
     return count
 
 
-def nnodes_from(value: str) -> int:
-    """``--nnodes``: N or N:N; only a single node is supported for now."""
+def nnodes_from(value: str) -> tuple[int, int]:
+    """``--nnodes``: N or MIN:MAX, as (min, max)."""
     parts = value.split(":")
     if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"--nnodes: expected N or MIN:MAX, got {value!r}")
     low, high = int(parts[0]), int(parts[-1])
-    if low != high:
-        raise ValueError("--nnodes MIN:MAX (elastic node counts) is not supported yet")
-    if low != 1:
-        raise ValueError("--nnodes > 1 is not supported yet: pydist-run launches on a single host")
-    return low
+    if not 1 <= low <= high:
+        raise ValueError(f"--nnodes: expected 1 <= MIN <= MAX, got {value!r}")
+    return low, high
+
+
+RDZV_CONF = {"join_timeout": "join_timeout", "timeout": "join_timeout", "last_call_timeout": "last_call_timeout",
+             "read_timeout": "connect_timeout"}
+
+
+def rdzv_conf_from(text: str) -> dict[str, float]:
+    """``--rdzv-conf k=v,...`` as LaunchConfig fields; ValueError for unknown or bad entries."""
+    conf: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in RDZV_CONF:
+            raise ValueError(f"--rdzv-conf: expected KEY=VALUE with KEY in {sorted(RDZV_CONF)}, got {item!r}")
+        try:
+            conf[RDZV_CONF[key]] = float(value)
+        except ValueError:
+            raise ValueError(f"--rdzv-conf: {key} must be a number of seconds, got {value!r}") from None
+    return conf
+
+
+def _host_port(endpoint: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":") if endpoint.count(":") == 1 else (endpoint, "", "")
+    if not sep:
+        return endpoint or "127.0.0.1", default_port
+    if not port.isdigit():
+        raise ValueError(f"--rdzv-endpoint: expected HOST[:PORT], got {endpoint!r}")
+    return host, int(port)
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """The launch configuration for parsed arguments (ValueError for invalid combinations)."""
-    nnodes = nnodes_from(str(args.nnodes))
-    node_rank = int(args.node_rank)
-    if not 0 <= node_rank < nnodes:
-        raise ValueError(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
-    if args.shutdown_timeout < 0:
-        raise ValueError("--shutdown-timeout must be >= 0")
-    port = 0 if args.standalone else int(args.master_port)
+    min_nodes, max_nodes = nnodes_from(str(args.nnodes))
+    backend, run_id = args.rdzv_backend, args.rdzv_id
+    if args.standalone:
+        if max_nodes != 1:
+            raise ValueError("--standalone runs a single node: drop --nnodes or use --nnodes 1")
+        backend, run_id, endpoint = "c10d", "", "127.0.0.1:0"
+    else:
+        endpoint = args.rdzv_endpoint
+    if backend == "static":
+        if min_nodes != max_nodes:
+            raise ValueError("--nnodes MIN:MAX needs --rdzv-backend c10d")
+        node_rank = int(args.node_rank)
+        if not 0 <= node_rank < max_nodes:
+            raise ValueError(f"--node-rank must be in [0, {max_nodes}), got {node_rank}")
+        port = args.master_port if args.master_port is not None else (0 if max_nodes == 1 else 29500)
+        host = args.master_addr
+    else:
+        node_rank = -1
+        host, port = _host_port(endpoint, 29400)
+    if args.shutdown_timeout < 0 or args.monitor_interval <= 0 or int(args.max_restarts) < 0:
+        raise ValueError("--shutdown-timeout and --max-restarts must be >= 0, --monitor-interval > 0")
+    logs = LogSpec(args.log_dir, parse_streams(str(args.redirects)), parse_streams(str(args.tee)),
+                   parse_ranks_filter(str(args.local_ranks_filter)))
     return LaunchConfig(
         nproc_per_node=nproc_from(str(args.nproc_per_node)),
-        command=worker_command(args.training_script, args.training_script_args, args.module, args.no_python),
+        command=worker_command(args.training_script, args.training_script_args, args.module, args.no_python,
+                               args.run_path),
         entrypoint=args.training_script,
-        nnodes=nnodes,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
         node_rank=node_rank,
-        master_addr=args.master_addr,
-        master_port=port,
-        run_id=args.rdzv_id or str(uuid.uuid4()),
+        master_addr=host,
+        master_port=int(port),
+        run_id=run_id or (str(uuid.uuid4()) if port == 0 else "none"),  # torchrun's default id is "none"
         role=args.role,
+        max_restarts=int(args.max_restarts),
         shutdown_timeout=float(args.shutdown_timeout),
+        monitor_interval=float(args.monitor_interval),
+        local_addr=args.local_addr,
+        logs=logs,
+        **rdzv_conf_from(str(args.rdzv_conf)),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of ``pydist-run`` and ``python -m pydist.run``: exits with the job's code."""
-    from .agent import LocalAgent
+    from .agent import Agent
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -126,4 +197,4 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    sys.exit(LocalAgent(config).run())
+    sys.exit(Agent(config).run())

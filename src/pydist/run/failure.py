@@ -1,16 +1,19 @@
 """How a worker ended, and the root-cause summary printed when a job fails.
 
 The summary follows torchrun's ``ChildFailedError`` layout (title, other failures, root
-cause = first observed failure) with the tail of the worker's stderr (normally its
-Python traceback) in place of torchrun's error file. A worker killed by a signal shows
-``exitcode: -N`` and the signal's name, as torchrun does.
+cause = first observed failure). A worker's exception (type, message, traceback) comes
+from its error file (written by torch's ``@record`` or pydist-run's sitecustomize), else
+the tail of its stderr stands in. A worker killed by a signal shows ``exitcode: -N`` and
+the signal's name, as torchrun does. A WorkerExit travels between hosts' agents as JSON
+(:meth:`WorkerExit.to_json` / :meth:`WorkerExit.from_json`).
 """
 from __future__ import annotations
 
 import datetime
+import json
 import signal
-import socket
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 _NO_TRACEBACK = " <N/A> (nothing on stderr)"
 
@@ -25,7 +28,9 @@ class WorkerExit:
     returncode: int
     wall_time: float
     monotonic_time: float
-    stderr_tail: list[bytes] = field(default_factory=list)
+    host: str = ""
+    error: str = ""  # "Type: message" of the uncaught exception, if recorded
+    traceback: str = ""  # its traceback, else the tail of stderr
 
     @property
     def failed(self) -> bool:
@@ -41,22 +46,42 @@ class WorkerExit:
             return f"signal {-self.returncode}"
 
     def describe(self) -> str:
-        """``exit code 3`` or ``signal SIGKILL``, for one-line messages."""
+        """``exit code 1 (ValueError: boom)`` or ``signal SIGKILL``, for one-line messages."""
         name = self.signal_name()
-        return f"signal {name}" if name else f"exit code {self.returncode}"
+        how = f"signal {name}" if name else f"exit code {self.returncode}"
+        return f"{how} ({self.error})" if self.error else how
+
+    def add_output(self, error_file: str | None, stderr_tail: list[bytes]) -> None:
+        """Fill in the exception from ``error_file`` (torch's @record format) if it exists,
+        else the stderr tail as the traceback."""
+        try:
+            with open(error_file or "", encoding="utf-8") as f:
+                message = json.load(f)["message"]
+            self.error = str(message["message"])
+            self.traceback = str(message.get("extraInfo", {}).get("py_callstack", ""))
+        except (OSError, ValueError, KeyError, TypeError):
+            self.traceback = b"".join(stderr_tail).decode("utf-8", "replace")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "WorkerExit":
+        return cls(**data)
 
 
 def _format_failure(index: int, failure: WorkerExit) -> str:
     name = failure.signal_name()
     when = datetime.datetime.fromtimestamp(failure.wall_time).isoformat(sep="_", timespec="seconds")
-    tail = b"".join(failure.stderr_tail).decode("utf-8", "replace").rstrip("\n")
+    tail = failure.traceback.rstrip("\n")
     traceback = ("\n" + tail).replace("\n", "\n    ") if tail else _NO_TRACEBACK
     return (
         f"[{index}]:\n"
         f"  time      : {when}\n"
-        f"  host      : {socket.getfqdn()}\n"
+        f"  host      : {failure.host}\n"
         f"  rank      : {failure.rank} (local_rank: {failure.local_rank})\n"
         f"  exitcode  : {failure.returncode} (pid: {failure.pid}){f' ({name})' if name else ''}\n"
+        + (f"  error     : {failure.error}\n" if failure.error else "") +
         f"  traceback :{traceback}"
     )
 

@@ -41,8 +41,9 @@ def write_text(dest: TextIO, text: str) -> None:
 @dataclass
 class _Source:
     prefix: bytes
-    dest: BinaryIO
+    dest: BinaryIO | None
     tail: collections.deque[bytes] | None
+    files: tuple[BinaryIO, ...] = ()
     pending: bytearray = field(default_factory=bytearray)
 
 
@@ -59,9 +60,11 @@ class OutputPump:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pydist-run-output", daemon=True)
 
-    def add(self, fd: int, prefix: str, dest: BinaryIO, tail: collections.deque[bytes] | None = None) -> None:
-        """Forward ``fd`` to ``dest`` with ``prefix``; keep its last lines in ``tail`` if given."""
-        self._sources[fd] = _Source(prefix.encode(), dest, tail)
+    def add(self, fd: int, prefix: str, dest: BinaryIO | None, tail: collections.deque[bytes] | None = None,
+            files: tuple[BinaryIO, ...] = ()) -> None:
+        """Forward ``fd`` to ``dest`` (None: nowhere) with ``prefix`` and, unprefixed, to
+        ``files``; keep its last lines in ``tail`` if given."""
+        self._sources[fd] = _Source(prefix.encode(), dest, tail, files)
         self._selector.register(fd, selectors.EVENT_READ)
 
     def start(self) -> None:
@@ -123,4 +126,7 @@ class OutputPump:
         lines = [part + b"\n" for part in parts]
         if source.tail is not None:
             source.tail.extend(lines)
-        write_bytes(source.dest, b"".join(source.prefix + line for line in lines))
+        if source.dest is not None:
+            write_bytes(source.dest, b"".join(source.prefix + line for line in lines))
+        for file in source.files:
+            write_bytes(file, b"".join(lines))

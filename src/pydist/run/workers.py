@@ -2,7 +2,9 @@
 
 Each worker runs in a new session (``start_new_session``, as torchrun does), so its pid is
 also its process-group id and signalling the group reaches the grandchildren it started.
-Signals go to those group ids only, never to names. A watcher thread per worker reaps it
+Signals go to those group ids only, never to names. On Linux a worker also gets SIGKILL
+when its agent dies (PR_SET_PDEATHSIG), so a killed launcher leaves no worker running.
+A watcher thread per worker reaps it
 (no zombies) and posts ``("exit", local_rank, monotonic, wall)`` on the agent's event
 queue; the exit times tell the agent which worker failed first.
 """
@@ -12,6 +14,7 @@ import collections
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -75,12 +78,23 @@ def _proc_states() -> Iterator[tuple[str, int]]:
         yield fields[0].decode(), int(fields[2])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the agent dies (Linux; elsewhere nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def spawn(command: list[str], env: dict[str, str], rank: int, local_rank: int) -> Worker:
     """Start one worker with its stdout and stderr on fresh pipes (OSError if it cannot start)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        proc = subprocess.Popen(command, env=env, stdout=out_w, stderr=err_w, start_new_session=True)
+        proc = subprocess.Popen(command, env=env, stdout=out_w, stderr=err_w, start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     except BaseException:
         os.close(out_r)
         os.close(err_r)

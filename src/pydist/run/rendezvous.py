@@ -1,0 +1,224 @@
+"""How the agents of one job meet (torchrun's c10d rendezvous, over the job's store).
+
+The agents meet in numbered rounds. A round admits agents until ``max_nodes`` joined, or
+until ``min_nodes`` joined and ``last_call`` seconds passed; then it closes, fixing its
+members. Node ranks are assigned deterministically: by ``--node-rank`` (static
+rendezvous), else by (address, host name, agent id). Every member then runs its workers
+until someone asks the round to stop (a failed worker, a signal, an agent that arrived
+late and wants in); the stop record that came first says why, and everyone acts on it.
+
+Keys, under ``rdzv/<run id>/``::
+
+    round            the newest round's number
+    r<N>/joined      counter of agents that joined round N (slot = value - 1)
+    r<N>/node/<slot> that agent's record (JSON)
+    r<N>/closed      the number of members, written once: slots below it are members
+    r<N>/stop        why round N's workers stop (JSON), written once
+    r<N>/done        counter of members whose workers all succeeded
+    r<N>/left        counter of members that will not touch the store again
+    restarts         failure restarts used so far, for the whole job
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from typing import Any
+
+#: Seconds between looks at the store while waiting for other agents.
+POLL_S = 0.05
+
+
+class RendezvousError(RuntimeError):
+    """The agents could not form a valid round (timeout, mismatched settings)."""
+
+
+class Interrupted(Exception):
+    """The agent was told to stop while it waited for other agents."""
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What an agent tells the others about itself."""
+
+    agent_id: str
+    host: str
+    addr: str
+    nproc: int
+    node_rank: int  # --node-rank, or -1 when the rendezvous assigns it
+
+    def where(self) -> str:
+        return f"{self.host} ({self.addr})" if self.addr and self.addr != self.host else self.host
+
+
+@dataclass(frozen=True)
+class Round:
+    """A closed round as one member sees it."""
+
+    number: int
+    node_rank: int
+    members: tuple[NodeRecord, ...]
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.members)
+
+    @property
+    def nproc(self) -> int:
+        return self.members[0].nproc
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    """``--nnodes MIN:MAX``, ``--rdzv-id`` and ``--rdzv-conf`` timeouts (seconds)."""
+
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    join_timeout: float = 600.0
+    last_call: float = 30.0
+    static: bool = False
+
+
+class Rendezvous:
+    """One agent's side of the rendezvous, over a store shared by every agent."""
+
+    def __init__(self, store: Any, settings: RendezvousSettings, me: NodeRecord,
+                 interrupted: Callable[[], bool] = lambda: False):
+        self.store = store
+        self.settings = settings
+        self.me = me
+        self._interrupted = interrupted
+        self._prefix = f"rdzv/{settings.run_id}/"
+
+    def _pause(self) -> None:
+        """Sleep between looks at the store; raises Interrupted when told to stop."""
+        if self._interrupted():
+            raise Interrupted()
+        time.sleep(POLL_S)
+
+    def _key(self, name: str) -> str:
+        return self._prefix + name
+
+    def _int(self, name: str) -> int:
+        return self.store.add(self._key(name), 0)
+
+    # -- joining -------------------------------------------------------------------------
+    def join(self) -> Round:
+        """Join the next round that admits this agent and wait until it closes. Raises
+        RendezvousError on timeout or when the members' settings disagree."""
+        deadline = time.monotonic() + self.settings.join_timeout
+        while True:
+            number = self._open_round()
+            slot = self.store.add(self._key(f"r{number}/joined"), 1) - 1
+            self.store.set(self._key(f"r{number}/node/{slot}"), json.dumps(asdict(self.me)))
+            members = self._wait_closed(number, deadline)
+            if slot < members:
+                return self._round(number, slot, members)
+            if members < self.settings.max_nodes:  # late, and there is room: ask for a new round
+                self.request_stop(number, {"reason": "join", "host": self.me.where()})
+            self._wait_newer_round(number, deadline)
+
+    def _open_round(self) -> int:
+        """The round to join: the newest one, or a new one if the newest has closed."""
+        key = self._key("round")
+        number = int(self.store.compare_set(key, "", "0"))
+        while self.store.check([self._key(f"r{number}/closed")]):
+            if not self.store.check([self._key(f"r{number}/stop")]):
+                return number  # running: join it as a latecomer (join() then asks it to stop)
+            number = int(self.store.compare_set(key, str(number), str(number + 1)))
+        return number
+
+    def _wait_closed(self, number: int, deadline: float) -> int:
+        """Wait until round ``number`` closes (closing it when it is full, or when the last
+        call after ``min_nodes`` is over); the number of members."""
+        closed, settings = self._key(f"r{number}/closed"), self.settings
+        quorum_since: float | None = None
+        while True:
+            if self.store.check([closed]):
+                return int(self.store.get(closed))
+            joined = self._int(f"r{number}/joined")
+            now = time.monotonic()
+            if joined >= settings.min_nodes and quorum_since is None:
+                quorum_since = now
+            last_call_over = quorum_since is not None and now - quorum_since >= settings.last_call
+            if joined >= settings.max_nodes or last_call_over:
+                self.store.compare_set(closed, "", str(min(joined, settings.max_nodes)))
+                continue
+            if now > deadline:
+                raise RendezvousError(self._too_few(number, joined))
+            self._pause()
+
+    def _wait_newer_round(self, number: int, deadline: float) -> None:
+        while int(self.store.get(self._key("round"))) <= number and not self.store.check([self._key(f"r{number}/stop")]):
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"rendezvous '{self.settings.run_id}': no round admitted {self.me.where()} "
+                                      f"within {self.settings.join_timeout:g}s (the job is full: "
+                                      f"--nnodes max {self.settings.max_nodes})")
+            self._pause()
+
+    def _records(self, number: int, count: int) -> list[NodeRecord]:
+        keys = [self._key(f"r{number}/node/{slot}") for slot in range(count)]
+        self.store.wait(keys)
+        return [NodeRecord(**json.loads(raw)) for raw in self.store.multi_get(keys)]
+
+    def _too_few(self, number: int, joined: int) -> str:
+        hosts = ", ".join(record.where() for record in self._records(number, joined))
+        return (f"rendezvous '{self.settings.run_id}' timed out after {self.settings.join_timeout:g}s: "
+                f"{joined} of at least {self.settings.min_nodes} nodes joined ({hosts})")
+
+    def _round(self, number: int, slot: int, count: int) -> Round:
+        records = self._records(number, count)
+        nprocs = {record.nproc for record in records}
+        if len(nprocs) > 1:
+            listing = ", ".join(f"{record.where()}: {record.nproc}" for record in records)
+            raise RendezvousError(f"mismatched --nproc-per-node across nodes ({listing}); every node must use the same")
+        if self.settings.static:
+            ranks = sorted(record.node_rank for record in records)
+            if ranks != list(range(count)):
+                listing = ", ".join(f"{record.where()}: {record.node_rank}" for record in records)
+                raise RendezvousError(f"--node-rank values must be 0..{count - 1}, each once; got {listing}")
+            order = sorted(records, key=lambda record: record.node_rank)
+        else:
+            order = sorted(records, key=lambda record: (record.addr, record.host, record.agent_id))
+        return Round(number, order.index(records[slot]), tuple(order))
+
+    # -- while a round runs --------------------------------------------------------------
+    def request_stop(self, number: int, why: dict[str, Any]) -> dict[str, Any]:
+        """Ask round ``number`` to stop because of ``why``; the stop record that won (the
+        first one written). A failure that wins counts as a restart used."""
+        if why.get("reason") == "failure":
+            why = {**why, "restarts_used": self._int("restarts")}
+        text = json.dumps(why)
+        winner = self.store.compare_set(self._key(f"r{number}/stop"), "", text).decode()
+        if winner == text and why.get("reason") == "failure":
+            self.store.add(self._key("restarts"), 1)
+        return json.loads(winner)
+
+    def stop_record(self, number: int) -> dict[str, Any] | None:
+        """Why round ``number`` stops, or None while it runs."""
+        key = self._key(f"r{number}/stop")
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
+    def finished(self, number: int) -> None:
+        """This member's workers all succeeded."""
+        self.store.add(self._key(f"r{number}/done"), 1)
+
+    def all_finished(self, round_: Round) -> bool:
+        return self._int(f"r{round_.number}/done") >= round_.nnodes
+
+    def leave(self, number: int) -> None:
+        """This member is done with the store (the agent is about to exit)."""
+        self.store.add(self._key(f"r{number}/left"), 1)
+
+    def wait_all_left(self, round_: Round, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until every member left: the agent hosting the
+        store calls this before it closes the store."""
+        deadline = time.monotonic() + timeout
+        while self._int(f"r{round_.number}/left") < round_.nnodes and time.monotonic() < deadline:
+            time.sleep(POLL_S)

@@ -1,0 +1,303 @@
+"""pydist.testing.netns: hosts as network namespaces, shaped links, and cleanup that leaves nothing."""
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pydist.testing import netns
+from pydist.testing.netns import Network, Shaping, cleanup_stale, require_netns
+
+# A host's peer: answers each connection with this namespace's inode, on the host's address
+# and on 127.0.0.1 (the same port on both: only separate namespaces let every host bind it).
+PEER = r'''
+import os, socket, sys
+inode = str(os.stat("/proc/self/ns/net").st_ino).encode()
+servers = []
+for addr in (sys.argv[1], "127.0.0.1"):
+    s = socket.socket(); s.bind((addr, 7000)); s.listen(); servers.append(s)
+print("ready", flush=True)
+import selectors
+sel = selectors.DefaultSelector()
+for s in servers: sel.register(s, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        conn, _ = key.fileobj.accept(); conn.sendall(inode); conn.close()
+'''
+
+# Asks each address given for its peer's inode; prints {"self": inode, addr: inode...}.
+ASK = r'''
+import json, os, socket, sys
+seen = {"self": os.stat("/proc/self/ns/net").st_ino}
+for addr in sys.argv[1:]:
+    with socket.create_connection((addr, 7000), timeout=5) as c:
+        seen[addr] = int(c.recv(64))
+print(json.dumps(seen))
+'''
+
+# Sink (argv: addr "sink") counts bytes until EOF and answers the count; echo echoes.
+SERVER = r'''
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 5000)); s.listen(); print("ready", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+buf, total = bytearray(1 << 20), 0
+while (n := c.recv_into(buf)):
+    total += n
+    if sys.argv[2] == "echo": c.sendall(buf[:n])
+if sys.argv[2] == "sink": c.sendall(str(total).encode())
+'''
+
+# Client: "sink" sends MiB and prints Mbit/s; "echo" times round trips of 32 bytes (ms, sorted).
+CLIENT = r'''
+import json, socket, sys, time
+addr, mode, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = socket.create_connection((addr, 5000), timeout=float(sys.argv[4]))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+if mode == "sink":
+    chunk, start = b"x" * (1 << 20), time.monotonic()
+    for _ in range(count): c.sendall(chunk)
+    c.shutdown(socket.SHUT_WR)
+    received = int(c.recv(64))
+    print(json.dumps(received * 8 / (time.monotonic() - start) / 1e6))
+else:
+    rtts = []
+    for _ in range(count):
+        start = time.monotonic(); c.sendall(b"p" * 32); got = 0
+        while got < 32: got += len(c.recv(64))
+        rtts.append((time.monotonic() - start) * 1e3)
+    print(json.dumps(sorted(rtts)))
+'''
+
+# UDP: argv addr "recv" counts datagrams until 0.5 s of silence; addr "send" N sends N, paced.
+DATAGRAMS = r'''
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if sys.argv[2] == "recv":
+    s.bind((sys.argv[1], 6000)); print("ready", flush=True); s.settimeout(5); count = 0
+    try:
+        while True:
+            s.recv(2048); count += 1; s.settimeout(0.5)
+    except socket.timeout:
+        print(count)
+else:
+    for k in range(int(sys.argv[3])):
+        s.sendto(b"d" * 100, (sys.argv[1], 6000))
+        if k % 50 == 49: time.sleep(0.002)
+'''
+
+# Ignores SIGTERM, and leaves a grandchild in a session of its own (out of our process group).
+STUBBORN = r'''
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+child = subprocess.Popen([sys.executable, "-c", ignore], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(60)
+'''
+
+
+def _start(net, i, code, *args):
+    """Run ``code`` in host ``i``; returns the process once it printed its first line (and that line)."""
+    proc = net.popen(i, [sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    assert line, f"process in host {i} exited with {proc.wait()} before it was ready"
+    return proc, line
+
+
+def _measure(net, mode, count, client=0, server=1, timeout=20.0):
+    """Run the SERVER/CLIENT pair between two hosts; the client's JSON answer."""
+    proc, _ = _start(net, server, SERVER, net.hosts[server].addr, mode)
+    try:
+        result = net.run(client, [sys.executable, "-c", CLIENT, net.hosts[server].addr, mode, str(count),
+                                  str(timeout)], timeout=timeout + 10, check=True)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    return json.loads(result.stdout)
+
+
+def _gone(pid):
+    """True if ``pid`` no longer runs (it may still be a zombie of a parent that is not us)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _namespaces():
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split())
+
+
+def _links():
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines()}
+
+
+def _assert_cleaned(net, names, links_before):
+    assert not names & _namespaces(), "namespaces left behind"
+    assert _links() <= links_before, "interfaces left in the machine's namespace"
+    assert net.leftovers == []
+
+
+# --- pure --------------------------------------------------------------------------------------
+
+def test_units_parse_like_tc():
+    assert netns.parse_rate("200mbit") == 200_000_000
+    assert netns.parse_rate("1gbit") == 10**9
+    assert netns.parse_rate("10mbps") == 80_000_000  # tc: bps means bytes per second
+    assert netns.parse_rate(5e6) == 5_000_000
+    assert netns.parse_delay("20ms") == pytest.approx(0.02)
+    assert netns.parse_delay("300us") == pytest.approx(3e-4)
+    assert netns.parse_delay(0.5) == 0.5
+    assert netns.parse_loss("1%") == pytest.approx(0.01)
+    assert netns.parse_loss(0.25) == 0.25
+    for bad in (lambda: netns.parse_rate("fast"), lambda: netns.parse_rate("1bit"), lambda: netns.parse_delay("-1ms"),
+                lambda: netns.parse_loss("150%"), lambda: netns.parse_delay("20 parsecs")):
+        with pytest.raises(ValueError):
+            bad()
+    assert Shaping.of().tbf("eth0") == []
+    assert Shaping.of(rate="200mbit").tbf("eth0") == [
+        "qdisc add dev eth0 root handle 1: tbf rate 200000000bit burst 65536 limit 565536"]
+
+
+def test_probe_answers_with_a_reason():
+    ok, reason = netns.netns_available()
+    assert isinstance(ok, bool) and isinstance(reason, str)
+    assert ok or reason
+
+
+# --- namespaces --------------------------------------------------------------------------------
+
+def test_hosts_are_separate_namespaces_that_reach_each_other_and_their_own_loopback():
+    require_netns()
+    with Network(hosts=3) as net:
+        addrs = [host.addr for host in net.hosts]
+        assert len(set(addrs)) == 3 and all(ipaddress.ip_address(addr) in net.subnet for addr in addrs)
+        peers = [_start(net, i, PEER, addrs[i])[0] for i in range(3)]
+        seen = [json.loads(net.run(i, [sys.executable, "-c", ASK, "127.0.0.1", *addrs], timeout=20,
+                                   check=True).stdout) for i in range(3)]
+        inodes = [answer["self"] for answer in seen]
+        assert len(set(inodes)) == 3 and os.stat("/proc/self/ns/net").st_ino not in inodes
+        for i, answer in enumerate(seen):
+            assert answer["127.0.0.1"] == inodes[i], "loopback inside a host reaches that host"
+            assert [answer[addr] for addr in addrs] == inodes, "host i's address leads to host i"
+            routes = [line.strip() for line in net.run(i, ["ip", "-4", "route"], check=True).stdout.splitlines()]
+            assert routes == [f"{net.subnet} dev eth0 proto kernel scope link src {addrs[i]}"], "no way out"
+    for peer in peers:
+        peer.stdout.close()
+
+
+def test_networks_get_their_own_names_and_subnets():
+    require_netns()
+    with Network(hosts=2) as first, Network(hosts=1) as second:
+        assert first.subnet != second.subnet and not first.subnet.overlaps(second.subnet)
+        assert not {h.name for h in first.hosts} & {h.name for h in second.hosts}
+        assert all(f"-{os.getpid()}-" in host.name for host in first.hosts + second.hosts)
+        machine = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+        assert "10.77." not in machine
+
+
+def test_run_kills_on_timeout():
+    require_netns()
+    with Network(hosts=1) as net:
+        start = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            net.run(0, ["sleep", "30"], timeout=0.3)
+        assert time.monotonic() - start < 5
+        assert all(proc.poll() is not None for proc in net._res.procs)
+
+
+# --- shaping, measured -------------------------------------------------------------------------
+
+def test_rate_limits_tcp_throughput():
+    require_netns(shaping=True)
+    with Network(hosts=2, rate="200mbit") as net:
+        mbit = _measure(net, "sink", 30)
+    print(f"rate=200mbit: TCP goodput {mbit:.1f} Mbit/s ({mbit / 2:.1f} % of the rate)")
+    assert 0.70 * 200 <= mbit <= 1.05 * 200
+
+
+def test_delay_adds_to_round_trips():
+    require_netns(shaping=True)
+    with Network(hosts=2, delay="20ms") as net:
+        rtts = _measure(net, "echo", 20)
+    median = rtts[len(rtts) // 2]
+    print(f"delay=20ms: TCP ping-pong RTT min {rtts[0]:.2f} ms, median {median:.2f} ms, max {rtts[-1]:.2f} ms")
+    assert rtts[0] >= 40.0 and median <= 50.0  # the relay never shortens a delay; load may lengthen it
+
+
+def test_shape_changes_a_running_network():
+    require_netns(shaping=True)
+    with Network(hosts=2) as net:
+        fast = _measure(net, "echo", 5)
+        net.shape(0, delay="10ms")
+        slow = _measure(net, "echo", 5)
+        net.shape(0, loss=1.0)  # everything host 0 sends is lost: no connection
+        with pytest.raises(subprocess.CalledProcessError):
+            _measure(net, "echo", 1, timeout=0.5)
+        net.shape(0)
+        again = _measure(net, "echo", 5)
+    print(f"RTT median: unshaped {fast[2]:.3f} ms, delay=10ms {slow[2]:.2f} ms, after reset {again[2]:.3f} ms")
+    assert fast[2] < 5 and 10 <= slow[0] and slow[2] < 20 and again[2] < 5
+
+
+def test_loss_drops_that_share_of_what_a_host_sends():
+    require_netns(shaping=True)
+    with Network(hosts=2, loss="20%") as net:
+        receiver, _ = _start(net, 1, DATAGRAMS, net.hosts[1].addr, "recv")
+        net.run(0, [sys.executable, "-c", DATAGRAMS, net.hosts[1].addr, "send", "2000"], timeout=20, check=True)
+        received = int(receiver.stdout.readline())
+        receiver.stdout.close()
+    print(f"loss=20%: {received} of 2000 UDP datagrams arrived ({100 - received / 20:.1f} % lost)")
+    assert 1400 <= received <= 1750
+
+
+# --- cleanup -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("error", [None, RuntimeError, KeyboardInterrupt])
+def test_exit_stops_stubborn_processes_and_removes_everything(error):
+    require_netns(shaping=True)
+    links_before = _links()
+    with pytest.raises(error) if error else contextlib.nullcontext():
+        with Network(hosts=2, grace=0.2, delay="1ms") as net:
+            names = {host.name for host in net.hosts} | {net._switch}
+            assert names <= _namespaces()
+            stubborn, grandchild = _start(net, 1, STUBBORN)
+            sleeper = net.popen(0, ["sleep", "60"])
+            if error:
+                raise error("inside the network")
+    assert stubborn.returncode == -signal.SIGKILL and sleeper.returncode == -signal.SIGTERM
+    assert _gone(int(grandchild)), "a process that left our process group still runs"
+    assert _gone(net._res.relay.pid)
+    _assert_cleaned(net, names, links_before)
+    stubborn.stdout.close()
+
+
+def test_namespaces_of_a_killed_run_are_removed():
+    require_netns()
+    crash = r'''
+import os, signal, subprocess, sys
+from pydist.testing.netns import Network
+net = Network(hosts=2).start()
+sleeper = net.popen(1, ["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(" ".join([h.name for h in net.hosts] + [net._switch, str(sleeper.pid)]), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+'''
+    out = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=30).stdout.split()
+    names, sleeper = set(out[:-1]), int(out[-1])
+    assert len(names) == 3 and names <= _namespaces() and not _gone(sleeper)
+    assert names <= set(cleanup_stale())
+    assert not names & _namespaces()
+    deadline = time.monotonic() + 5
+    while not _gone(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _gone(sleeper)
