@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
                            broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
-from ._errors import (DistBackendError, DistError, DistNetworkError, DistStoreError, GroupAbortedError, PeerFailedError,
+from ._errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, GroupAbortedError, PeerFailedError,
                       QueueEmptyError)
 from ._group import ProcessGroup
 from ._init import (Backend, GroupMember, destroy_process_group, get_backend, get_global_rank, get_group_rank,
@@ -34,7 +34,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "Backend", "DistBackendError", "DistributedDataParallel", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
-    "GroupAbortedError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
+    "DesyncError", "GroupAbortedError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
     "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",

@@ -1,6 +1,7 @@
 """What an algorithm sees of the network: the pair interface of one operation.
 
-A Comm numbers peers by group rank, scopes every message to (group, sequence number, tag),
+A Comm numbers peers by group rank, scopes every message to (group, sequence number, tag)
+and stamps it with the call's fingerprint (a receiver in another call fails: DesyncError),
 and waits with the operation's deadline. On timeout it raises DistBackendError naming the
 operation, its sequence number and the peer it was waiting for; a peer failure re-raises
 the transport's PeerFailedError with the operation prepended. ``abandon()`` withdraws
@@ -36,10 +37,10 @@ class Comm:
     Comm or None) is set for hierarchical algorithms."""
 
     __slots__ = ("transport", "group_id", "ranks", "rank", "size", "seq", "deadline", "op_name", "timeout_text",
-                 "arena", "hierarchy", "_receives")
+                 "arena", "call", "hierarchy", "_receives")
 
     def __init__(self, transport: Transport, group_id: int, ranks: list[int], rank: int,
-                 seq: int, deadline: Deadline, op_name: str, timeout_text: str = "", arena=None):
+                 seq: int, deadline: Deadline, op_name: str, timeout_text: str = "", arena=None, call: int = 0):
         self.transport = transport
         self.group_id = group_id
         self.ranks = ranks
@@ -50,6 +51,7 @@ class Comm:
         self.op_name = op_name
         self.timeout_text = timeout_text
         self.arena = arena
+        self.call = call  # the call's fingerprint, sent with and checked on every message
         self.hierarchy = None
         self._receives: list[Request] = []
 
@@ -57,10 +59,12 @@ class Comm:
         return f"{self.op_name} (seq {self.seq}) on rank {self.ranks[self.rank]}"
 
     def isend(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
-        return self.transport.isend(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag))
+        return self.transport.isend(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag),
+                                    self.call)
 
     def irecv(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
-        request = self.transport.irecv(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag))
+        request = self.transport.irecv(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag),
+                                       self.call)
         self._receives.append(request)
         return request
 

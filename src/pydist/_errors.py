@@ -1,7 +1,8 @@
 """Exception types, named as torch.distributed names them; all are RuntimeError.
 
 - DistError: base of every pydist failure that is not misuse.
-- DistBackendError: an operation failed or timed out inside a backend.
+- DistBackendError: an operation failed or timed out inside a backend (DesyncError: ranks
+  called different operations).
 - DistNetworkError: a peer or the network failed (peer rank and host in the message,
   the OS error as ``__cause__``).
 - DistStoreError: a store operation failed or timed out (missing keys in the message).
@@ -30,6 +31,11 @@ class DistStoreError(DistError):
 
 class QueueEmptyError(DistStoreError):
     """A non-blocking queue_pop found the queue empty."""
+
+
+class DesyncError(DistBackendError):
+    """Ranks called different operations (or the same with different arguments) at the same
+    point of a group's sequence; the message names both ranks and both calls."""
 
 
 class GroupAbortedError(DistBackendError):

@@ -31,6 +31,7 @@ from ..algorithms import (allgather_ring, allgather_shm, allreduce_hierarchical,
                           reduce_scatter_ring, reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
 from ..algorithms._segments import DEFAULT_SEGMENT_BYTES
 from ..transport._base import MessageKey, Request, Transport
+from ..transport._calls import fingerprint
 from ._base import Backend, OpContext
 
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
@@ -145,13 +146,13 @@ class NativeBackend(Backend):
         if error is not None:
             raise error
 
-    def _comm(self, ctx: OpContext, algorithm: str) -> Comm:
+    def _comm(self, ctx: OpContext, algorithm: str, call: int) -> Comm:
         comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
-                    ctx.timeout_text, self._arena if algorithm == "shm" else None)
+                    ctx.timeout_text, self._arena if algorithm == "shm" else None, call)
         if comm.arena is not None:
             comm.arena.op = comm
         if algorithm == "hierarchical":
-            comm.hierarchy = self._hierarchy(ctx)
+            comm.hierarchy = self._hierarchy(ctx, call)
             if self._local_arena is not None:
                 self._local_arena.op = comm
         return comm
@@ -162,21 +163,27 @@ class NativeBackend(Backend):
                 arena.release()
         self._arena = self._local_arena = None
 
-    def _hierarchy(self, ctx: OpContext) -> tuple[Comm, Comm | None]:
+    def _hierarchy(self, ctx: OpContext, call: int) -> tuple[Comm, Comm | None]:
         if self._local_arena is None and len(self.local) > 1:
             self._local_arena = self._arena_for(ctx, self.local)
             if self._local_arena is None:
                 raise ValueError("hierarchical all_reduce needs shared memory between the ranks of a host")
         local = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
-                     ctx.timeout_text, self._local_arena)
+                     ctx.timeout_text, self._local_arena, call)
         leaders = None
         if self.rank in self.leaders:
             leaders = Comm(self.transport, self.group_id, [self.ranks[g] for g in self.leaders],
-                           self.leaders.index(self.rank), ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text)
+                           self.leaders.index(self.rank), ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text,
+                           call=call)
         return local, leaders
 
-    def _run(self, ctx: OpContext, collective: str, algorithm: str, *args) -> None:
-        comm = self._comm(ctx, algorithm)
+    def _run(self, ctx: OpContext, collective: str, call: int, *args, sizes: tuple[int, int] = (0, 0)) -> None:
+        """Run ``collective`` with the algorithm chosen for ``sizes`` (bytes, count); ``call``
+        is the call's fingerprint, carried by every message so that ranks in different
+        calls fail (DesyncError) instead of hanging."""
+        algorithm = self.choose(collective, ctx, *sizes)
+        self.transport.begin(self.group_id, ctx.seq, call)
+        comm = self._comm(ctx, algorithm, call)
         try:
             ALGORITHMS[collective][algorithm](comm, *args)
         except BaseException as error:
@@ -186,44 +193,49 @@ class NativeBackend(Backend):
             raise
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
-        self._run(ctx, "broadcast", self.choose("broadcast", ctx), buf, root, self.segment_bytes)
+        call = fingerprint("broadcast", buf.dtype, buf.size, root=root)
+        self._run(ctx, "broadcast", call, buf, root, self.segment_bytes)
 
     def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
         prescale(buf, op)
-        algorithm = self.choose("all_reduce", ctx, buf.nbytes, buf.size)
-        self._run(ctx, "all_reduce", algorithm, buf, op, self.segment_bytes)
+        self._run(ctx, "all_reduce", fingerprint("all_reduce", buf.dtype, buf.size, reduce_op=op.op),
+                  buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
         finish(buf, op, self.size)
 
     def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> None:
         is_root = self.rank == root
         work = buf if is_root or op.op != RedOpType.PREMUL_SUM else buf.copy()
         prescale(work, op)
-        self._run(ctx, "reduce", self.choose("reduce", ctx), work, root, op, self.segment_bytes)
+        call = fingerprint("reduce", buf.dtype, buf.size, root=root, reduce_op=op.op)
+        self._run(ctx, "reduce", call, work, root, op, self.segment_bytes)
         if is_root:
             finish(buf, op, self.size)
 
     def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> None:
-        self._run(ctx, "all_gather", self.choose("all_gather", ctx), outputs, input, self.segment_bytes)
+        call = fingerprint("all_gather", input.dtype, max(out.size for out in outputs))
+        self._run(ctx, "all_gather", call, outputs, input, self.segment_bytes)
 
     def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "gather", self.choose("gather", ctx), input, outputs, root)
+        self._run(ctx, "gather", fingerprint("gather", input.dtype, root=root), input, outputs, root)
 
     def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "scatter", self.choose("scatter", ctx), output, inputs, root)
+        self._run(ctx, "scatter", fingerprint("scatter", output.dtype, root=root), output, inputs, root)
 
     def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None:
         if op.op == RedOpType.PREMUL_SUM:
             inputs = [block.copy() for block in inputs]
             for block in inputs:
                 prescale(block, op)
-        self._run(ctx, "reduce_scatter", self.choose("reduce_scatter", ctx), output, inputs, op, self.segment_bytes)
+        call = fingerprint("reduce_scatter", output.dtype, output.size, reduce_op=op.op)
+        self._run(ctx, "reduce_scatter", call, output, inputs, op, self.segment_bytes)
         finish(output, op, self.size)
 
     def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
-        self._run(ctx, "all_to_all", self.choose("all_to_all", ctx), outputs, inputs)
+        self._run(ctx, "all_to_all", fingerprint("all_to_all", outputs[0].dtype if outputs else None),
+                  outputs, inputs)
 
     def barrier(self, ctx: OpContext) -> None:
-        self._run(ctx, "barrier", self.choose("barrier", ctx))
+        self._run(ctx, "barrier", fingerprint("barrier"))
 
     def _p2p_key(self, tag: int) -> MessageKey:
         return MessageKey(self.group_id, 0, tag)

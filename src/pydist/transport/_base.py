@@ -24,10 +24,12 @@ class MessageKey(NamedTuple):
 class Request:
     """One posted send or receive. Completes once, with an error or (receives) a source rank."""
 
-    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "poll", "_completed", "_gate", "_callbacks")
+    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "poll", "call", "_completed", "_gate",
+                 "_callbacks")
 
-    def __init__(self, peer: int | None, buffer: memoryview):
+    def __init__(self, peer: int | None, buffer: memoryview, call: int = 0):
         self.peer = peer
+        self.call = call  # the receiving call's fingerprint (0: not checked)
         self.buffer = buffer
         self.nbytes = buffer.nbytes
         self.error: BaseException | None = None
@@ -98,12 +100,14 @@ class Transport(ABC):
     size: int
 
     @abstractmethod
-    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
-        """Post a send of ``data`` to world rank ``peer``; ``data`` must stay unchanged until done."""
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        """Post a send of ``data`` to world rank ``peer``; ``data`` must stay unchanged until done.
+        ``call``: the sending operation's fingerprint, checked by the receiver."""
 
     @abstractmethod
-    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
-        """Post a receive into ``data`` from world rank ``peer`` (None: any source)."""
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        """Post a receive into ``data`` from world rank ``peer`` (None: any source); a message
+        whose call fingerprint differs from a non-zero ``call`` fails it (desync)."""
 
     @abstractmethod
     def cancel(self, request: Request) -> None:
@@ -133,6 +137,11 @@ class Transport(ABC):
         algorithms by ``labels`` (their group ranks); this rank is member ``index``. None
         when the transport has no shared memory for them."""
         return None
+
+    def begin(self, group: int, seq: int, call: int) -> None:
+        """This rank starts operation ``seq`` of ``group`` as ``call`` (a fingerprint): a
+        message of that operation carrying another call marks the group desynchronised."""
+        self.matcher.begin(group, seq, call)
 
     def failure(self, group: int, peers: list[int]) -> BaseException | None:
         """The error that ended ``group`` (aborted by a peer) or one of ``peers`` (dead), if any."""

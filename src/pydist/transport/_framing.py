@@ -1,10 +1,13 @@
 """The transport's frame format, sans-IO: encode a header, decode a byte stream into events.
 
-Every frame is a fixed 40-byte header followed by ``nbytes`` of payload::
+Every frame is a fixed 48-byte header followed by ``nbytes`` of payload::
 
     magic u16 'PD' | version u8 | kind u8 | flags u32 | group u64 | seq u64 | tag i64 | nbytes u64
+    | call u64
 
-(little endian). ``FrameDecoder.feed(data)`` turns any split of the stream, down to one byte
+(little endian). ``call`` is the sender's call fingerprint (``transport.arena.fingerprint``:
+operation, dtype, count, root, reduce op; 0 for point-to-point), which the receiver
+compares with its own to detect ranks that called different operations. ``FrameDecoder.feed(data)`` turns any split of the stream, down to one byte
 at a time, into ``Header`` events each followed by its payload as ``Chunk`` events.
 A caller that reads a large payload straight into its destination (no copy through the
 decoder) reports those bytes with ``skip_payload(n)``. No sockets here.
@@ -16,9 +19,9 @@ import struct
 from typing import NamedTuple
 
 MAGIC = 0x4450  # b"PD" little endian
-VERSION = 1
-HEADER = struct.Struct("<HBBIQQqQ")
-HEADER_SIZE = HEADER.size  # 40
+VERSION = 2
+HEADER = struct.Struct("<HBBIQQqQQ")
+HEADER_SIZE = HEADER.size  # 48
 MAX_PAYLOAD = 1 << 48
 
 
@@ -39,11 +42,12 @@ class Header(NamedTuple):
     seq: int
     tag: int
     nbytes: int
+    call: int = 0
 
 
-def encode_header(kind: Kind, group: int, seq: int, tag: int, nbytes: int) -> bytes:
-    """The 40 header bytes of one frame."""
-    return HEADER.pack(MAGIC, VERSION, kind, 0, group, seq, tag, nbytes)
+def encode_header(kind: Kind, group: int, seq: int, tag: int, nbytes: int, call: int = 0) -> bytes:
+    """The 48 header bytes of one frame."""
+    return HEADER.pack(MAGIC, VERSION, kind, 0, group, seq, tag, nbytes, call)
 
 
 def encode_frame(kind: Kind, group: int, seq: int, tag: int, payload: bytes = b"") -> bytes:
@@ -53,7 +57,7 @@ def encode_frame(kind: Kind, group: int, seq: int, tag: int, payload: bytes = b"
 
 def decode_header(data: bytes) -> Header:
     """Parse exactly HEADER_SIZE bytes; FramingError when they are not a pydist header."""
-    magic, version, kind, _flags, group, seq, tag, nbytes = HEADER.unpack(data)
+    magic, version, kind, _flags, group, seq, tag, nbytes, call = HEADER.unpack(data)
     if magic != MAGIC:
         raise FramingError(f"bad frame magic 0x{magic:04x} (expected 0x{MAGIC:04x}): not a pydist peer")
     if version != VERSION:
@@ -64,7 +68,7 @@ def decode_header(data: bytes) -> Header:
         raise FramingError(f"unknown frame kind {kind}") from None
     if nbytes > MAX_PAYLOAD:
         raise FramingError(f"frame payload of {nbytes} bytes is beyond the limit")
-    return Header(kind, group, seq, tag, nbytes)
+    return Header(kind, group, seq, tag, nbytes, call)
 
 
 class Chunk(NamedTuple):

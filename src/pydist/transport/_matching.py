@@ -11,21 +11,26 @@ import itertools
 import threading
 from collections import deque
 
-from .._errors import DistBackendError
+from .._errors import DesyncError, DistBackendError
 from ._base import MessageKey, Request
+from ._calls import describe_fingerprint
+
+
+#: Operations per group whose calls are remembered, to check messages that arrive late.
+RECENT_CALLS = 64
 
 
 class Unexpected:
     """A message held until its receive is posted."""
 
-    __slots__ = ("source", "key", "data", "complete", "taken", "waiter")
+    __slots__ = ("source", "key", "call", "data", "complete", "waiter")
 
-    def __init__(self, source: int, key: MessageKey, nbytes: int):
+    def __init__(self, source: int, key: MessageKey, nbytes: int, call: int = 0):
         self.source = source
         self.key = key
+        self.call = call
         self.data = bytearray(nbytes)
         self.complete = False
-        self.taken = False
         self.waiter: Request | None = None
 
 
@@ -36,25 +41,32 @@ def size_mismatch(request: Request, source: int, key: MessageKey, nbytes: int) -
         "the ranks disagree on tensor sizes")
 
 
-def _deliver(request: Request, message: Unexpected) -> None:
-    if request.nbytes != len(message.data):
-        request.complete(size_mismatch(request, message.source, message.key, len(message.data)))
-        return
-    request.buffer[:] = message.data
-    request.complete(source=message.source)
+def call_mismatch(mine: int, source: int, key: MessageKey, theirs: int) -> DesyncError:
+    return DesyncError(
+        f"ranks called different operations (group {key.group:#x}, seq {key.seq}): rank {source} called "
+        f"{describe_fingerprint(theirs)} while this rank called {describe_fingerprint(mine)}")
 
 
-def _pop_live(queue: deque) -> object | None:
-    """Pop the first entry not already taken through the other index."""
-    while queue:
-        entry = queue.popleft()
-        if not entry_taken(entry):
-            return entry
+def _differ(mine: int, theirs: int) -> bool:
+    return bool(mine and theirs and mine != theirs)
+
+
+def mismatch(request: Request, source: int, key: MessageKey, nbytes: int, call: int) -> DistBackendError | None:
+    """Why a message cannot fill ``request`` (different calls, different sizes), or None."""
+    if _differ(request.call, call):
+        return call_mismatch(request.call, source, key, call)
+    if request.nbytes != nbytes:
+        return size_mismatch(request, source, key, nbytes)
     return None
 
 
-def entry_taken(entry: object) -> bool:
-    return entry.taken if isinstance(entry, Unexpected) else entry.done()
+def _deliver(request: Request, message: Unexpected) -> None:
+    error = mismatch(request, message.source, message.key, len(message.data), message.call)
+    if error is not None:
+        request.complete(error)
+        return
+    request.buffer[:] = message.data
+    request.complete(source=message.source)
 
 
 class Matcher:
@@ -69,14 +81,36 @@ class Matcher:
         self._unexpected_any: dict[MessageKey, deque[Unexpected]] = {}
         self._dead: dict[int, BaseException] = {}
         self._aborted: dict[int, BaseException] = {}
+        self._calls: dict[int, dict[int, int]] = {}  # group -> {seq: call} of this rank's recent operations
+
+    def begin(self, group: int, seq: int, call: int) -> None:
+        """This rank starts operation ``seq`` of ``group`` as ``call``; see ``_desync``."""
+        with self._lock:
+            recent = self._calls.setdefault(group, {})
+            recent[seq] = call
+            recent.pop(seq - RECENT_CALLS, None)
+            held = [(src, k, m.call) for (src, k), q in self._unexpected.items()
+                    if k.group == group and k.seq == seq for m in q if _differ(call, m.call)]
+            failed = self._desync(group, call, *held[0]) if held else []
+        for request, error in failed:
+            request.complete(error)
+
+    def _desync(self, group: int, mine: int, source: int, key: MessageKey, theirs: int) -> list:
+        """A message from ``source`` for an operation this rank called as ``mine`` carries
+        another call: fail the group here (its posted receives and later ones), like an abort."""
+        error = call_mismatch(mine, source, key, theirs)
+        self._aborted.setdefault(group, error)
+        queues = [q for (_, k), q in self._posted.items() if k.group == group]
+        queues += [q for k, q in self._posted_any.items() if k.group == group]
+        return [(r, error) for q in queues for r in q]
 
     def post(self, request: Request, source: int | None, key: MessageKey) -> None:
         """Post a receive: match an unexpected message, else queue (or fail: dead source)."""
         with self._lock:
-            queue = self._unexpected_any.get(key) if source is None else self._unexpected.get((source, key))
-            message = _pop_live(queue) if queue else None
+            message = self._take_unexpected(source, key)
             if message is None:
-                failure = self._aborted.get(key.group) or (self._dead.get(source) if source is not None else None)
+                failure = (self._aborted.get(key.group) or (self._dead.get(source) if source is not None else None)
+                           or self._held_for_other_call(request, source, key))
                 if failure is not None:
                     request.complete(failure)
                     return
@@ -84,33 +118,90 @@ class Matcher:
                 table, index = (self._posted_any, key) if source is None else (self._posted, (source, key))
                 table.setdefault(index, deque()).append(request)
                 return
-            message.taken = True
             if not message.complete:
                 message.waiter = request
                 return
         _deliver(request, message)
 
-    def arrive(self, source: int, key: MessageKey, nbytes: int) -> Request | Unexpected:
-        """A message header arrived: the receive to fill, or a new Unexpected to fill instead."""
+    def _take_unexpected(self, source: int | None, key: MessageKey) -> Unexpected | None:
+        """Remove and return the oldest unexpected message for the receive, from both
+        indexes (empty queues are dropped, so finished keys leave nothing behind)."""
+        index = (source, key) if source is not None else key
+        table = self._unexpected if source is not None else self._unexpected_any
+        queue = table.get(index)
+        if not queue:
+            return None
+        message = queue.popleft()
+        if not queue:
+            del table[index]
+        other_table, other_index = ((self._unexpected_any, key) if source is not None
+                                    else (self._unexpected, (message.source, key)))
+        other = other_table[other_index]
+        other.remove(message)
+        if not other:
+            del other_table[other_index]
+        return message
+
+    def _held_for_other_call(self, request: Request, source: int | None, key: MessageKey) -> DesyncError | None:
+        """A message already here from ``source`` for the same operation (group, seq) but
+        another call than ``request``'s: the ranks have desynchronised."""
+        if not request.call:
+            return None
+        for (src, other), queue in self._unexpected.items():
+            if (source is None or src == source) and other.group == key.group and other.seq == key.seq:
+                for message in queue:
+                    if _differ(request.call, message.call):
+                        return call_mismatch(request.call, src, other, message.call)
+        return None
+
+    def _posted_for_other_call(self, source: int, key: MessageKey, call: int) -> list[tuple[Request, DesyncError]]:
+        """Receives posted here for the operation (group, seq) of a message arriving from
+        ``source`` with another call: each with the error to fail it with."""
+        queues = [q for (src, k), q in self._posted.items() if src == source and k[:2] == key[:2]]
+        queues += [q for k, q in self._posted_any.items() if k[:2] == key[:2]]
+        return [(r, call_mismatch(r.call, source, key, call)) for q in queues for r in q if _differ(r.call, call)]
+
+    def arrive(self, source: int, key: MessageKey, nbytes: int, call: int = 0) -> Request | Unexpected:
+        """A message header arrived: the receive to fill, or a new Unexpected to fill instead
+        (failing, as desynchronised, receives posted for the same operation with another call)."""
+        failed: list[tuple[Request, DesyncError]] = []
         with self._lock:
-            specific = self._posted.get((source, key))
-            anywhere = self._posted_any.get(key)
-            head_specific = self._head(specific)
-            head_any = self._head(anywhere)
+            head_specific = self._head(self._posted, (source, key))
+            head_any = self._head(self._posted_any, key)
             if head_specific is not None and (head_any is None or head_specific.order < head_any.order):
-                return specific.popleft()
+                return self._pop(self._posted, (source, key))
             if head_any is not None:
-                return anywhere.popleft()
-            message = Unexpected(source, key, nbytes)
+                return self._pop(self._posted_any, key)
+            if call:
+                failed = self._posted_for_other_call(source, key, call)
+                mine = self._calls.get(key.group, {}).get(key.seq, 0)
+                if not failed and _differ(mine, call):
+                    failed = self._desync(key.group, mine, source, key, call)
+            message = Unexpected(source, key, nbytes, call)
             self._unexpected.setdefault((source, key), deque()).append(message)
             self._unexpected_any.setdefault(key, deque()).append(message)
-            return message
+        for request, error in failed:
+            request.complete(error)
+        return message
 
     @staticmethod
-    def _head(queue: deque[Request] | None) -> Request | None:
+    def _head(table: dict, index: object) -> Request | None:
+        """The oldest live receive posted under ``index`` (finished ones are dropped)."""
+        queue = table.get(index)
         while queue and queue[0].done():  # cancelled or failed while waiting
             queue.popleft()
+        if queue is not None and not queue:
+            del table[index]
+            return None
         return queue[0] if queue else None
+
+    @staticmethod
+    def _pop(table: dict, index: object) -> Request:
+        queue = table[index]
+        request = queue.popleft()
+        if not queue:
+            del table[index]
+        return request
 
     def unexpected_done(self, message: Unexpected) -> None:
         """All bytes of an unexpected message are in: hand it to a waiting receive if any."""

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ._base import MessageKey, Request
 from ._framing import Chunk, FrameDecoder, FramingError, Header, Kind
-from ._matching import Matcher, Unexpected, size_mismatch
+from ._matching import Matcher, Unexpected, mismatch
 
 
 class FrameReceiver:
@@ -58,11 +58,11 @@ class FrameReceiver:
         self._header, self._filled = header, 0
         if header.kind == Kind.DATA:
             key = MessageKey(header.group, header.seq, header.tag)
-            target = self.matcher.arrive(self.peer, key, header.nbytes)
+            target = self.matcher.arrive(self.peer, key, header.nbytes, header.call)
             if isinstance(target, Unexpected):
                 self._target, self._dest = target, memoryview(target.data)
-            elif target.nbytes != header.nbytes:
-                target.complete(size_mismatch(target, self.peer, key, header.nbytes))
+            elif (error := mismatch(target, self.peer, key, header.nbytes, header.call)) is not None:
+                target.complete(error)
                 self._target, self._dest = None, None
             else:
                 self._target, self._dest = target, target.buffer

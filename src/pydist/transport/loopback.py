@@ -9,7 +9,7 @@ import threading
 
 from .._errors import DistBackendError, GroupAbortedError, PeerFailedError
 from ._base import MessageKey, Request, Transport, completed_request
-from ._matching import Matcher, Unexpected, size_mismatch
+from ._matching import Matcher, Unexpected, mismatch
 from ._segment import anonymous
 from .arena import Arena, arena_bytes
 
@@ -48,22 +48,22 @@ class LoopbackTransport(Transport):
     def _gone(self, peer: int) -> PeerFailedError:
         return PeerFailedError(f"rank {peer} (thread) has closed its transport", rank=peer, host="local")
 
-    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer in self.fabric.closed:
             return completed_request(peer, data, self._gone(peer))
-        target = self.fabric.matchers[peer].arrive(self.rank, key, data.nbytes)
+        target = self.fabric.matchers[peer].arrive(self.rank, key, data.nbytes, call)
         if isinstance(target, Unexpected):
             target.data[:] = data
             self.fabric.matchers[peer].unexpected_done(target)
-        elif target.nbytes != data.nbytes:
-            target.complete(size_mismatch(target, self.rank, key, data.nbytes))
+        elif (error := mismatch(target, self.rank, key, data.nbytes, call)) is not None:
+            target.complete(error)
         else:
             target.buffer[:] = data
             target.complete(source=self.rank)
         return completed_request(peer, data)
 
-    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
-        request = Request(peer, data)
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        request = Request(peer, data, call)
         self.fabric.matchers[self.rank].post(request, peer, key)
         return request
 

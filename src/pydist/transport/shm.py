@@ -107,9 +107,9 @@ class ShmTransport:
         atomics.exchange_u64(ring.base + 8 * word, value)
 
     # -- sending --------------------------------------------------------------------------
-    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         request = Request(peer, data)
-        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes))
+        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
         self._send(peer, [header, data], request)
         return request
 

@@ -205,16 +205,16 @@ class TcpTransport(Transport):
         self._thread.start()
 
     # -- Transport ------------------------------------------------------------------------
-    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
         request = Request(peer, data)
-        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes))
+        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
         self._conns[peer].send([header, data], request)
         return request
 
-    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
-        request = Request(peer, data)
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        request = Request(peer, data, call)
         self.matcher.post(request, peer, key)
         return request
 

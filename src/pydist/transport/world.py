@@ -84,13 +84,13 @@ class WorldTransport(Transport):
             self.matcher.fail_source(peer, error)
 
     # -- Transport ------------------------------------------------------------------------
-    def isend(self, peer: int, data: memoryview, key: MessageKey) -> Request:
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer in self._local_set and peer != self.rank:
-            return self.shm.isend(peer, data, key)
-        return self.tcp.isend(peer, data, key)
+            return self.shm.isend(peer, data, key, call)
+        return self.tcp.isend(peer, data, key, call)
 
-    def irecv(self, peer: int | None, data: memoryview, key: MessageKey) -> Request:
-        request = Request(peer, data)
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        request = Request(peer, data, call)
         if self.shm is not None and (peer is None or peer in self._local_set):
             request.poll = (self.shm.poll, self.shm.spin_seconds)  # the waiter drains rings itself first
         self.matcher.post(request, peer, key)
