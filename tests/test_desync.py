@@ -64,7 +64,9 @@ def _check(error: BaseException, size: int, case: str) -> None:
     assert re.search(r"rank 1 called " + re.escape(odd_call), text) or \
         re.search(r"rank \d called " + re.escape(other_call) + " while this rank called " + re.escape(odd_call),
                   text), text
-    for rank in range(size):  # every rank raised
+    # every rank raised; with mismatched roots a rank fed by an agreeing parent may finish
+    # its broadcast and barrier correctly before the abort reaches it
+    for rank in range(size) if case != "root" else (0, 1):
         assert f"rank {rank}" in text
 
 

@@ -699,8 +699,9 @@ def test_recv_timeout_processes():
 def test_collective_timeout_names_op_and_rank(transport):
     results = run_threads(2, misuse.collective_times_out, 1.0, transport=transport, timeout=60)
     error = results[0]["all_reduce"]
-    assert error["error"] == "DistBackendError" and 0.9 <= error["seconds"] < 6, error
+    assert error["error"] == "OpTimeoutError" and 0.9 <= error["seconds"] < 6, error  # a DistBackendError
     assert "all_reduce" in error["message"] and "rank 1" in error["message"], error
+    assert "ranks that never reached it: 1 (" in error["message"], error
 
 
 def test_work_wait_timeout_on_async_collective(transport):

@@ -6,9 +6,10 @@ buffer-protocol objects.
 """
 from __future__ import annotations
 
+from ._monitored import monitored_barrier
 from ._collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
                            broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
-from ._errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, GroupAbortedError, PeerFailedError,
+from ._errors import (DesyncError, DistBackendError, DistError, OpTimeoutError, DistNetworkError, DistStoreError, GroupAbortedError, PeerFailedError,
                       QueueEmptyError)
 from ._group import ProcessGroup
 from ._init import (Backend, GroupMember, destroy_process_group, get_backend, get_global_rank, get_group_rank,
@@ -34,9 +35,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "Backend", "DistBackendError", "DistributedDataParallel", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
-    "DesyncError", "GroupAbortedError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
+    "DesyncError", "GroupAbortedError", "OpTimeoutError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
     "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
-    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "all_to_all_single", "barrier", "monitored_barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
     "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group", "irecv",
     "is_available", "is_initialized", "isend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",

@@ -14,7 +14,7 @@ import copy
 import numpy as np
 
 from ._deadline import Deadline
-from ._errors import DistBackendError
+from ._errors import OpTimeoutError
 from .transport._base import MessageKey, Request, Transport
 
 
@@ -73,7 +73,7 @@ class Comm:
         if not request.wait(self.deadline.remaining()):
             peer = request.peer
             host = self.transport.peer_host(peer) if peer is not None else "?"
-            raise DistBackendError(
+            raise OpTimeoutError(
                 f"{self.describe()} timed out{self.timeout_text} waiting for rank {peer} ({host}); "
                 "that rank has not reached this operation or is stuck")
         if request.error is not None:

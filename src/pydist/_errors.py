@@ -33,6 +33,11 @@ class QueueEmptyError(DistStoreError):
     """A non-blocking queue_pop found the queue empty."""
 
 
+class OpTimeoutError(DistBackendError):
+    """An operation passed its deadline; the message names the operation, its sequence
+    number, the rank waited for and the ranks that never reached it."""
+
+
 class DesyncError(DistBackendError):
     """Ranks called different operations (or the same with different arguments) at the same
     point of a group's sequence; the message names both ranks and both calls."""

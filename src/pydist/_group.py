@@ -11,7 +11,9 @@ from typing import Any, Callable
 
 from ._buffers import Buffer
 from ._deadline import Deadline
+from ._errors import OpTimeoutError
 from ._executor import OpQueue
+from ._progress import Progress
 from ._work import Work
 from .backends._base import Backend, OpContext
 
@@ -31,6 +33,7 @@ class ProcessGroup:
         self._timeout_text = f" after {timeout:g} s"
         self._queue = OpQueue(name)
         self.owned_transport = None  # closed by destroy() when the group has a transport of its own
+        self.progress: Progress | None = None  # set by init: names the ranks behind at a timeout
 
     # -- torch's ProcessGroup API ---------------------------------------------------------
     def rank(self) -> int:
@@ -77,7 +80,12 @@ class ProcessGroup:
         staged = [buffer for buffer in outputs if buffer.staged]
 
         def operation(seq: int) -> None:
-            body(OpContext(name, seq, Deadline(time.monotonic() + seconds), timeout_text))
+            if self.progress is not None:
+                self.progress.started(self.group_id, seq, name)
+            try:
+                body(OpContext(name, seq, Deadline(time.monotonic() + seconds), timeout_text))
+            except OpTimeoutError as error:
+                raise self._explained(error, seq) from error.__cause__
             for buffer in staged:
                 buffer.finish()
 
@@ -90,6 +98,12 @@ class ProcessGroup:
             return work
         work.wait()
         return None
+
+    def _explained(self, error: OpTimeoutError, seq: int) -> OpTimeoutError:
+        """``error`` with the ranks that never reached operation ``seq`` appended."""
+        if self.progress is None:
+            return error
+        return OpTimeoutError(str(error) + self.progress.explain(self.group_id, seq, self._ranks))
 
     def destroy(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to ``timeout``), stop the progress thread."""

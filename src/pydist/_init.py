@@ -7,6 +7,7 @@ from typing import Any
 
 from ._deadline import DEFAULT_PG_TIMEOUT, Deadline, to_seconds
 from ._group import ProcessGroup
+from ._progress import Progress
 from ._world import World, current
 from .backends.native import NativeBackend
 from .rendezvous import rendezvous
@@ -155,6 +156,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     group_id, name = world.group_id(ranks)
     default = ProcessGroup(group_name or "default_pg", group_id, ranks, rank,
                            NativeBackend(transport, group_id, ranks, rank), seconds)
+    world.progress = default.progress = Progress(prefixed, rank)
     world.default_group = default
     world.groups.append(default)
 
@@ -175,6 +177,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         each.destroy(timeout=each.timeout)
     world.groups.clear()
     world.default_group = None
+    if world.progress is not None:
+        world.progress.close()
+        world.progress = None
     world.transport.close()
     if world.owned_store is not None:
         world.owned_store.close()
@@ -244,6 +249,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None, 
     created = ProcessGroup(name, group_id, members, world.rank,
                            NativeBackend(world.transport, group_id, members, members.index(world.rank)),
                            seconds, desc=group_desc or "")
+    created.progress = world.progress
     world.groups.append(created)
     return created
 

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from .._deadline import Deadline
-from .._errors import DistBackendError
+from .._errors import DesyncError, OpTimeoutError
 from ._calls import describe_fingerprint, fingerprint  # noqa: F401 - fingerprint: re-exported for algorithms
 from ._signal import Signal, WaitTimeout
 
@@ -129,13 +129,13 @@ class Arena:
         except WaitTimeout:
             op = self.op
             what = f"{op.describe()} timed out{op.timeout_text}" if op is not None else "shared-memory wait timed out"
-            raise DistBackendError(f"{what} waiting for {self._describe(member)}; that rank has not reached this "
+            raise OpTimeoutError(f"{what} waiting for {self._describe(member)}; that rank has not reached this "
                                    f"operation or is stuck") from None
 
     def _check(self, fingerprint: int) -> None:
         for member in range(self.size):
             theirs = self._words[self._line[member] + 1 + (self.phase & 1)]
             if theirs != fingerprint:
-                raise DistBackendError(f"ranks called different operations: {self._describe(member)} called "
+                raise DesyncError(f"ranks called different operations: {self._describe(member)} called "
                                        f"{describe_fingerprint(theirs)} while this rank called "
                                        f"{describe_fingerprint(fingerprint)}")

@@ -1,0 +1,57 @@
+"""``monitored_barrier``: torch's barrier that names the ranks that did not arrive.
+
+Group rank 0 waits (up to the timeout) for a token from every other rank, then answers
+each; a rank that did not send in time is named in the error raised on rank 0 (the first
+one, or all of them with ``wait_all_ranks``), and the other ranks, never answered, raise
+naming rank 0. Tokens travel as point-to-point messages with a reserved tag.
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from ._deadline import to_seconds
+from ._errors import DistBackendError, DistError
+from ._init import resolve_group
+from ._p2p import irecv, isend
+
+#: The tag of monitored_barrier's tokens (user tags are unlikely to be the most negative int64).
+TOKEN_TAG = -(1 << 63)
+
+
+def monitored_barrier(group: Any = None, timeout: timedelta | float | None = None,
+                      wait_all_ranks: bool = False) -> None:
+    """Block until every rank of ``group`` arrived; DistBackendError naming the (global)
+    ranks that did not within ``timeout`` (default: the group's)."""
+    target = resolve_group(group)
+    if target is None or target.size() == 1:
+        return
+    seconds = target.timeout if timeout is None else to_seconds(timeout)
+    ranks, me = target.ranks, target.rank()
+    if me != 0:
+        try:
+            isend(np.ones(1, np.uint8), group=target, group_dst=0, tag=TOKEN_TAG).wait(timeout=seconds)
+            irecv(np.zeros(1, np.uint8), group=target, group_src=0, tag=TOKEN_TAG).wait(timeout=seconds)
+        except DistError as error:
+            raise DistBackendError(f"monitored_barrier: rank {ranks[me]} got no answer from rank {ranks[0]} "
+                                   f"within {seconds:g} s (rank {ranks[0]} reports the ranks that did not "
+                                   f"arrive): {error}") from error
+        return
+    tokens = {peer: irecv(np.zeros(1, np.uint8), group=target, group_src=peer, tag=TOKEN_TAG)
+              for peer in range(1, target.size())}
+    deadline, missing = time.monotonic() + seconds, []
+    for peer, token in tokens.items():
+        try:
+            token.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except DistBackendError:
+            missing.append(ranks[peer])
+            if not wait_all_ranks:
+                break
+    if missing:
+        which = "Ranks " + ", ".join(map(str, missing)) if len(missing) > 1 else f"Rank {missing[0]}"
+        raise DistBackendError(f"[Rank {ranks[0]}]: {which} failed to pass monitoredBarrier in {seconds:g} s")
+    for peer in tokens:
+        isend(np.ones(1, np.uint8), group=target, group_dst=peer, tag=TOKEN_TAG).wait()

@@ -1,0 +1,76 @@
+"""Which operation each rank last started, published through the store, so that a timeout
+can name the ranks that never reached the operation.
+
+Each rank's :class:`Progress` records (sequence number, name) of the latest operation it
+started on each group — a dict assignment per operation — and a ``pydist-progress``
+thread writes the record to the store key ``progress/<rank>`` at most once a second,
+only when it changed. At a timeout, :meth:`Progress.explain` reads every member's record
+(at most ~1 s old) and names those behind.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+
+#: Seconds between publications (when something changed).
+PUBLISH_INTERVAL = 1.0
+#: Seconds a timed-out rank waits for the store while explaining.
+EXPLAIN_TIMEOUT = 5.0
+
+
+class Progress:
+    """This rank's latest operation per group, and the other ranks' as published."""
+
+    def __init__(self, store, rank: int):
+        self._store = store
+        self._rank = rank
+        self._latest: dict[str, tuple[int, str]] = {}
+        self._changed = False
+        self._stop = threading.Event()
+        self._publish()  # the key exists from the start: readers never block on it
+        self._thread = threading.Thread(target=self._run, name=f"pydist-progress-{rank}", daemon=True)
+        self._thread.start()
+
+    def started(self, group_id: int, seq: int, name: str) -> None:
+        """This rank starts operation ``seq`` (``name``) of group ``group_id``."""
+        self._latest[str(group_id)] = (seq, name)
+        self._changed = True
+
+    def _publish(self) -> None:
+        self._changed = False
+        self._store.set(f"progress/{self._rank}", json.dumps(self._latest))
+
+    def _run(self) -> None:
+        while not self._stop.wait(PUBLISH_INTERVAL):
+            if self._changed:
+                try:
+                    self._publish()
+                except Exception:  # the store is gone (shutdown, failure): the op errors say why
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def explain(self, group_id: int, seq: int, ranks: list[int]) -> str:
+        """Which of ``ranks`` (world ranks) had not started operation ``seq`` of the group,
+        as last published; "" if that cannot be found out."""
+        try:
+            self._publish()
+            raw = self._store.multi_get([f"progress/{r}" for r in ranks]) if ranks else []
+        except Exception:  # noqa: BLE001 - the explanation is best effort
+            return ""
+        behind = []
+        for rank, data in zip(ranks, raw):
+            entry = json.loads(data).get(str(group_id))
+            if entry is None:
+                behind.append(f"{rank} (no operation on this group yet)")
+            elif entry[0] < seq:
+                behind.append(f"{rank} (last started {entry[1]}, seq {entry[0]})")
+        if not behind:
+            return "; every rank had started it (one may be stuck inside it)"
+        return f"; ranks that never reached it: {', '.join(behind)}"
+
+    def store_timeout(self) -> timedelta:
+        return timedelta(seconds=EXPLAIN_TIMEOUT)
