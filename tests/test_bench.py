@@ -8,17 +8,20 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
+import numpy as np
 import pytest
 
-from pydist.bench import cli
-from pydist.bench.backends import BACKENDS
+from pydist.bench import cli, injob
+from pydist.bench.backends import BACKENDS, mpiexec_path
 from pydist.bench.progress import Progress
 from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
 from pydist.bench.report import BackendResult, Meta, format_table
 from pydist.bench.sizes import format_size, parse_size, parse_sizes
+from pydist.testing import free_port
 
 BENCH = [sys.executable, "-m", "pydist.bench"]
 TINY = ["--sizes", "4:64", "--iters", "2", "--warmup", "1", "--nproc", "2"]
@@ -235,3 +238,163 @@ def test_ctrl_c_or_sigterm_stops_every_worker(signum):
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and "interrupted" in err, err
+
+
+# --- inside an already launched job: every process is one rank, rank 0 prints ----------
+
+LAUNCH = [sys.executable, "-m", "pydist.run"]
+IN_JOB = ["-m", "pydist.bench", "--sizes", "4K:64K", "--iters", "3", "--warmup", "1"]
+
+
+def run_jobs(*commands: list[str], timeout: float = 60) -> list[tuple[int, str, str]]:
+    """Run the commands side by side, each in a session of its own (output in temporary
+    files, so no pipe fills up); at the timeout every session still running is killed."""
+    procs, files = [], []
+    env = {**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER}
+    try:
+        for command in commands:
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            files.append((out, err))
+            procs.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
+                                          env=env, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.wait(max(deadline - time.monotonic(), 0.01))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    results = []
+    for proc, (out, err) in zip(procs, files):
+        out.seek(0), err.seek(0)
+        results.append((proc.returncode, out.read(), err.read()))
+        out.close(), err.close()
+    return results
+
+
+def rank_lines(text: str, rank: int) -> list[str]:
+    """The lines pydist-run forwarded from ``rank``, without its ``[rankN]:`` prefix."""
+    prefix = f"[rank{rank}]:"
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def silent(out: str, err: str, rank: int) -> bool:
+    """True if ``rank`` printed nothing on stdout and no pydist-bench line on stderr (libraries' warnings aside)."""
+    return rank_lines(out, rank) == [] and not any("pydist-bench" in line for line in rank_lines(err, rank))
+
+
+def table_rows(lines: list[str]) -> list[list[str]]:
+    return [line.split() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_in_a_launched_job_rank_0_prints_the_table():
+    [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + IN_JOB)
+    assert code == 0, err
+    lines = rank_lines(out, 0)
+    assert lines[0].startswith("# pydist-bench all_reduce  backends=pydist  nproc=2 ranks on 1 host "
+                               "(launched by pydist-run)  dtype=float32  iters=3 warmup=1"), lines
+    assert lines[1] == "# command: pydist-bench " + " ".join(IN_JOB[2:])
+    assert lines[2].split() == ["#", "bytes", "count", "pydist", "us", "algbw", "GB/s", "busbw", "GB/s"]
+    rows = table_rows(lines)
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(4096 << i, 1024 << i) for i in range(5)]
+    assert all(float(r[2]) > 0 and r[3] == r[4] for r in rows)  # 2 ranks: busbw = algbw
+    assert silent(out, err, 1)  # the other rank prints nothing
+
+
+def test_in_a_launched_job_compare_runs_gloo_after_pydist():
+    pytest.importorskip("torch")
+    [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + IN_JOB + ["--compare", "gloo"])
+    assert code == 0, err
+    lines = rank_lines(out, 0)
+    assert "backends=pydist,gloo  nproc=2 ranks on 1 host" in lines[0]
+    header = [line for line in lines if line.startswith("#  ")][0]
+    assert header.split()[-5:] == ["gloo", "us", "busbw", "GB/s", "gloo/pydist"]
+    rows = table_rows(lines)
+    assert len(rows) == 5 and all(len(r) == 8 and float(r[5]) > 0 for r in rows)
+    for r in rows:
+        assert float(r[7]) == pytest.approx(float(r[5]) / float(r[2]), rel=0.02, abs=0.01)
+    assert "gloo 2/2 backends" in err  # rank 0's progress: gloo ran second
+    assert silent(out, err, 1)
+
+
+def test_two_nodes_on_loopback_each_launched_by_its_own_pydist_run():
+    port = free_port()
+    node = LAUNCH + ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                     f"127.0.0.1:{port}", "--rdzv-id", "x", "--rdzv-conf", "join_timeout=20"] + IN_JOB + ["--json"]
+    results = run_jobs(node, node)
+    assert [code for code, _, _ in results] == [0, 0], results
+    [first] = [out for _, out, _ in results if rank_lines(out, 0)]  # c10d picks which node is rank 0
+    report = json.loads("\n".join(rank_lines(first, 0)))
+    assert report["nproc"] == 2 and report["job"] == {"launcher": "pydist-run", "hosts": 1, "backends": ["pydist"]}
+    assert [row["bytes"] for row in report["rows"]] == [4096 << i for i in range(5)]
+    assert all(row["results"]["pydist"]["time_us"] > 0 for row in report["rows"])
+    assert all(silent(out, err, 1) for _, out, err in results)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
+                    reason="mpi4py or mpiexec is missing")
+def test_under_mpiexec_pydist_and_mpi_side_by_side():
+    [(code, out, err)] = run_jobs([mpiexec_path(), "-n", "2", *BENCH, *IN_JOB[2:], "--compare", "mpi"])
+    assert code == 0, err
+    assert out.count("# pydist-bench") == 1 and "(launched by mpiexec" in out  # rank 0 only
+    rows = table_rows(out.splitlines())
+    assert len(rows) == 5 and all(float(r[5]) > 0 for r in rows)
+
+
+def test_in_a_job_mpi_backends_need_mpiexec_and_usage_errors_name_the_rank():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    done = subprocess.run(BENCH + ["--nproc", "3"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    assert done.returncode == 2
+    assert "pydist-bench (rank 1): error: --nproc 3 contradicts the launched job's world size (2)" in done.stderr
+    done = subprocess.run(BENCH + ["--backend", "mpi"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("pydist-bench: error: rank 1: --backend mpi: "), done.stderr
+
+
+def test_job_place_comes_from_the_launchers_variables():
+    assert injob.place({}) is None
+    assert injob.place({"RANK": "3", "WORLD_SIZE": "4"}) == injob.Place(3, 4)
+    assert injob.place({"PMI_RANK": "1", "PMI_SIZE": "2"}) == injob.Place(1, 2)
+    assert injob.place({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8"}) == injob.Place(0, 8)
+    assert injob.place({"RANK": "0"}) is None
+
+
+class FakeComm:
+    """Rank ``rank`` of ``size``; the other ranks' contributions to max_across_ranks are ``theirs``."""
+
+    def __init__(self, rank: int, size: int, theirs: list) -> None:
+        self.rank, self.size, self.theirs = rank, size, list(theirs)
+
+    def max_across_ranks(self, values):
+        return np.maximum(values, self.theirs.pop(0))
+
+
+def test_ranks_agree_to_skip_a_backend_that_some_rank_lacks(capsys):
+    # rank 0 can run gloo and mpi; rank 2 of 3 lacks gloo: every rank skips it, rank 0's note names rank 2
+    gloo, mpi = BackendResult("gloo", "gloo"), BackendResult("mpi", "mpi")
+    injob.agree_on_availability(FakeComm(0, 3, [np.array([0, 0, 1, 0, 0, 0.0])]), [gloo, mpi])
+    assert (gloo.status, gloo.note) == ("unavailable", "on rank 2 (their stderr says why)")
+    assert mpi.status == "ok" and capsys.readouterr().err == ""
+    # rank 2 itself says why; rank 1, which has it, skips it too
+    lacking = BackendResult("gloo", "gloo", "unavailable", "not installed")
+    injob.agree_on_availability(FakeComm(2, 3, [np.array([0, 0, 0.0])]), [lacking])
+    assert capsys.readouterr().err == "pydist-bench: error: rank 2: --compare gloo: unavailable: not installed\n"
+    having = BackendResult("gloo", "gloo")
+    injob.agree_on_availability(FakeComm(1, 3, [np.array([1, 0, 1.0])]), [having])
+    assert having.status == "unavailable" and capsys.readouterr().err == ""
+
+
+def test_hosts_are_counted_by_name():
+    mine = FakeComm(1, 3, [np.array([5.0, 0, 5.0])])
+    assert injob.count_hosts(mine) == 2
+
+
+def test_in_a_launched_job_timeout_stops_the_rank_and_names_it():
+    slow = ["-m", "pydist.bench", "--sizes", "64M", "--iters", "5000", "--budget", "0", "--timeout", "1"]
+    [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + slow)
+    assert code != 0 and table_rows(rank_lines(out, 0)) == []
+    assert "pydist-bench: error: rank 0: pydist timed out after 1 s" in err \
+        or "pydist-bench: error: rank 1: pydist timed out after 1 s" in err, err

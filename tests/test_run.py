@@ -127,6 +127,8 @@ def test_parse_spellings_and_passthrough(monkeypatch):
     config = cli.config_from_args(args)
     assert config.nproc_per_node == 3 and config.master_addr == "localhost"
     assert config.command[-4:] == ["s.py", "--nproc-per-node", "9", "-m"]
+    abbreviated = cli.build_parser().parse_args(["-m", "pydist.bench", "--nproc", "2"])  # no prefix matching
+    assert abbreviated.training_script_args == ["--nproc", "2"]
     assert cli.nproc_from("cpu") == cli.nproc_from("auto") == (os.cpu_count() or 1)
     assert len(config.run_id) > 8
     for bad in ("0", "gpu", "x"):

@@ -1,11 +1,13 @@
 """The backends pydist-bench can measure, and whether each one can run here.
 
-Names are those of ``--backend`` (``pydist``, ``mpi``) and ``--compare`` (``gloo``, ``mpi``,
-``pydist``). ``--backend mpi`` means pydist's own MPI backend (``init_process_group("mpi")``
+Names are those of ``--backend`` (``pydist``, ``gloo``, ``mpi``) and ``--compare``
+(``gloo``, ``mpi``, ``pydist``). ``--backend mpi`` means pydist's own MPI backend (``init_process_group("mpi")``
 under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means plain mpi4py on MPICH (key
 ``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
 (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, like torchrun); ``mpiexec`` runs the venv's
-``mpiexec -n N``. Adding a backend is one entry in :data:`BACKENDS`.
+``mpiexec -n N``; inside an already launched job (:mod:`.injob`) no launcher runs, and the
+``mpiexec`` backends need that job to have been started by mpiexec. Adding a backend is one
+entry in :data:`BACKENDS`.
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
     BackendSpec("mpi", "mpi", "mpiexec", comms.connect_mpi, ("mpi4py",), "pip install mpi4py mpich"),
 )}
 
-MAIN_CHOICES = {"pydist": "pydist", "mpi": "pydist-mpi"}
+MAIN_CHOICES = {"pydist": "pydist", "gloo": "gloo", "mpi": "pydist-mpi"}
 """``--backend`` names -> BACKENDS keys."""
 
 COMPARE_CHOICES = {"gloo": "gloo", "mpi": "mpi", "pydist": "pydist"}

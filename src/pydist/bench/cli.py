@@ -4,33 +4,38 @@
 
     pydist-bench [--op all_reduce|all_gather|reduce_scatter|broadcast|all_to_all|sendrecv]
                  [--nproc 2] [--sizes 4:64M] [--dtype float32] [--iters 20] [--warmup 5]
-                 [--budget 1G] [--backend pydist|mpi] [--compare gloo,mpi] [--timeout 1800]
-                 [--json] [--plot out.png]
+                 [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist]
+                 [--timeout 1800] [--json] [--plot out.png]
 
 Prints one row per size: bytes, element count, time in µs (median over timed iterations
 of the slowest rank's time), algbw and busbw in GB/s, then per ``--compare`` backend its
 time, busbw and the ratio (its time / main time: above 1 means the main backend is faster).
 Exit status: 0 on success, 1 if the main backend cannot run or fails, 2 on a usage error,
 130 when interrupted.
+
+Started inside an already launched job (RANK/WORLD_SIZE, PMI_RANK/PMI_SIZE or
+OMPI_COMM_WORLD_RANK/SIZE set: pydist-run, torchrun, mpiexec), it starts no workers: every
+process is one rank and rank 0 prints the table (see :mod:`.injob`).
 """
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from contextlib import closing
 
-from . import plot
+from . import injob
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .launch import BackendFailed, run_backend
-from .ops import DTYPES, OPS, iterations, size_plan
+from .ops import DTYPES, OPS
 from .progress import Progress
-from .report import BackendResult, Meta, format_table, to_json
-from .sizes import format_size, parse_size, parse_sizes
+from .report import BackendResult
+from .session import backend_results, make_meta, plan_and_config, recorder, require_plot, write_output
+from .sizes import parse_size, parse_sizes
+
+DEFAULT_NPROC = 2
 
 
 def _arg(parse):
@@ -75,12 +80,16 @@ def _compare(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pydist-bench", description="nccl-tests-style collective benchmarks of pydist, "
-                                     "optionally side by side with gloo and MPI.",
+def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="nccl-tests-style collective benchmarks of pydist, "
+                                     "optionally side by side with gloo and MPI. Inside a job launched by "
+                                     "pydist-run, torchrun or mpiexec it starts no workers: every process is "
+                                     "one rank, and rank 0 prints the table.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--op", choices=list(OPS), default="all_reduce", help="operation to time")
-    parser.add_argument("--nproc", type=_arg(_positive), default=2, help="ranks (processes) per backend")
+    parser.add_argument("--nproc", type=_arg(_positive), default=argparse.SUPPRESS,
+                        help=f"ranks (processes) per backend (default: {DEFAULT_NPROC}; inside a launched job: "
+                        "its WORLD_SIZE, and a different --nproc is an error)")
     parser.add_argument("--sizes", type=_arg(parse_sizes), default="4:64M",
                         help="bytes per rank buffer: sizes with K/M/G suffixes, a:b[:factor] ranges, comma lists")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -89,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=_arg(_budget), default="1G",
                         help="fewer iterations for large sizes: at most BUDGET/size timed (but >= 3); 0: no cap")
     parser.add_argument("--backend", choices=list(MAIN_CHOICES), default="pydist",
-                        help="what the main columns measure (mpi: pydist's own MPI backend under mpiexec)")
+                        help="what the main columns measure (gloo: torch's; mpi: pydist's own MPI backend under "
+                        "mpiexec)")
     parser.add_argument("--compare", type=_arg(_compare), default=[],
                         help="comma list of backends to run too: gloo (torch), mpi (mpi4py + mpiexec), pydist")
     parser.add_argument("--timeout", type=_arg(_seconds), default=1800.0, help="seconds allowed for each backend's run")
@@ -101,15 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_one(result: BackendResult, position: str, args: argparse.Namespace, config: dict,
              progress: Progress) -> None:
     """Run one backend into ``result``; BackendFailed propagates with the rows so far kept."""
-    total = len(config["plan"])
+    record = recorder(result, position, args.op, len(config["plan"]), progress)
     # closing(): the workers are stopped at once even if this loop is interrupted
     with closing(run_backend(BACKENDS[result.key], args.nproc, config, args.timeout)) as events:
         for event in events:
-            if event["event"] == "start":
-                progress.update(f"{args.op} {result.label} {position} backends, size "
-                                f"{format_size(event['bytes'])} ({event['index'] + 1}/{total})")
-            elif event["event"] == "row":
-                result.rows[event["bytes"]] = {key: event[key] for key in ("seconds", "iters", "warmup")}
+            record(event)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -141,32 +147,22 @@ def _measure_all(results: list[BackendResult], args: argparse.Namespace, config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    job = injob.place()
+    parser = build_parser(f"pydist-bench (rank {job.rank})" if job else "pydist-bench")
     args = parser.parse_args(argv)
+    if job:
+        return injob.main(args, argv, parser, job)
+    args.nproc = getattr(args, "nproc", DEFAULT_NPROC)
     if args.nproc < OPS[args.op].min_ranks:
         parser.error(f"--op {args.op} needs --nproc >= {OPS[args.op].min_ranks}")
-    keys = [MAIN_CHOICES[args.backend]] + [COMPARE_CHOICES[name] for name in args.compare]
-    keys = list(dict.fromkeys(keys))
     if args.plot:
-        try:
-            plot.require()
-        except plot.PlotUnavailable as error:
-            parser.error(str(error))
-    results = [BackendResult(key, BACKENDS[key].label) for key in keys]
-    for result in results:
-        reason = BACKENDS[result.key].unavailable()
-        if reason:
-            result.status, result.note = "unavailable", reason
+        require_plot(parser)
+    results = backend_results(args)
     if results[0].status != "ok":
         print(f"pydist-bench: error: --backend {args.backend}: {results[0].note}", file=sys.stderr)
         return 1
-    plan = size_plan(args.op, args.sizes, args.dtype, args.nproc)
-    config = {"op": args.op, "dtype": args.dtype, "timeout": args.timeout,
-              "plan": [[nbytes, count, *iterations(nbytes, args.iters, args.warmup, args.budget)]
-                       for nbytes, count in plan]}
-    meta = Meta(shlex.join(["pydist-bench", *argv]), args.op, args.nproc, args.dtype, args.iters, args.warmup,
-                args.budget, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                os.getloadavg()[0])
+    plan, config = plan_and_config(args)
+    meta = make_meta(argv, args)
     progress = Progress()
     try:
         if _measure_all(results, args, config, progress):
@@ -176,7 +172,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pydist-bench: interrupted", file=sys.stderr)
         return 130
     progress.clear()
-    print(to_json(meta, plan, results) if args.json else format_table(meta, plan, results))
-    if args.plot:
-        plot.write_plot(args.plot, meta, plan, results)
+    write_output(args, meta, plan, results)
     return 0

@@ -7,11 +7,13 @@ the operation once on preallocated numpy buffers; ``out`` is None for in-place o
 itself, or torch with gloo — through its public API exactly as a user calls it;
 :class:`MpiComm` drives mpi4py's buffer methods (Allreduce, Allgather, ...). The
 ``connect_*`` functions join the group of the current process (rendezvous from the
-environment: MASTER_ADDR/PORT, RANK, WORLD_SIZE; or MPI under mpiexec). torch and mpi4py
+environment: MASTER_ADDR/PORT, RANK, WORLD_SIZE, else the launcher's own variables as
+pydist's env:// reads them, e.g. mpiexec's PMI_RANK; or MPI under mpiexec). torch and mpi4py
 are imported only inside the functions that need them.
 """
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -108,9 +110,23 @@ def connect_pydist_mpi(timeout: float) -> TorchStyleComm:
     return TorchStyleComm(pydist)
 
 
+def _export_torch_env() -> None:
+    """torch's env:// reads only RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT: set them from
+    what the launcher exported (mpiexec's PMI_RANK, ...) the way pydist's env:// finds them."""
+    names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    if all(os.environ.get(name) for name in names):
+        return
+    from pydist.rendezvous import launch_info
+    info = launch_info()
+    for name, value in zip(names, (info.rank, info.world_size, info.master_addr, info.master_port)):
+        os.environ[name] = str(value)
+
+
 def connect_gloo(timeout: float) -> TorchStyleComm:
     """torch.distributed with gloo on CPU tensors (zero-copy views of the numpy buffers)."""
     import warnings
+
+    _export_torch_env()
 
     import torch
     import torch.distributed as dist

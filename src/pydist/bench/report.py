@@ -5,6 +5,8 @@ bytes) and its status: ``ok``, ``unavailable`` (not installed / not implemented:
 or ``failed`` (stopped partway: the sizes it finished are kept). Times are printed in µs,
 bandwidths in GB/s (1e9 B/s), ratios as other backend's time / main backend's time, so a
 ratio above 1 means the main backend is faster. Missing values print as ``-`` (JSON null).
+A run inside a launched job (:mod:`.injob`) also says who launched it and on how many hosts
+(:class:`Job`: the table's first line, the JSON's ``job``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,15 @@ class BackendResult:
 
 
 @dataclass
+class Job:
+    """The launched job a run was part of (see :mod:`.injob`)."""
+
+    launcher: str  # "torchrun/pydist-run", "mpiexec (MPICH Hydra)", ...
+    hosts: int  # distinct host names among the ranks
+    backends: list[str]  # the labels of the backends run, main first
+
+
+@dataclass
 class Meta:
     """What was run: printed in the table header and the JSON document."""
 
@@ -36,6 +47,7 @@ class Meta:
     budget: int
     cpus: int
     load: float  # 1-minute load average at the start: a busy host makes noisy numbers
+    job: Job | None = None  # None: the CLI started the workers itself, on this host
 
 
 def measure(meta: Meta, result: BackendResult, nbytes: int) -> dict | None:
@@ -63,7 +75,10 @@ def to_json(meta: Meta, plan: list[tuple[int, int]], results: list[BackendResult
         rows.append({"bytes": nbytes, "count": count, "results": measured,
                      "ratios": {r.key: _ratio(measured.get(main.key), measured[r.key])
                                 for r in results[1:] if r.rows}})
-    document = {**meta.__dict__, "busbw_factor": OPS[meta.op].bus_factor(meta.nproc), "main": main.key,
+    fields = {key: value for key, value in meta.__dict__.items() if key != "job"}
+    if meta.job is not None:
+        fields["job"] = meta.job.__dict__
+    document = {**fields, "busbw_factor": OPS[meta.op].bus_factor(meta.nproc), "main": main.key,
                 "backends": [{"key": r.key, "label": r.label, "status": r.status, "note": r.note} for r in results],
                 "rows": rows}
     return json.dumps(document, indent=2)
@@ -73,12 +88,21 @@ def _cell(value: float | None, width: int, digits: int) -> str:
     return f"{'-' if value is None else f'{value:.{digits}f}':>{width}}"
 
 
+def _title(meta: Meta) -> str:
+    """The first line: what ran, on what (for a launched job: ranks, hosts, launcher, backends)."""
+    common = f"dtype={meta.dtype}  iters={meta.iters} warmup={meta.warmup}"
+    host = f"{meta.cpus} cpus, load {meta.load:.2f}"
+    if meta.job is None:
+        return f"# pydist-bench {meta.op}  nproc={meta.nproc}  {common}   (host: {host})"
+    job, hosts = meta.job, "host" if meta.job.hosts == 1 else "hosts"
+    return (f"# pydist-bench {meta.op}  backends={','.join(job.backends)}  nproc={meta.nproc} ranks on {job.hosts} "
+            f"{hosts} (launched by {job.launcher})  {common}   (rank 0's host: {host})")
+
+
 def format_table(meta: Meta, plan: list[tuple[int, int]], results: list[BackendResult]) -> str:
     """The table: comment header (what ran, the command, notes), then one row per size."""
     main, shown = results[0], [r for r in results[1:] if r.rows]
-    lines = [f"# pydist-bench {meta.op}  nproc={meta.nproc}  dtype={meta.dtype}  iters={meta.iters} "
-             f"warmup={meta.warmup}   (host: {meta.cpus} cpus, load {meta.load:.2f})",
-             f"# command: {meta.command}"]
+    lines = [_title(meta), f"# command: {meta.command}"]
     for result in results:
         if result.status != "ok":
             note = result.note.replace("\n", "\n#   ")

@@ -49,7 +49,8 @@ def _flag_default(dest: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; flag names, spellings and meanings are torchrun's."""
-    parser = argparse.ArgumentParser(prog="pydist-run", description="Launch a pydist job's workers on this node.")
+    parser = argparse.ArgumentParser(prog="pydist-run", description="Launch a pydist job's workers on this node.",
+                                     allow_abbrev=False)  # "script --nproc 2" must reach the script
 
     def add(*names: str, default: Any = None, **kwargs: Any) -> None:
         dest = names[-1].lstrip("-").replace("-", "_")
