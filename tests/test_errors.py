@@ -101,7 +101,7 @@ def test_init_twice_process():
         assert result["still_works"] == [2.0, 2.0]
 
 
-@pytest.mark.parametrize("backend", ["gloo", "nccl", "mpi", "GLOO", "ucc", "bogus"])
+@pytest.mark.parametrize("backend", ["gloo", "nccl", "GLOO", "ucc", "bogus"])  # "mpi" is a backend: test_mpi_backend
 def test_init_bad_backend(backend):
     # rank 1 of a tcp:// rendezvous nobody serves: a late check would block on the store
     error = quick(lambda: dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",

@@ -20,7 +20,7 @@ class Backend(str):
     PYDIST = "pydist"
     MPI = "mpi"
     UNDEFINED = "undefined"
-    backend_list = [PYDIST]
+    backend_list = [PYDIST, MPI]
 
     def __new__(cls, name: str) -> "Backend":
         if not isinstance(name, str):
@@ -117,11 +117,39 @@ def standalone_group(store, rank: int, size: int, timeout: float, name: str) -> 
     return group
 
 
+def _group_backend(world: World, group_id: int, members: list[int]):
+    """The backend object of a new group of ``members`` (world ranks) on this rank, per the world's backend."""
+    if world.backend_name == Backend.MPI:
+        from .backends.mpi import group_backend
+        return group_backend(members)
+    return NativeBackend(world.transport, group_id, members, members.index(world.rank))
+
+
+def _init_mpi(world: World, rank: int, world_size: int, seconds: float, group_name: str) -> None:
+    """The default group over MPI.COMM_WORLD: no store, no rendezvous (mpiexec did it), as
+    torch's MPI backend; ``rank``/``world_size`` other than -1 must equal MPI's."""
+    from .backends.mpi import group_backend, rank_and_size
+    rank, world_size = rank_and_size(rank, world_size)
+    ranks = list(range(world_size))
+    backend = group_backend(ranks)
+    world.generation += 1
+    world.store = world.owned_store = world.transport = None
+    world.rank, world.size, world.backend_name = rank, world_size, Backend(Backend.MPI)
+    group_id, _name = world.group_id(ranks)
+    world.default_group = ProcessGroup(group_name or "default_pg", group_id, ranks, rank, backend, seconds)
+    world.groups.append(world.default_group)
+
+
 def init_process_group(backend: str | None = None, init_method: str | None = None,
                        timeout: timedelta | None = None, world_size: int = -1, rank: int = -1,
                        store: Any = None, group_name: str = "", pg_options: Any = None,
                        device_id: Any = None) -> None:
-    """Join the default process group (torch's signature and rendezvous rules)."""
+    """Join the default process group (torch's signature and rendezvous rules).
+
+    ``backend="mpi"``: under mpiexec/srun, rank and world size come from MPI.COMM_WORLD
+    (a ``rank``/``world_size`` that differs raises ValueError naming both); ``init_method``
+    and ``store`` are not used, as by torch's MPI backend (MPI's launcher did the rendezvous).
+    """
     world = current()
     if world.default_group is not None:
         raise ValueError("trying to initialize the default process group twice!")
@@ -129,6 +157,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if store is not None and init_method is not None:
         raise ValueError("Cannot specify both init_method and store.")
     seconds = _timeout_seconds(timeout)
+    if backend_name == Backend.MPI:
+        _init_mpi(world, rank, world_size, seconds, group_name)
+        return
     owned = None
     if store is None:
         store, rank, world_size = rendezvous(init_method or "env://", rank, world_size,
@@ -155,7 +186,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     ranks = list(range(world_size))
     group_id, name = world.group_id(ranks)
     default = ProcessGroup(group_name or "default_pg", group_id, ranks, rank,
-                           NativeBackend(transport, group_id, ranks, rank), seconds)
+                           _group_backend(world, group_id, ranks), seconds)
     world.progress = default.progress = Progress(prefixed, rank)
     world.default_group = default
     world.groups.append(default)
@@ -180,7 +211,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     if world.progress is not None:
         world.progress.close()
         world.progress = None
-    world.transport.close()
+    if world.transport is not None:  # None for MPI
+        world.transport.close()
     if world.owned_store is not None:
         world.owned_store.close()
     world.store = world.owned_store = world.transport = None
@@ -232,11 +264,13 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None, 
               device_id: Any = None, sort_ranks: bool = True) -> ProcessGroup | _NonGroupMember:
     """A group of some ranks of the world; non-members get NON_GROUP_MEMBER.
 
-    Groups share the world's connections; creating one sends nothing.
+    Groups share the world's connections; creating one sends nothing (MPI: the members
+    create a communicator, MPI_Comm_create_group). A group's backend is the world's.
     """
     world = _default_world()
-    if backend is not None:
-        Backend(backend)
+    if backend is not None and Backend(backend) != world.backend_name:
+        raise ValueError(f"backend: {backend!r} differs from the default group's {world.backend_name!r}; "
+                         "a group uses the backend init_process_group chose")
     members = _check_ranks(list(range(world.size)) if ranks is None else list(ranks), world.size)
     if not members:
         raise ValueError("ranks: a group needs at least one rank")
@@ -246,8 +280,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None, 
     if world.rank not in members:
         return NON_GROUP_MEMBER
     seconds = world.default_group.timeout if timeout is None else _timeout_seconds(timeout)
-    created = ProcessGroup(name, group_id, members, world.rank,
-                           NativeBackend(world.transport, group_id, members, members.index(world.rank)),
+    created = ProcessGroup(name, group_id, members, world.rank, _group_backend(world, group_id, members),
                            seconds, desc=group_desc or "")
     created.progress = world.progress
     world.groups.append(created)

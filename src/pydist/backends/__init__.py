@@ -1,1 +1,2 @@
-"""Backends: the engines that run a group's operations (native: pydist's own; mpi: mpi4py)."""
+"""Backends: the engines that run a group's operations (native: pydist's own; mpi: MPI through
+mpi4py, with its _mpi_* helpers, imported only when a group uses it)."""

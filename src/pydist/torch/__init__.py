@@ -6,8 +6,8 @@ Then ``torch.distributed.init_process_group("pydist")``, every torch.distributed
 ``torch.nn.parallel.DistributedDataParallel`` run on pydist. ``pydist.torch.ddp`` holds
 pydist's own DistributedDataParallel.
 """
-from .backend import ProcessGroupPydist, create_process_group, register
+from .backend import Options, ProcessGroupPydist, create_process_group, register
 
 register()
 
-__all__ = ["ProcessGroupPydist", "create_process_group", "register"]
+__all__ = ["Options", "ProcessGroupPydist", "create_process_group", "register"]

@@ -1,8 +1,13 @@
 """The torch.distributed plugin: a ``torch.distributed.ProcessGroup`` subclass over pydist.
 
-torch calls ``create_process_group(store, rank, size, timeout)`` for every group it makes
-(the default group and each new_group); each gets a pydist group with a transport of its
-own (like gloo's per-group connections), met through torch's store. Every method maps
+torch calls the backend's creator for every group it makes (the default group and each
+new_group); each gets a pydist group with a transport of its own (like gloo's per-group
+connections), met through torch's store. With ``pg_options=pydist.torch.Options("mpi")``,
+``pg_options="mpi"`` or the environment variable PYDIST_BACKEND=mpi, the group runs on
+pydist's MPI backend instead (under mpiexec; torch's rank must be MPI's, the store is used
+only by torch's rendezvous; a new_group without pg_options follows the default group). The
+``mpi://`` init_method rendezvouses through MPI (rank and world size from MPI.COMM_WORLD,
+a TCPStore hosted by rank 0). Every method maps
 torch's call (tensor lists, option objects) onto pydist's operations with ``async_op=True``
 and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping pydist's Work), so
 torch's own async handling, DDP's bucketing and ``wait()`` work unchanged. CUDA tensors are
@@ -11,6 +16,7 @@ be forwarded to a Python process group in torch 2.13 (see README).
 """
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -23,17 +29,64 @@ from .._ops import RedOpType, ReduceOp
 from .work import PydistWork, done_work
 
 BACKEND_NAME = "pydist"
+ENGINES = ("pydist", "mpi")
+_default_engine: list[str] = []  # the engine of the latest default group, followed by its new_groups
+
+
+class Options:
+    """torch's ``pg_options`` for the "pydist" backend: ``engine`` is "pydist" (native) or "mpi"."""
+
+    def __init__(self, engine: str = "pydist"):
+        self.engine = _check_engine(engine, "Options(engine)")
+
+    def __repr__(self) -> str:
+        return f"pydist.torch.Options({self.engine!r})"
+
+
+def _check_engine(name: Any, what: str) -> str:
+    if not isinstance(name, str) or name.lower() not in ENGINES:
+        raise ValueError(f"{what}: {name!r} is not a pydist backend; expected one of {', '.join(ENGINES)}")
+    return name.lower()
+
+
+def _engine(options: Any, default_group: bool) -> str:
+    """The engine a group runs on: its ``pg_options``, else (a new_group) the default group's,
+    else PYDIST_BACKEND, else the native one."""
+    if isinstance(options, Options):
+        return options.engine
+    if isinstance(options, str):
+        return _check_engine(options, "pg_options")
+    if options is not None:
+        raise TypeError(f"pg_options: expected pydist.torch.Options or a backend name, got {type(options).__name__}")
+    if not default_group and _default_engine:
+        return _default_engine[0]
+    return _check_engine(os.environ.get("PYDIST_BACKEND") or "pydist", "PYDIST_BACKEND")
 
 
 def register() -> None:
-    """Register "pydist" with torch.distributed (idempotent)."""
+    """Register "pydist" with torch.distributed, and the ``mpi://`` rendezvous (idempotent)."""
     if BACKEND_NAME.upper() not in tdist.Backend._plugins:
-        tdist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+        tdist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True, devices=["cpu"])
+        from ..backends._mpi_rendezvous import register as register_rendezvous
+        register_rendezvous()
 
 
-def create_process_group(store, rank: int, size: int, timeout: timedelta) -> "ProcessGroupPydist":
-    """torch's backend creator: (prefix store, group rank, group size, timeout)."""
-    return ProcessGroupPydist(store, rank, size, timeout)
+def create_process_group(store, rank: int, size: int, timeout: timedelta, options: Any = None,
+                         global_ranks: list[int] | None = None) -> "ProcessGroupPydist":
+    """A torch ProcessGroup over pydist: (prefix store, group rank, group size, timeout);
+    ``options``: see Options; ``global_ranks``: the members' world ranks (None: the world)."""
+    default_group = not global_ranks
+    engine = _engine(options, default_group)
+    group = ProcessGroupPydist(store, rank, size, timeout, engine, global_ranks)
+    if default_group:
+        _default_engine[:] = [engine]
+    return group
+
+
+def _create_extended(opts, options: Any) -> "ProcessGroupPydist":
+    """torch's extended creator: _DistributedBackendOptions and the group's pg_options."""
+    return create_process_group(opts.store, opts.group_rank, opts.group_size, opts.timeout, options,
+                                list(opts.global_ranks_in_group or []))
 
 
 def _op(reduce_op: Any) -> ReduceOp:
@@ -49,9 +102,15 @@ def _op(reduce_op: Any) -> ReduceOp:
 class ProcessGroupPydist(tdist.ProcessGroup):
     """A torch ProcessGroup whose every operation runs on pydist."""
 
-    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, engine: str = "pydist",
+                 global_ranks: list[int] | None = None):
         super().__init__(rank, size)
-        self._group = standalone_group(store, rank, size, timeout.total_seconds(), "torch")
+        if engine == "mpi":
+            from ..backends.mpi import standalone_group as mpi_group
+            self._group = mpi_group(global_ranks, rank, size, timeout.total_seconds(), "torch")
+        else:
+            self._group = standalone_group(store, rank, size, timeout.total_seconds(), "torch")
+        self.engine = engine
         self._name = ""
         self._desc = ""
 
@@ -72,7 +131,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         return self._desc
 
     def __repr__(self) -> str:
-        return f"ProcessGroupPydist(rank={self.rank()}, size={self.size()})"
+        return f"ProcessGroupPydist(rank={self.rank()}, size={self.size()}, engine={self.engine!r})"
 
     # -- collectives ----------------------------------------------------------------------
     def _run(self, work, outputs: list) -> PydistWork:
