@@ -111,3 +111,16 @@ def test_worker_killed_on_host_2_restarts_the_job_once_from_its_snapshot(net3, t
     assert len(resumed) == 1 and int(resumed[0]) >= 1, out
     done = re.findall(r"DONE epochs=10 restarts=1 size=6 checksum=(\S+)", out)
     assert len(done) == 6 and len(set(done)) == 1, out
+
+
+def test_pydist_bench_across_hosts_prints_one_table(net3):
+    """pydist-bench inside a 3-host job: rank 0's table, the other ranks silent. (The 1 Gbit
+    figures in the README come from the same command with Network(hosts=4, rate="1gbit").)"""
+    args = ["--nproc-per-node", "1", "-m", "pydist.bench", "--op", "all_reduce", "--sizes", "4K:1M:16",
+            "--iters", "3", "--warmup", "1"]
+    results = finish([launch(net3, h, args) for h in range(3)], timeout=120)
+    assert [code for code, _, _ in results] == [0, 0, 0], [err[-2000:] for _, _, err in results]
+    table = [line for line in results[0][1].splitlines() if re.match(r"\[rank0\]:\s+\d+\s+\d+\s+[\d.]+", line)]
+    assert len(table) == 3, results[0][1]
+    assert "nproc=3 ranks" in results[0][1]
+    assert all("pydist-bench" not in out for _, out, _ in results[1:])

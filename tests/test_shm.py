@@ -1,6 +1,5 @@
 """Shared memory: algorithm choice, every algorithm forced, groups mixing hosts, desync
 detection through the arena, p2p rings, and no /dev/shm segment surviving SIGKILL."""
-import multiprocessing
 import os
 import signal
 import time
@@ -159,13 +158,8 @@ def _loop_until_killed(rank, size, ready):
 
 def test_sigkill_leaves_no_shared_memory_segment():
     before = _segments()
-    context = multiprocessing.get_context("spawn")
-    ready = context.Queue()
-    from pydist.testing.processes import free_port
-    port = free_port()
-    procs = [context.Process(target=_killed_rank, args=(r, 3, port, ready)) for r in range(3)]
-    for proc in procs:
-        proc.start()
+    from pydist.testing.processes import start_ranks
+    procs, ready = start_ranks(_killed_rank, 3)
     try:
         pids = [ready.get(timeout=60) for _ in procs]
         time.sleep(0.2)  # mid-run

@@ -6,6 +6,7 @@ buffer-protocol objects.
 """
 from __future__ import annotations
 
+from ._auth import AuthenticationError
 from ._monitored import monitored_barrier
 from ._collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
                            broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
@@ -35,7 +36,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "Backend", "DistBackendError", "DistributedDataParallel", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
-    "DesyncError", "GroupAbortedError", "OpTimeoutError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
+    "AuthenticationError", "DesyncError", "GroupAbortedError", "OpTimeoutError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
     "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "monitored_barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",

@@ -15,6 +15,7 @@ from ._errors import OpTimeoutError
 from ._executor import OpQueue
 from ._progress import Progress
 from ._work import Work
+from .debug.recorder import attach as attach_trace
 from .backends._base import Backend, OpContext
 
 
@@ -33,6 +34,7 @@ class ProcessGroup:
         self._timeout_text = f" after {timeout:g} s"
         self._queue = OpQueue(name)
         self.owned_transport = None  # closed by destroy() when the group has a transport of its own
+        self._trace = attach_trace(self)  # flight recorder and timeline (pydist.debug)
         self.progress: Progress | None = None  # set by init: names the ranks behind at a timeout
 
     # -- torch's ProcessGroup API ---------------------------------------------------------
@@ -79,15 +81,24 @@ class ProcessGroup:
 
         staged = [buffer for buffer in outputs if buffer.staged]
 
+        trace = self._trace
+        entry = trace.queued(name, body, outputs, async_op)
+
         def operation(seq: int) -> None:
-            if self.progress is not None:
-                self.progress.started(self.group_id, seq, name)
+            trace.started(entry, seq)
             try:
-                body(OpContext(name, seq, Deadline(time.monotonic() + seconds), timeout_text))
-            except OpTimeoutError as error:
-                raise self._explained(error, seq) from error.__cause__
-            for buffer in staged:
-                buffer.finish()
+                if self.progress is not None:
+                    self.progress.started(self.group_id, seq, name)
+                try:
+                    body(OpContext(name, seq, Deadline(time.monotonic() + seconds), timeout_text))
+                except OpTimeoutError as error:
+                    raise self._explained(error, seq) from error.__cause__
+                for buffer in staged:
+                    buffer.finish()
+            except BaseException as error:
+                trace.failed(entry, error)
+                raise
+            trace.completed(entry)
 
         if not async_op and self._queue.run_inline(operation):
             return None
@@ -108,6 +119,7 @@ class ProcessGroup:
     def destroy(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to ``timeout``), stop the progress thread."""
         self._queue.close(timeout)
+        self._trace.destroy()
         self._backend.close()
         if self.owned_transport is not None:
             self.owned_transport.close()

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 
 from ._buffers import Buffer, as_buffer
 from ._comm import with_context
-from ._errors import DistBackendError
+from ._errors import DistBackendError, PeerFailedError
 from ._group import ProcessGroup
 from ._init import resolve_group, warn_non_member
 from ._work import Work
@@ -35,6 +35,8 @@ def _wait(posted: _Posted, timeout: float | None = None) -> None:
         peer = "any rank" if posted.peer is None else f"rank {posted.peer}"
         raise DistBackendError(f"{posted.description} timed out after {seconds:g} s waiting for {peer}")
     if posted.request.error is not None:
+        if isinstance(posted.request.error, PeerFailedError):
+            posted.group.backend.peer_failed(posted.request.error)
         raise with_context(posted.request.error, posted.description)
 
 

@@ -70,5 +70,8 @@ class Backend(ABC):
     def peer_host(self, rank: int) -> str:
         """Host name of group rank ``rank``."""
 
+    def peer_failed(self, error: BaseException) -> None:
+        """A point-to-point operation found a dead peer: tell the group (default: nothing)."""
+
     def close(self) -> None:
         """Release what this group's backend owns (the world's transport is closed by the world)."""

@@ -189,7 +189,7 @@ class NativeBackend(Backend):
         except BaseException as error:
             comm.abandon()
             if isinstance(error, DistError) and not isinstance(error, GroupAbortedError):
-                self.transport.abort(self.ranks, self.group_id, str(error))
+                self.transport.abort(self.ranks, self.group_id, error)
             raise
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
@@ -249,6 +249,11 @@ class NativeBackend(Backend):
 
     def cancel(self, request: Request) -> None:
         self.transport.cancel(request)
+
+    def peer_failed(self, error: BaseException) -> None:
+        """Abort the group naming the dead peer, so that ranks blocked in a collective with
+        this one learn the root cause rather than "rank N shut down"."""
+        self.transport.abort(self.ranks, self.group_id, error)
 
     def peer_host(self, rank: int) -> str:
         return self.transport.peer_host(self.ranks[rank])

@@ -17,6 +17,12 @@ blocked (get/wait/multi_get/queue_pop on missing keys) the ones after it stay bu
 A blocked request is parked on the keys it misses and re-run when one of them changes;
 at its deadline (torch's: none) it is answered ``timeout`` with the keys still missing,
 so the client and server stay in sync.
+
+With a token (``StoreService(auth_token=...)``) a pydist connection must first pass the
+authenticated opening (``_protocol.ServerOpening``): until it has, none of its bytes reach
+a request parser, so it can neither read nor write a key. A connection that fails it, or
+speaks torch's protocol (torch's clients cannot authenticate), is dropped with a reason
+naming authentication, after its refusal reply is sent.
 """
 from __future__ import annotations
 
@@ -28,11 +34,17 @@ from collections import deque
 from typing import Any
 
 from .._errors import DistStoreError
-from ._protocol import REQUESTS, WIRE_MAGIC, Message, ProtocolError, RequestParser, encode_response, error_code, hello
+from ._protocol import (REQUESTS, WIRE_MAGIC, AuthRefused, AuthRequired, Message, ProtocolError, RequestParser,
+                        ServerOpening, encode_response, error_code, hello)
 from ._state import KVState, NotReady
 from ._torch_service import TorchCodec
 
 logger = logging.getLogger("pydist.store")
+#: Longest error text sent to a client (error messages may quote keys of up to 64 KiB).
+MAX_ERROR_CHARS = 2000
+#: Answers pending for one connection beyond which its next requests wait (back-pressure on a
+#: client that does not read): the I/O loop calls ``resume`` once they are sent.
+OUTPUT_LIMIT = 4 << 20
 
 
 class PydistCodec(RequestParser):
@@ -58,7 +70,10 @@ class PydistCodec(RequestParser):
         return encode_response(Message("timeout", (missing, waited_ms)))
 
     def error(self, name: str, exc: BaseException) -> bytes | None:
-        return encode_response(Message("error", (error_code(exc), str(exc))))
+        text = str(exc)
+        if len(text) > MAX_ERROR_CHARS:  # it may quote a long key: keep it under the string limit
+            text = text[:MAX_ERROR_CHARS] + f"... ({len(text)} characters)"
+        return encode_response(Message("error", (error_code(exc), text)))
 
 
 Codec = PydistCodec | TorchCodec
@@ -74,13 +89,14 @@ def _codec_for(first: bytes) -> Codec:
 
 
 class _Conn:
-    __slots__ = ("cid", "codec", "ops", "waiter")
+    __slots__ = ("cid", "codec", "ops", "waiter", "opening")
 
     def __init__(self, cid: int):
         self.cid = cid
         self.codec: Codec | None = None
         self.ops: Any = None
         self.waiter: _Waiter | None = None
+        self.opening: ServerOpening | None = None  # with a token: until the client proved it
 
 
 class _Waiter:
@@ -98,7 +114,8 @@ class StoreService:
     """One store's state and every connection to it; single-threaded, never raises on
     bad input (the offending connection is reported through ``take_dropped``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, auth_token: bytes | None = None) -> None:
+        self.auth_token = auth_token
         self.state = KVState()
         self._conns: dict[int, _Conn] = {}
         self._parked: dict[str, dict[_Waiter, None]] = {}
@@ -118,28 +135,38 @@ class StoreService:
         conn = self._conns.get(cid)
         if conn is None or cid in self._dropped or not data:
             return
-        if conn.codec is None:
-            try:
-                conn.codec = _codec_for(data[:1])
-            except ProtocolError as e:
-                self._dropped[cid] = str(e)
+        if conn.codec is None and not self._start(conn, data[:1]):
+            return
+        if conn.opening is not None:
+            data = self._open(conn, data)
+            if not data:
                 return
-            conn.ops = conn.codec.bind(self.state)
-            self._send(cid, conn.codec.greeting)
         conn.codec.feed(data)
         self._drain(conn, now)
         self._settle(now)
 
-    def close(self, cid: int) -> bool:
-        """Forget connection ``cid`` and its parked request; whether it ended mid-message."""
+    def close(self, cid: int) -> str | None:
+        """Forget connection ``cid`` and its parked request; what was wrong with how it ended
+        (mid-message, mid-authentication), or None."""
         conn = self._conns.pop(cid, None)
         self._output.pop(cid, None)
         self._dropped.pop(cid, None)
         if conn is None:
-            return False
+            return None
         if conn.waiter is not None:
             self._unpark(conn.waiter)
-        return conn.codec is not None and conn.codec.pending > 0
+        if conn.opening is not None:
+            return "authentication failed: disconnected before proving it holds the token"
+        if conn.codec is not None and conn.codec.pending > 0:
+            return "disconnected in the middle of a message"
+        return None
+
+    def resume(self, cid: int, now: float) -> None:
+        """The connection's answers were sent: handle the requests held back by OUTPUT_LIMIT."""
+        conn = self._conns.get(cid)
+        if conn is not None and conn.codec is not None and cid not in self._dropped:
+            self._drain(conn, now)
+            self._settle(now)
 
     def next_deadline(self) -> float | None:
         """When the earliest parked request times out (monotonic seconds), if any."""
@@ -166,19 +193,63 @@ class StoreService:
         return output
 
     def take_dropped(self) -> dict[int, str]:
-        """Connections to close, with the reason (a malformed stream)."""
+        """Connections to close, with the reason (a malformed stream, a failed operation on a
+        torch connection, failed authentication). Send what ``take_output`` gives them first:
+        their farewell (e.g. a refusal), nothing else."""
         dropped, self._dropped = self._dropped, {}
         return dropped
 
     # -- internals -------------------------------------------------------------------
     def _send(self, cid: int, data: bytes) -> None:
-        if data:
+        if data and cid not in self._dropped:
             self._output.setdefault(cid, bytearray()).extend(data)
+
+    def _drop(self, cid: int, reason: str, farewell: bytes = b"") -> None:
+        """Mark ``cid`` to be closed after sending only ``farewell``."""
+        if cid not in self._dropped:
+            self._dropped[cid] = reason
+            self._output.pop(cid, None)
+            if farewell:
+                self._output[cid] = bytearray(farewell)
+
+    def _start(self, conn: _Conn, first: bytes) -> bool:
+        """Pick the connection's codec from its first byte (with a token: start its opening)."""
+        try:
+            conn.codec = _codec_for(first)
+        except ProtocolError as e:
+            self._drop(conn.cid, f"malformed stream: {e}")
+            return False
+        if self.auth_token is not None:
+            if isinstance(conn.codec, TorchCodec):
+                self._drop(conn.cid, "authentication failed: a torch TCPStore client, refused because this store "
+                                     "requires a token (PYDIST_AUTH_TOKEN) and torch's clients cannot authenticate")
+                return False
+            conn.opening = ServerOpening(self.auth_token)
+            conn.codec.handshaken = True
+        else:
+            self._send(conn.cid, conn.codec.greeting)
+        conn.ops = conn.codec.bind(self.state)
+        return True
+
+    def _open(self, conn: _Conn, data: bytes) -> bytes:
+        """Feed the opening; the bytes after it once the client is authenticated."""
+        try:
+            self._send(conn.cid, conn.opening.feed(data))
+        except AuthRefused as e:
+            self._drop(conn.cid, f"authentication failed: {e}", e.reply)
+            return b""
+        except ProtocolError as e:
+            self._drop(conn.cid, f"authentication failed: malformed opening: {e}")
+            return b""
+        if not conn.opening.done:
+            return b""
+        data, conn.opening = conn.opening.leftover(), None
+        return data
 
     def _checked(self, conn: _Conn, answer: bytes | None, what: str) -> bytes:
         """``answer``, or if the codec has none to give (torch), drop the connection."""
         if answer is None:
-            self._dropped.setdefault(conn.cid, f"{what} (torch's protocol has no error reply)")
+            self._drop(conn.cid, f"{what} (torch's protocol has no error reply)")
             return b""
         return answer
 
@@ -186,11 +257,15 @@ class StoreService:
         """Handle the connection's buffered requests until one blocks (a torch connection
         reads on: its CANCEL_WAIT ends the blocked request)."""
         codec = conn.codec
-        while (conn.waiter is None or codec.cancel_op) and conn.cid not in self._dropped:
+        while ((conn.waiter is None or codec.cancel_op) and conn.cid not in self._dropped
+               and len(self._output.get(conn.cid, b"")) < OUTPUT_LIMIT):  # else: resume() later
             try:
                 msg = codec.next()
+            except AuthRequired as e:  # an authenticating client: say this server does not
+                self._drop(conn.cid, f"authentication failed: {e}", codec.greeting)
+                return
             except ProtocolError as e:
-                self._dropped[conn.cid] = str(e)
+                self._drop(conn.cid, f"malformed stream: {e}")
                 return
             if msg is None:
                 return
@@ -209,7 +284,7 @@ class StoreService:
             if timeout_ms <= 0:
                 answer = self._checked(conn, conn.codec.timeout(msg.name, e.missing, 0), f"{msg.name} timed out")
             elif conn.waiter is not None:
-                self._dropped.setdefault(conn.cid, f"{msg.name} sent while another request is blocked")
+                self._drop(conn.cid, f"malformed stream: {msg.name} sent while another request is blocked")
                 return
             else:
                 retry = args if e.retry_args is None else e.retry_args
@@ -229,7 +304,11 @@ class StoreService:
             return self._checked(conn, conn.codec.error(op, e), f"{op} failed: {e}")
         finally:
             self._changed.extend(change.args[0] for change in self.state.take_changes())
-        return conn.codec.answer(op, result)
+        try:
+            return conn.codec.answer(op, result)
+        except ValueError as e:  # the answer is over the protocol's limits: say so instead
+            too_big = DistStoreError(f"{op}: the answer cannot be sent: {e}")
+            return self._checked(conn, conn.codec.error(op, too_big), str(too_big))
 
     def _park(self, waiter: _Waiter, missing: list[str], now: float) -> None:
         waiter.conn.waiter = waiter

@@ -11,9 +11,17 @@ calls. Connecting retries with backoff until the timeout. Every call has a clien
 deadline (the timeout plus a margin) so a dead server cannot hang it; a closed or failed
 connection raises DistNetworkError naming host:port. This is the only store module that
 touches sockets.
+
+With a shared token (``auth_token=``, else PYDIST_AUTH_TOKEN; see :mod:`pydist._auth`)
+every connection opens with a mutual HMAC challenge–response. The server refuses (and logs,
+naming the peer address) a client that fails it, has no token, or speaks torch's protocol;
+such a client raises :class:`~pydist._auth.AuthenticationError` (a DistNetworkError and a
+DistStoreError) saying authentication failed, without retrying.
 """
 from __future__ import annotations
 
+import contextlib
+import hmac
 import itertools
 import logging
 import math
@@ -25,11 +33,13 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
+from .._auth import AuthenticationError, resolve_token
 from .._deadline import DEFAULT_STORE_TIMEOUT, Deadline
 from .._errors import DistNetworkError, DistStoreError
 from ._base import Store, StoreTimeoutError, check_key, timeout_error
-from ._protocol import ERROR_TYPES, REQUESTS, Message, ProtocolError, ResponseParser, encode_request, hello
-from ._service import StoreService
+from ._protocol import (ERROR_TYPES, REQUESTS, AuthRequired, ClientOpening, Message, ProtocolError, ResponseParser,
+                        encode_request, hello)
+from ._service import OUTPUT_LIMIT, StoreService
 from ._state import INTERNAL_PREFIX
 
 logger = logging.getLogger("pydist.store")
@@ -67,23 +77,26 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 class _Peer:
-    __slots__ = ("cid", "sock", "address", "out", "events")
+    __slots__ = ("cid", "sock", "address", "out", "events", "held")
 
     def __init__(self, cid: int, sock: socket.socket, address: Any):
         self.cid, self.sock, self.address = cid, sock, address
         self.out = bytearray()
         self.events = selectors.EVENT_READ
+        self.held = False  # the service may be holding requests back (OUTPUT_LIMIT)
 
 
 class _Server:
     """The store server of one (host, port): a thread, its sockets, its service."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, auth_token: bytes | None):
         self._listener = _listen(host, port)
         self.host, self.port = host, self._listener.getsockname()[1]
         self.users = 1
-        self._service = StoreService()
+        self.auth_token = auth_token
+        self._service = StoreService(auth_token)
         self._peers: dict[int, _Peer] = {}
+        self._drained: set[int] = set()  # held connections whose answers went out
         self._ids = itertools.count()
         self._stopping = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -113,6 +126,7 @@ class _Server:
                     self._on_event(key, mask)
                 self._service.expire(time.monotonic())
                 self._deliver()
+                self._resume_drained()
         except Exception:  # pragma: no cover - a bug; keep the process alive and say so
             logger.exception("store server %s:%d stopped on an internal error", self.host, self.port)
         finally:
@@ -166,20 +180,32 @@ class _Server:
             return
         if data:
             self._service.receive(peer.cid, data, time.monotonic())
-        elif self._service.close(peer.cid):
-            self._drop(peer, "disconnected in the middle of a message")
         else:
-            self._drop(peer, None)
+            self._drop(peer, self._service.close(peer.cid))
 
     def _deliver(self) -> None:
+        output = self._service.take_output()
         for cid, reason in self._service.take_dropped().items():
-            if cid in self._peers:
-                self._drop(self._peers[cid], f"malformed stream: {reason}")
-        for cid, data in self._service.take_output().items():
+            peer = self._peers.get(cid)
+            if peer is not None:
+                self._farewell(peer, output.pop(cid, b""))
+                self._drop(peer, reason)
+        for cid, data in output.items():
             peer = self._peers.get(cid)
             if peer is not None:
                 peer.out += data
+                peer.held = peer.held or len(data) >= OUTPUT_LIMIT
                 self._flush(peer)
+
+    @staticmethod
+    def _farewell(peer: _Peer, data: bytes) -> None:
+        """Best effort: the last bytes to a connection being dropped (a refusal), then EOF."""
+        if data:
+            try:
+                peer.sock.send(bytes(peer.out) + bytes(data))
+                peer.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
     def _flush(self, peer: _Peer) -> None:
         try:
@@ -189,10 +215,22 @@ class _Server:
         except OSError as e:
             self._drop(peer, f"send failed: {e}")
             return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
+        reading = len(peer.out) < OUTPUT_LIMIT  # a client that does not read its answers: stop reading it
+        if reading and peer.held:
+            self._drained.add(peer.cid)
+        peer.held = not reading
+        events = (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if peer.out else 0)
         if events != peer.events:
             peer.events = events
             self._sel.modify(peer.sock, events, peer)
+
+    def _resume_drained(self) -> None:
+        """Let connections whose answers went out handle the requests held back meanwhile."""
+        while self._drained:
+            cid = self._drained.pop()
+            if cid in self._peers:
+                self._service.resume(cid, time.monotonic())
+                self._deliver()
 
     def _drop(self, peer: _Peer, reason: str | None) -> None:
         """Close one client connection; ``reason`` (if any) is logged as a warning."""
@@ -208,15 +246,22 @@ _servers: dict[tuple[str, int], _Server] = {}
 _servers_lock = threading.Lock()
 
 
-def _acquire_server(host: str, port: int, multi_tenant: bool) -> _Server:
-    """A new server, or with ``multi_tenant`` the one already serving (host, port)."""
+def _same_token(a: bytes | None, b: bytes | None) -> bool:
+    return a is None and b is None or a is not None and b is not None and hmac.compare_digest(a, b)
+
+
+def _acquire_server(host: str, port: int, multi_tenant: bool, auth_token: bytes | None) -> _Server:
+    """A new server, or with ``multi_tenant`` the one already serving (host, port) (which
+    must have the same token)."""
     if not multi_tenant:
-        return _Server(host, port)
+        return _Server(host, port, auth_token)
     with _servers_lock:
         server = _servers.get((host, port)) if port else None
         if server is None:
-            server = _Server(host, port)
+            server = _Server(host, port, auth_token)
             _servers[(host, server.port)] = server
+        elif not _same_token(server.auth_token, auth_token):
+            raise DistStoreError(f"TCPStore {host}:{port}: this process already serves it with another auth token")
         else:
             server.users += 1
         return server
@@ -243,8 +288,10 @@ class _Connection:
         self.local_address: str = sock.getsockname()[0]
 
     @classmethod
-    def open(cls, host: str, port: int, deadline: Deadline, retry: bool) -> "_Connection":
-        """Connect and handshake; with ``retry``, keep trying (backoff) until ``deadline``."""
+    def open(cls, host: str, port: int, deadline: Deadline, retry: bool,
+             auth_token: bytes | None = None) -> "_Connection":
+        """Connect and handshake (with ``auth_token``: authenticate); with ``retry``, keep
+        trying (backoff) until ``deadline``. Failed authentication is never retried."""
         where, started, delay = f"{host}:{port}", time.monotonic(), 0.01
         while True:
             try:
@@ -255,11 +302,14 @@ class _Connection:
                 conn = cls(sock, where)
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    conn.roundtrip(hello(), deadline, "the handshake", handshake=True)
+                    if auth_token is None:
+                        conn.roundtrip(hello(), deadline, "the handshake", handshake=True)
+                    else:
+                        conn.authenticate(auth_token, deadline)
                     return conn
                 except DistNetworkError as e:
                     conn.close()
-                    if isinstance(e.__cause__, ProtocolError):
+                    if isinstance(e, AuthenticationError) or isinstance(e.__cause__, ProtocolError):
                         raise
                     error = e
             left = deadline.remaining() or 0.0
@@ -270,19 +320,11 @@ class _Connection:
             time.sleep(min(delay, left))
             delay = min(delay * 2, 1.0)
 
-    def roundtrip(self, data: bytes, deadline: Deadline, what: str, handshake: bool = False) -> Message | None:
-        """Send ``data`` and return the answer (with ``handshake``: wait for the hello)."""
+    @contextlib.contextmanager
+    def _io(self, what: str):
+        """Socket failures during ``what`` as DistNetworkError naming the server."""
         try:
-            self._sock.settimeout(_socket_timeout(deadline))
-            self._sock.sendall(data)
-            while True:
-                try:
-                    msg = self._parser.next()
-                except ProtocolError as e:
-                    raise DistNetworkError(f"store server at {self._where} sent a malformed answer to {what}: {e}") from e
-                if msg is not None or (handshake and self._parser.handshaken):
-                    return msg
-                self._receive(deadline, what)
+            yield
         except _CLOSED_ERRORS:
             raise DistNetworkError(f"store server at {self._where} closed the connection (during {what})") from None
         except socket.timeout:
@@ -290,17 +332,55 @@ class _Connection:
         except OSError as e:
             raise DistNetworkError(f"connection to store server at {self._where} failed during {what}: {e}") from e
 
-    def _receive(self, deadline: Deadline, what: str) -> None:
+    def authenticate(self, auth_token: bytes, deadline: Deadline) -> None:
+        """The authenticated opening (``_protocol.ClientOpening``). Raises AuthenticationError."""
+        what = "authentication"
+        opening = ClientOpening(auth_token)
+        try:
+            with self._io(what):
+                self._sock.settimeout(_socket_timeout(deadline))
+                self._sock.sendall(opening.start())
+                while not opening.done:
+                    reply = opening.feed(self._recv(deadline, what))
+                    if reply:
+                        self._sock.sendall(reply)
+        except AuthenticationError as e:
+            raise AuthenticationError(f"authentication with store server at {self._where} failed: {e}") from None
+        except ProtocolError as e:
+            raise DistNetworkError(f"store server at {self._where} sent a malformed answer to {what}: {e}") from e
+        self._parser.handshaken = True
+        self._parser.feed(opening.leftover())
+
+    def roundtrip(self, data: bytes, deadline: Deadline, what: str, handshake: bool = False) -> Message | None:
+        """Send ``data`` and return the answer (with ``handshake``: wait for the hello)."""
+        with self._io(what):
+            self._sock.settimeout(_socket_timeout(deadline))
+            self._sock.sendall(data)
+            while True:
+                try:
+                    msg = self._parser.next()
+                except AuthRequired:
+                    raise AuthenticationError(
+                        f"authentication with store server at {self._where} failed: the server requires a token "
+                        "and this client has none (set PYDIST_AUTH_TOKEN or pass auth_token=)") from None
+                except ProtocolError as e:
+                    raise DistNetworkError(f"store server at {self._where} sent a malformed answer to {what}: {e}") from e
+                if msg is not None or (handshake and self._parser.handshaken):
+                    return msg
+                self._parser.feed(self._recv(deadline, what))
+
+    def _recv(self, deadline: Deadline, what: str) -> bytes:
+        """Bytes from the server (b"" if none came within a bounded wait; the caller loops)."""
         if deadline.expired():
             raise socket.timeout()
         self._sock.settimeout(_socket_timeout(deadline))
         try:
             data = self._sock.recv(262144)
         except socket.timeout:
-            return  # the deadline is checked again by the caller's loop
+            return b""  # the deadline is checked again by the caller's loop
         if not data:
             raise DistNetworkError(f"store server at {self._where} closed the connection (during {what})")
-        self._parser.feed(data)
+        return data
 
     def close(self) -> None:
         self._sock.close()
@@ -309,8 +389,9 @@ class _Connection:
 class _Pool:
     """The connections of one client; a call takes an idle one or opens another."""
 
-    def __init__(self, host: str, port: int, where: str):
+    def __init__(self, host: str, port: int, where: str, auth_token: bytes | None):
         self._host, self._port, self._where = host, port, where
+        self._auth_token = auth_token
         self._lock = threading.Lock()
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
@@ -327,7 +408,7 @@ class _Pool:
 
     def connect(self, timeout: float, retry: bool) -> _Connection:
         """A new connection (not yet idle); with ``retry``, wait up to ``timeout`` for the server."""
-        conn = _Connection.open(self._host, self._port, Deadline.after(timeout), retry)
+        conn = _Connection.open(self._host, self._port, Deadline.after(timeout), retry, self._auth_token)
         with self._lock:
             self._open.add(conn)
         return conn
@@ -377,12 +458,18 @@ class TCPStore(Store):
     master's constructor waits until ``world_size`` clients did, else DistStoreError
     saying how many arrived. ``multi_tenant`` masters in one process share one server per
     (host, port). Closing a master stops its server (the last user's, if shared).
+
+    The server binds only ``host_name`` ("" or "0.0.0.0": every interface). ``auth_token``
+    (str or bytes; default PYDIST_AUTH_TOKEN, "" for none) makes the server and this client
+    authenticate each other on every connection; the transports of a process group met
+    through this store use the same token. Wrong or missing token: AuthenticationError.
     """
 
     def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
                  timeout: timedelta = DEFAULT_STORE_TIMEOUT, wait_for_workers: bool = True,
-                 multi_tenant: bool = False):
+                 multi_tenant: bool = False, auth_token: str | bytes | None = None):
         super().__init__(timeout)
+        self._auth_token = resolve_token(auth_token)
         check_key(host_name, "host_name")
         for name, value in (("port", port), ("world_size", 1 if world_size is None else world_size)):
             if not isinstance(value, int):
@@ -391,9 +478,9 @@ class TCPStore(Store):
             raise ValueError(f"port: expected 1..65535 (0 only for the master), got {port}")
         if world_size is not None and world_size < 1:
             raise ValueError(f"world_size: expected a positive int or None, got {world_size}")
-        self._server = _acquire_server(host_name, port, multi_tenant) if is_master else None
+        self._server = _acquire_server(host_name, port, multi_tenant, self._auth_token) if is_master else None
         self._host, self._port = host_name, self._server.port if self._server else port
-        self._pool = _Pool(host_name or "localhost", self._port, self._where())
+        self._pool = _Pool(host_name or "localhost", self._port, self._where(), self._auth_token)
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._server)
         try:
             first = self._pool.connect(self.timeout.total_seconds(), retry=True)
@@ -412,6 +499,12 @@ class TCPStore(Store):
     @property
     def port(self) -> int:
         return self._port
+
+    @property
+    def auth_token(self) -> bytes | None:
+        """The shared token this store authenticates with (None: it does not); transports
+        rendezvousing through this store use it (see ``pydist._auth.token_of``)."""
+        return self._auth_token
 
     def client_address(self) -> str:
         """The local IP address of this client's connection to the server."""

@@ -17,6 +17,16 @@ _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(["numpy", "pydist"])
 
 
+def start_ranks(target: Callable[..., Any], size: int, *args: Any) -> tuple[list, Any]:
+    """Start ``target(rank, size, port, queue, *args)`` in ``size`` processes meeting on a
+    fresh port; (the processes, the queue they may report on). For tests that kill ranks."""
+    queue, port = _CONTEXT.Queue(), free_port()
+    procs = [_CONTEXT.Process(target=target, args=(rank, size, port, queue, *args)) for rank in range(size)]
+    for proc in procs:
+        proc.start()
+    return procs, queue
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     with socket.socket() as sock:

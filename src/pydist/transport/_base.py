@@ -114,9 +114,10 @@ class Transport(ABC):
         """Withdraw a receive that has not started to arrive (after a timeout)."""
 
     @abstractmethod
-    def abort(self, peers: list[int], group: int, message: str) -> None:
-        """Tell ``peers`` that this rank failed an operation of ``group``: their pending and
-        later receives of that group fail with GroupAbortedError carrying ``message``."""
+    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
+        """Tell ``peers`` that this rank failed an operation of ``group`` with ``error``: their
+        pending and later receives of that group fail with GroupAbortedError carrying its
+        text, or, when ``error`` is a dead peer, with PeerFailedError naming that peer."""
 
     @abstractmethod
     def peer_host(self, peer: int) -> str:

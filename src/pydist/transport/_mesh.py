@@ -4,6 +4,11 @@ Each rank listens on its advertised address and publishes ``tcp/<rank>`` (addres
 host name, host identity) in the store; then it connects to every lower rank and accepts
 every higher one. Both ends exchange HELLO frames carrying rank and world token, so a stray
 or garbage connection is dropped (and logged) without disturbing the setup.
+
+With a shared token (the store's ``auth_token``, else PYDIST_AUTH_TOKEN; see
+:mod:`pydist._auth`) the HELLOs also carry nonces and proofs (:class:`Connector`,
+:class:`Acceptor`): a connection is accepted only after both ranks proved they hold the
+token, so a peer without it cannot inject a frame; it is refused and logged.
 """
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from .._auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce, token_of
 from .._deadline import Deadline
 from .._errors import DistNetworkError
 from ._framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
 
 log = logging.getLogger("pydist.transport")
+MAX_HELLO_BYTES = 4096
 
 
 @dataclass
@@ -40,19 +47,139 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(chunks)
 
 
-def _send_hello(sock: socket.socket, rank: int, token: str) -> None:
-    sock.sendall(encode_frame(Kind.HELLO, 0, 0, 0, json.dumps({"rank": rank, "token": token}).encode()))
+def _hello_frame(fields: dict) -> bytes:
+    return encode_frame(Kind.HELLO, 0, 0, 0, json.dumps(fields).encode())
 
 
-def _read_hello(sock: socket.socket, token: str) -> int:
-    """The peer's rank from its HELLO frame; ValueError/ConnectionError on anything else."""
-    header = decode_header(_recv_exactly(sock, HEADER_SIZE))
-    if header.kind != Kind.HELLO or header.nbytes > 4096:
+def _read_frame(sock: socket.socket) -> bytes:
+    """One whole HELLO frame (header and payload); FramingError/ConnectionError on anything else."""
+    head = _recv_exactly(sock, HEADER_SIZE)
+    header = decode_header(head)
+    if header.kind != Kind.HELLO or header.nbytes > MAX_HELLO_BYTES:
         raise FramingError(f"expected a HELLO frame, got {header.kind.name} of {header.nbytes} bytes")
-    hello = json.loads(_recv_exactly(sock, header.nbytes))
-    if hello.get("token") != token:
-        raise FramingError("HELLO from another job (world token differs)")
-    return int(hello["rank"])
+    return head + _recv_exactly(sock, header.nbytes)
+
+
+def _fields(frame: bytes) -> dict:
+    """The JSON object a HELLO frame carries; FramingError if it is not one."""
+    try:
+        fields = json.loads(frame[HEADER_SIZE:])
+    except ValueError as error:
+        raise FramingError(f"HELLO payload is not JSON: {error}") from None
+    if not isinstance(fields, dict):
+        raise FramingError("HELLO payload is not a JSON object")
+    return fields
+
+
+def _rank_of(fields: dict) -> int:
+    rank = fields.get("rank")
+    if type(rank) is not int:
+        raise FramingError(f"HELLO without a rank: {str(fields)[:80]}")
+    return rank
+
+
+def _unhex(value: object) -> bytes:
+    try:
+        return bytes.fromhex(value) if isinstance(value, str) else b""
+    except ValueError:
+        return b""
+
+
+class Refused(FramingError):
+    """The accepting side refuses a connection (authentication); send ``reply``, then close."""
+
+    def __init__(self, message: str, reason_for_peer: str):
+        super().__init__(message)
+        self.reply = _hello_frame({"refused": reason_for_peer})
+
+
+class Connector:
+    """The connecting rank's side of the handshake, sans-IO. Send ``first``, then pass each
+    HELLO frame received to ``on_hello`` (it returns the frame to send, maybe b"") until
+    ``done``. Raises FramingError (not ``expected`` of this job: retry) or
+    AuthenticationError (the peer refused this rank's proof, has no token, or failed to prove).
+
+    Without a token: HELLO {rank, token} each way. With one (see :mod:`pydist._auth`)::
+
+        -> HELLO {rank, token, nonce}   <- HELLO {rank, token, nonce}
+        -> HELLO {proof}                <- HELLO {proof} | HELLO {refused}, close
+    """
+
+    def __init__(self, rank: int, world: str, expected: int, auth_token: bytes | None):
+        self._world, self._expected, self._auth_token = world, expected, auth_token
+        fields: dict = {"rank": rank, "token": world}
+        if auth_token is not None:
+            fields["nonce"] = new_nonce().hex()
+        self.first = _hello_frame(fields)
+        self._transcript: Transcript | None = None
+        self.done = False
+
+    def on_hello(self, frame: bytes) -> bytes:
+        fields = _fields(frame)
+        if "refused" in fields:
+            raise AuthenticationError(f"it refused this rank: {str(fields['refused'])[:200]}")
+        if self._transcript is not None:
+            if not self._transcript.check(SERVER, _unhex(fields.get("proof"))):
+                raise AuthenticationError("it did not prove that it holds the token")
+            self.done = True
+            return b""
+        if fields.get("token") != self._world:
+            raise FramingError("HELLO from another job (world token differs)")
+        if _rank_of(fields) != self._expected:
+            raise FramingError(f"the peer is not rank {self._expected}")
+        if self._auth_token is None:
+            self.done = True
+            return b""
+        if not isinstance(fields.get("nonce"), str):
+            raise AuthenticationError("it has no token (it does not authenticate) and this rank has one")
+        self._transcript = Transcript(self._auth_token, "mesh")
+        self._transcript.add(self.first)
+        self._transcript.add(frame)
+        return _hello_frame({"proof": self._transcript.proof(CLIENT).hex()})
+
+
+class Acceptor:
+    """The accepting rank's side, sans-IO: pass each HELLO frame received to ``on_hello``
+    (it returns the frame to send) until ``done``; ``peer`` is then the connector's rank,
+    one of ``expected``. Raises FramingError (a stray or garbage: drop it) or
+    :class:`Refused` (failed authentication: send its reply, then drop it)."""
+
+    def __init__(self, rank: int, world: str, expected: set[int], auth_token: bytes | None):
+        self._rank, self._world, self._expected, self._auth_token = rank, world, expected, auth_token
+        self._transcript: Transcript | None = None
+        self.peer: int | None = None
+        self.done = False
+
+    def on_hello(self, frame: bytes) -> bytes:
+        fields = _fields(frame)
+        if self._transcript is not None:
+            if not self._transcript.check(CLIENT, _unhex(fields.get("proof"))):
+                raise Refused(f"rank {self.peer}: wrong proof (another token, or a replayed handshake)",
+                              "wrong proof: the tokens differ")
+            self.done = True
+            return _hello_frame({"proof": self._transcript.proof(SERVER).hex()})
+        if fields.get("token") != self._world:
+            raise FramingError("HELLO from another job (world token differs)")
+        peer = _rank_of(fields)
+        if peer not in self._expected:
+            raise FramingError(f"unexpected HELLO from rank {peer}")
+        self.peer = peer
+        reply: dict = {"rank": self._rank, "token": self._world}
+        if self._auth_token is None:
+            if "nonce" in fields:
+                raise Refused(f"rank {peer} authenticates and this rank has no token",
+                              "it has no token (PYDIST_AUTH_TOKEN) and does not authenticate")
+            self.done = True
+            return _hello_frame(reply)
+        if not isinstance(fields.get("nonce"), str):
+            raise Refused(f"rank {peer} did not authenticate (it has no token)",
+                          "it requires a token (PYDIST_AUTH_TOKEN) and this rank has none")
+        reply["nonce"] = new_nonce().hex()
+        answer = _hello_frame(reply)
+        self._transcript = Transcript(self._auth_token, "mesh")
+        self._transcript.add(frame)
+        self._transcript.add(answer)
+        return answer
 
 
 def _tune(sock: socket.socket) -> socket.socket:
@@ -78,21 +205,30 @@ def _remaining_timedelta(deadline: Deadline):
     return timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001))
 
 
-def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline) -> socket.socket:
-    """Connect to a lower rank, retrying with backoff until the deadline."""
+def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
+               auth_token: bytes | None = None) -> socket.socket:
+    """Connect to a lower rank, retrying with backoff until the deadline (failed
+    authentication is not retried: AuthenticationError)."""
     delay, last_error = 0.01, None
     while not deadline.expired():
         try:
             timeout = deadline.remaining()
             sock = socket.create_connection((record.address, record.port), timeout=min(timeout or 30, 30))
             try:
-                _send_hello(sock, rank, token)
-                if _read_hello(sock, token) != record.rank:
-                    raise FramingError(f"{record.address}:{record.port} is not rank {record.rank}")
+                handshake = Connector(rank, token, record.rank, auth_token)
+                sock.sendall(handshake.first)
+                while not handshake.done:
+                    reply = handshake.on_hello(_read_frame(sock))
+                    if reply:
+                        sock.sendall(reply)
             except BaseException:
                 sock.close()
                 raise
             return _tune(sock)
+        except AuthenticationError as error:
+            raise AuthenticationError(f"rank {rank} could not authenticate with rank {record.rank} at "
+                                      f"{record.address}:{record.port} ({record.hostname}): authentication "
+                                      f"failed: {error}") from None
         except (OSError, ValueError) as error:
             last_error = error
             time.sleep(min(delay, deadline.remaining() or delay))
@@ -103,8 +239,9 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline) ->
 
 
 def accept_from(listener: socket.socket, expected: set[int], rank: int, token: str,
-                deadline: Deadline) -> dict[int, socket.socket]:
-    """Accept one connection from each rank in ``expected``; drop strays and garbage."""
+                deadline: Deadline, auth_token: bytes | None = None) -> dict[int, socket.socket]:
+    """Accept one connection from each rank in ``expected``; drop strays, garbage and (with
+    ``auth_token``) connections that fail authentication, logging each with its address."""
     accepted: dict[int, socket.socket] = {}
     while len(accepted) < len(expected):
         remaining = deadline.remaining()
@@ -118,17 +255,25 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
             sock, where = listener.accept()
         except socket.timeout:
             continue
+        handshake = Acceptor(rank, token, expected - accepted.keys(), auth_token)
         try:
             sock.settimeout(min(remaining or 10, 10))
-            peer = _read_hello(sock, token)
-            if peer not in expected or peer in accepted:
-                raise FramingError(f"unexpected HELLO from rank {peer}")
-            _send_hello(sock, rank, token)
+            while not handshake.done:
+                reply = handshake.on_hello(_read_frame(sock))
+                sock.sendall(reply)
+        except Refused as error:
+            log.warning("pydist rank %d refused a connection from %s: authentication failed: %s", rank, where, error)
+            try:
+                sock.sendall(error.reply)
+            except OSError:
+                pass
+            sock.close()
+            continue
         except (OSError, ValueError) as error:
             log.warning("pydist rank %d dropped a connection from %s: %s", rank, where, error)
             sock.close()
             continue
-        accepted[peer] = _tune(sock)
+        accepted[handshake.peer] = _tune(sock)
     return accepted
 
 
@@ -138,11 +283,12 @@ def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id
     with socket.create_server((address, 0), backlog=max(size, 16)) as listener:
         record = PeerRecord(rank, address, listener.getsockname()[1], hostname, host_id)
         records, token = publish_and_collect(store, rank, size, record, deadline)
+        auth_token = token_of(store)
         sockets: dict[int, socket.socket] = {}
         try:
             for peer in range(rank):
-                sockets[peer] = connect_to(records[peer], rank, token, deadline)
-            sockets.update(accept_from(listener, set(range(rank + 1, size)), rank, token, deadline))
+                sockets[peer] = connect_to(records[peer], rank, token, deadline, auth_token)
+            sockets.update(accept_from(listener, set(range(rank + 1, size)), rank, token, deadline, auth_token))
         except BaseException:
             for sock in sockets.values():
                 sock.close()

@@ -5,16 +5,34 @@ receive, or held as unexpected), so sends complete immediately and never deadloc
 """
 from __future__ import annotations
 
+import json
 import threading
 
-from .._errors import DistBackendError, GroupAbortedError, PeerFailedError
+from .._errors import DistBackendError, DistError, GroupAbortedError, PeerFailedError
 from ._base import MessageKey, Request, Transport, completed_request
 from ._matching import Matcher, Unexpected, mismatch
 from ._segment import anonymous
 from .arena import Arena, arena_bytes
 
 
-def aborted_by(rank: int, host: str, message: str) -> GroupAbortedError:
+def abort_payload(error: BaseException) -> bytes:
+    """What an abort tells the peers: the error's text and, if it is a dead peer, which."""
+    dead = [error.rank, error.host] if isinstance(error, PeerFailedError) and error.rank is not None else None
+    return json.dumps({"message": str(error), "dead": dead}).encode()
+
+
+def aborted_by(rank: int, host: str, payload: bytes) -> DistError:
+    """The error a peer's abort raises here: PeerFailedError naming the dead rank when the
+    aborting rank ``rank`` saw one die (so every rank names the root cause), else
+    GroupAbortedError naming ``rank``."""
+    try:
+        data = json.loads(payload)
+        message, dead = str(data["message"]), data.get("dead")
+    except (ValueError, KeyError, TypeError):
+        message, dead = payload.decode(errors="replace"), None
+    if dead:
+        return PeerFailedError(f"rank {dead[0]} on {dead[1]} failed (rank {rank} on {host} saw it and aborted the "
+                               f"group): {message}", rank=dead[0], host=dead[1])
     return GroupAbortedError(f"rank {rank} ({host}) failed and aborted the group: {message}", rank=rank)
 
 
@@ -70,10 +88,10 @@ class LoopbackTransport(Transport):
     def cancel(self, request: Request) -> None:
         self.fabric.matchers[self.rank].cancel(request, DistBackendError("receive cancelled"))
 
-    def abort(self, peers: list[int], group: int, message: str) -> None:
+    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
         for peer in peers:
             if peer != self.rank:
-                self.fabric.matchers[peer].fail_group(group, aborted_by(self.rank, "local", message))
+                self.fabric.matchers[peer].fail_group(group, aborted_by(self.rank, "local", abort_payload(error)))
 
     def peer_host(self, peer: int) -> str:
         return self.fabric.hosts[peer]

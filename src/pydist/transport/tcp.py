@@ -23,7 +23,7 @@ from ._base import MessageKey, Request, Transport, completed_request
 from ._framing import FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher
 from ._receiver import FrameReceiver
-from .loopback import aborted_by
+from .loopback import abort_payload, aborted_by
 from ._mesh import PeerRecord, build_mesh
 
 log = logging.getLogger("pydist.transport")
@@ -147,7 +147,7 @@ class _Connection:
         if header.kind == Kind.BYE:
             self.bye_received = True
         else:
-            self.transport._peer_aborted(self.peer, header.group, payload.decode(errors="replace"))
+            self.transport._peer_aborted(self.peer, header.group, payload)
 
     def _failure(self, cause: BaseException | None) -> PeerFailedError:
         me = self.transport.rank
@@ -227,8 +227,8 @@ class TcpTransport(Transport):
     def peer_record(self, peer: int) -> PeerRecord:
         return self.records[peer]
 
-    def abort(self, peers: list[int], group: int, message: str) -> None:
-        frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, message.encode()))
+    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
+        frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, abort_payload(error)))
         for peer in peers:
             if peer != self.rank:
                 self._conns[peer].send([frame], None)
@@ -286,8 +286,8 @@ class TcpTransport(Transport):
             self._pending_fail.append((conn, error))
         self._wake()
 
-    def _peer_aborted(self, peer: int, group: int, message: str) -> None:
-        self.matcher.fail_group(group, aborted_by(peer, self.records[peer].hostname, message))
+    def _peer_aborted(self, peer: int, group: int, payload: bytes) -> None:
+        self.matcher.fail_group(group, aborted_by(peer, self.records[peer].hostname, payload))
 
     def _apply_pending(self) -> None:
         try:

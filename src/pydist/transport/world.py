@@ -99,8 +99,8 @@ class WorldTransport(Transport):
     def cancel(self, request: Request) -> None:
         self.tcp.cancel(request)
 
-    def abort(self, peers: list[int], group: int, message: str) -> None:
-        self.tcp.abort(peers, group, message)
+    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
+        self.tcp.abort(peers, group, error)
 
     def peer_host(self, peer: int) -> str:
         return self.tcp.peer_host(peer)
