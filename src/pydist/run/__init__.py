@@ -1,6 +1,9 @@
 """The launcher, ``pydist-run`` (torchrun's equivalent): see :mod:`pydist.run.cli`.
 
 Modules: ``cli`` (arguments -> LaunchConfig), ``config`` (worker argv and environment),
-``agent`` (store, start/monitor/stop workers, exit code), ``workers`` (process groups),
-``output`` (line-prefixed forwarding), ``failure`` (root-cause summary).
+``endpoint`` (host or reach the job's store), ``rendezvous`` (agents meet in rounds),
+``agent`` (rounds, restarts, exit code; ``RoundRun``: one round's workers), ``workers``
+(process groups), ``output`` (line-prefixed forwarding), ``logs`` (--log-dir, -r, -t),
+``failure`` (root-cause summary), ``_site`` (records workers' uncaught exceptions),
+``run_path`` (--run-path).
 """
