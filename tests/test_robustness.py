@@ -1071,8 +1071,9 @@ def check_soak(results: list[dict], mark: int, rss_bound_kib: int) -> list[str]:
             problems.append(f"rank {rank}: threads after destroy_process_group: {r['after_destroy']['pydist_threads']}")
         if r["sockets_after_destroy"]:
             problems.append(f"rank {rank}: sockets still open after destroy_process_group: {r['sockets_after_destroy']}")
-        if robust_ranks.shm_fds(r["after_gc"]):
-            problems.append(f"rank {rank}: shared memory still open after destroy + gc: {robust_ranks.shm_fds(r['after_gc'])}")
+        if robust_ranks.shm_fds(r["after_destroy"]):
+            problems.append(f"rank {rank}: shared memory still open after destroy_process_group: "
+                            f"{robust_ranks.shm_fds(r['after_destroy'])}")
     return problems
 
 
@@ -1280,8 +1281,5 @@ def _shm_fds_after_destroy(rank: int, size: int) -> list[str]:
     return left
 
 
-@pytest.mark.xfail(strict=True, reason="bug: after destroy_process_group the shared-memory segments (host + arena) "
-                                       "stay open and mapped until the cyclic garbage collector runs (views held in "
-                                       "reference cycles); gc.collect() releases them")
 def test_destroy_process_group_releases_shared_memory_without_the_garbage_collector():
     assert run_processes(2, _shm_fds_after_destroy, timeout=60) == [[], []]

@@ -136,6 +136,14 @@ def test_seed000_send_recv(lib, spawn_seed):
                           has_data(1, lib.t([1.], lib.float))])
 
 
+def test_store_host_leaving_right_after_init_does_not_fail_slower_ranks(spawn_seed):
+    """Rank 0 hosts the store, sends eagerly and exits; ranks still finishing their own
+    init_process_group need that store: init returns only once every rank is done with it."""
+    got = spawn_seed(3, target=launch.slow_init_rank, args=(0.5,))
+    assert got == ["Rank: 0, has data [1. 1. 1. 1.]", "Rank: 1, has data [1. 1. 1. 1.]",
+                   "Rank: 2, has data [0. 0. 0. 0.]"]
+
+
 def test_seed000_all_reduce_new_group(lib, spawn_seed):
     dtype = lib.float
     out = spawn_seed(2, lib.seed000.run_all_reduce)

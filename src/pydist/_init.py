@@ -8,6 +8,8 @@ from typing import Any
 from ._deadline import DEFAULT_PG_TIMEOUT, Deadline, to_seconds
 from ._group import ProcessGroup
 from ._progress import Progress
+from .algorithms.barrier_dissemination import barrier
+from ._comm import Comm
 from ._world import World, current
 from .backends.native import NativeBackend
 from .rendezvous import rendezvous
@@ -107,10 +109,23 @@ def _make_transport(world: World, rank: int, size: int, store, deadline: Deadlin
     return default_transport(rank, size, store, deadline)
 
 
+def _all_ready(transport, rank: int, size: int, deadline: Deadline) -> None:
+    """The last step of setting up ranks: a barrier over the transport (group id 0, which no
+    group has). The store may live in one of the ranks (env://): without it, that rank could
+    return, finish and exit while a slower one still needs the store for its own setup."""
+    barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))
+
+
 def standalone_group(store, rank: int, size: int, timeout: float, name: str) -> ProcessGroup:
     """A group with a transport of its own, outside pydist's global state (what the torch
     plugin makes for each torch group); ``destroy()`` closes its transport too."""
-    transport = default_transport(rank, size, store, Deadline.after(timeout))
+    deadline = Deadline.after(timeout)
+    transport = default_transport(rank, size, store, deadline)
+    try:
+        _all_ready(transport, rank, size, deadline)
+    except BaseException:
+        transport.close()
+        raise
     ranks = list(range(size))
     group = ProcessGroup(name, 1, ranks, rank, NativeBackend(transport, 1, ranks, rank), timeout)
     group.owned_transport = transport
@@ -175,11 +190,21 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
     world.generation += 1
     prefixed = PrefixStore(f"pydist/{world.generation}", store)
+    deadline = Deadline.after(seconds)
     try:
-        transport = _make_transport(world, rank, world_size, prefixed, Deadline.after(seconds))
+        transport = _make_transport(world, rank, world_size, prefixed, deadline)
     except BaseException:
         if owned is not None:
             owned.close()
+        raise
+    progress = None
+    try:
+        progress = Progress(prefixed, rank)  # writes its first record: before the barrier
+        _all_ready(transport, rank, world_size, deadline)
+    except BaseException:
+        for each in (progress, transport, owned):
+            if each is not None:
+                each.close()
         raise
     world.store, world.owned_store, world.transport = prefixed, owned, transport
     world.rank, world.size, world.backend_name = rank, world_size, backend_name
@@ -187,7 +212,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     group_id, name = world.group_id(ranks)
     default = ProcessGroup(group_name or "default_pg", group_id, ranks, rank,
                            _group_backend(world, group_id, ranks), seconds)
-    world.progress = default.progress = Progress(prefixed, rank)
+    world.progress = default.progress = progress
     world.default_group = default
     world.groups.append(default)
 

@@ -71,3 +71,28 @@ def main(size, fn):
     codes = spawn(size, fn)
     print('finished', codes)
     return 0 if all(code == 0 for code in codes) else 1
+
+
+def slow_init_rank(rank, size, delay):
+    """Like seed 000 (rank 0 sends and returns, the others receive), except that ranks other
+    than 0 are ``delay`` seconds slower at their last store write in init_process_group (its
+    progress record): rank 0, which hosts the store, may be gone by then unless
+    init_process_group waits for every rank."""
+    import numpy as np
+    from pydist import _progress
+    if rank != 0:
+        publish = _progress.Progress._publish
+
+        def slow_publish(self):
+            time.sleep(delay)
+            publish(self)
+        _progress.Progress._publish = slow_publish
+    os.environ['MASTER_ADDR'] = '127.0.0.1'
+    os.environ['MASTER_PORT'] = os.environ.get('SEED_MASTER_PORT', '29500')
+    dist.init_process_group("pydist", rank=rank, world_size=size)
+    tensor = np.full(4, 1.0 if rank == 0 else 0.0, np.float32)
+    if rank == 0:
+        dist.send(tensor, dst=1)
+    elif rank == 1:
+        dist.recv(tensor, src=0)
+    print(f"Rank: {rank}, has data {tensor}")

@@ -66,7 +66,10 @@ class Arena:
 
     def release(self) -> None:
         """Give the memory back: unlink the segment if nobody did yet (a member never
-        attached), unmap it once no view is left."""
+        attached), drop this handle's views into it and unmap it."""
+        self._signal = self._words = self._slots = None
+        self._typed, self._slot_cache = {}, {}
+        self.op = self.alive = None
         if self._keepalive is not None:
             self._keepalive.unlink()
             self._keepalive.close()

@@ -239,8 +239,11 @@ class ShmTransport:
     def peer_gone(self, peer: int, error: BaseException) -> None:
         """``peer`` left (its tcp connection closed): deliver what it already wrote to us,
         then fail its receives and our sends to it (done by the progress thread)."""
+        signals = self._signals
+        if signals is None:  # closed: nothing left to deliver
+            return
         self._gone[peer] = error
-        self._signals[self._me].ring()
+        signals[self._me].ring()
 
     def fail_peer(self, peer: int, error: BaseException) -> None:
         """``peer`` died: fail sends still waiting for ring space."""
@@ -268,6 +271,9 @@ class ShmTransport:
         gone = PeerFailedError(f"rank {self.rank} closed its shared-memory channels", rank=self.rank)
         for peer in self._writers:
             self.fail_peer(peer, gone)
+        if not self._thread.is_alive():  # drop the views into the segment, so that it unmaps now
+            self._words = self._signals = None
+            self._readers, self._writers = {}, {}
         if self._keepalive is not None:
             self._keepalive.unlink()  # in case a local rank never attached
             self._keepalive.close()
