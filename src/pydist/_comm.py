@@ -51,7 +51,7 @@ class Comm:
         self.op_name = op_name
         self.timeout_text = timeout_text
         self.arena = arena
-        self.call = call  # the call's fingerprint, sent with and checked on every message
+        self.call = call  # the call's fingerprint, carried and checked by every message and arena sync
         self.hierarchy = None
         self._receives: list[Request] = []
 

@@ -24,7 +24,8 @@ class OpQueue:
 
     def __init__(self, name: str):
         self.name = name
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken directly on the latency path (cheaper than the Condition)
+        self._cond = threading.Condition(self._lock)
         self._pending: deque[tuple[int, Operation, Work]] = deque()
         self._busy = False
         self._seq = 0
@@ -54,7 +55,7 @@ class OpQueue:
         """The latency path: run ``body(seq)`` now in the caller's thread if the group is
         idle (True), else do nothing (False: the caller submits instead). Errors propagate;
         a DistError breaks the queue as in ``submit``."""
-        with self._cond:
+        with self._lock:
             if self._closing:
                 raise DistBackendError(f"process group {self.name} has been destroyed")
             if self._busy or self._pending:
@@ -71,7 +72,7 @@ class OpQueue:
                 self.broken = error
             raise
         finally:
-            with self._cond:
+            with self._lock:
                 self._busy = False
                 if self._pending:
                     self._cond.notify_all()

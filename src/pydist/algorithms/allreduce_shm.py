@@ -16,7 +16,6 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp, reduce_many
-from ..transport.arena import fingerprint
 from ._segments import block_bounds, chunks
 
 #: chunks smaller than this are reduced whole by every rank (latency beats splitting)
@@ -25,7 +24,7 @@ SPLIT_MIN_BYTES = 64 * 1024
 
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
-    reduce_chunks(comm, buf, op, fingerprint("all_reduce", buf.dtype, buf.size, reduce_op=op.op), deliver=True)
+    reduce_chunks(comm, buf, op, comm.call, deliver=True)
 
 
 def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver: bool) -> None:

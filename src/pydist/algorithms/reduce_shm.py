@@ -11,11 +11,10 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp
-from ..transport.arena import fingerprint
 from .allreduce_shm import reduce_chunks
 
 
 def reduce(comm: Comm, buf: np.ndarray, root: int, op: ReduceOp, segment_bytes: int = 0) -> None:
     """Reduce every rank's ``buf`` into ``buf`` of ``root``."""
     is_root = comm.arena.rank == comm.arena.members.index(root)
-    reduce_chunks(comm, buf, op, fingerprint("reduce", buf.dtype, buf.size, root=root, reduce_op=op.op), is_root)
+    reduce_chunks(comm, buf, op, comm.call, is_root)

@@ -86,9 +86,13 @@ class Matcher:
     def begin(self, group: int, seq: int, call: int) -> None:
         """This rank starts operation ``seq`` of ``group`` as ``call``; see ``_desync``."""
         with self._lock:
-            recent = self._calls.setdefault(group, {})
+            recent = self._calls.get(group)
+            if recent is None:
+                recent = self._calls[group] = {}
             recent[seq] = call
             recent.pop(seq - RECENT_CALLS, None)
+            if not self._unexpected:  # the common case: nothing held that could disagree
+                return
             held = [(src, k, m.call) for (src, k), q in self._unexpected.items()
                     if k.group == group and k.seq == seq for m in q if _differ(call, m.call)]
             failed = self._desync(group, call, *held[0]) if held else []
