@@ -5,12 +5,12 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+from ._comm import Comm
 from ._deadline import DEFAULT_PG_TIMEOUT, Deadline, to_seconds
 from ._group import ProcessGroup
 from ._progress import Progress
-from .algorithms.barrier_dissemination import barrier
-from ._comm import Comm
 from ._world import World, current
+from .algorithms.barrier_dissemination import barrier
 from .backends.native import NativeBackend
 from .rendezvous import rendezvous
 from .store import PrefixStore
@@ -191,14 +191,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     world.generation += 1
     prefixed = PrefixStore(f"pydist/{world.generation}", store)
     deadline = Deadline.after(seconds)
+    transport = progress = None
     try:
         transport = _make_transport(world, rank, world_size, prefixed, deadline)
-    except BaseException:
-        if owned is not None:
-            owned.close()
-        raise
-    progress = None
-    try:
         progress = Progress(prefixed, rank)  # writes its first record: before the barrier
         _all_ready(transport, rank, world_size, deadline)
     except BaseException:
