@@ -25,13 +25,13 @@ the transports (``transport/_mesh.py``) frame the four messages in their own pro
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 import struct
 from hashlib import sha256
 from typing import Any
 
 from ._errors import DistNetworkError, DistStoreError
+from ._settings import settings
 
 #: The environment variable holding the shared token.
 TOKEN_ENV = "PYDIST_AUTH_TOKEN"
@@ -51,7 +51,7 @@ def resolve_token(explicit: str | bytes | None = None) -> bytes | None:
     """The token as bytes: ``explicit`` if given ("" means none), else PYDIST_AUTH_TOKEN
     (unset or empty: none). Raises TypeError for another type."""
     if explicit is None:
-        explicit = os.environ.get(TOKEN_ENV, "")
+        explicit = settings().auth_token or ""
     if isinstance(explicit, str):
         explicit = explicit.encode()
     if not isinstance(explicit, (bytes, bytearray)):

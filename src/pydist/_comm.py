@@ -34,7 +34,7 @@ def with_context(error: BaseException, prefix: str) -> BaseException:
 class Comm:
     """One operation's messages over a transport, in group ranks; ``arena`` is the group's
     shared-memory arena when its ranks share a host; ``hierarchy`` (local Comm, leaders'
-    Comm or None) is set for hierarchical algorithms."""
+    Comm or None, the leaders' algorithm) is set for hierarchical algorithms."""
 
     __slots__ = ("transport", "group_id", "ranks", "rank", "size", "seq", "deadline", "op_name", "timeout_text",
                  "arena", "call", "hierarchy", "_receives")

@@ -23,7 +23,9 @@ class ProcessGroup:
     """torch's ProcessGroup: ``rank()`` and ``size()`` in the group, plus pydist internals."""
 
     def __init__(self, name: str, group_id: int, ranks: list[int], global_rank: int,
-                 backend: Backend, timeout: float, desc: str = ""):
+                 backend: Backend, timeout: float, desc: str = "", world: tuple[int, int] | None = None):
+        """``world``: (rank, size) of this process in its whole job, under which the flight
+        recorder files the group (default: ``global_rank`` and the group's size)."""
         self.group_name = name
         self.group_desc = desc or name
         self.group_id = group_id
@@ -34,7 +36,7 @@ class ProcessGroup:
         self._timeout_text = f" after {timeout:g} s"
         self._queue = OpQueue(name)
         self.owned_transport = None  # closed by destroy() when the group has a transport of its own
-        self._trace = attach_trace(self)  # flight recorder and timeline (pydist.debug)
+        self._trace = attach_trace(self, *(world or (global_rank, len(ranks))))  # pydist.debug
         self.progress: Progress | None = None  # set by init: names the ranks behind at a timeout
 
     # -- torch's ProcessGroup API ---------------------------------------------------------

@@ -1,6 +1,8 @@
 """Creating and destroying process groups: torch's names, signatures and errors."""
 from __future__ import annotations
 
+import atexit
+import os
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -9,7 +11,7 @@ from ._comm import Comm
 from ._deadline import DEFAULT_PG_TIMEOUT, Deadline, to_seconds
 from ._group import ProcessGroup
 from ._progress import Progress
-from ._world import World, current
+from ._world import World, current, process_world
 from .algorithms.barrier_dissemination import barrier
 from .backends.native import NativeBackend
 from .rendezvous import rendezvous
@@ -116,6 +118,15 @@ def _all_ready(transport, rank: int, size: int, deadline: Deadline) -> None:
     barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))
 
 
+def _job_rank_and_size(rank: int, size: int) -> tuple[int, int]:
+    """This process's rank and size in its whole job, for a group outside pydist's world (the
+    torch plugin's, in group ranks): RANK and WORLD_SIZE from the launcher, else the group's."""
+    job_rank, job_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if job_rank.isdigit() and job_size.isdigit():
+        return int(job_rank), int(job_size)
+    return rank, size
+
+
 def standalone_group(store, rank: int, size: int, timeout: float, name: str) -> ProcessGroup:
     """A group with a transport of its own, outside pydist's global state (what the torch
     plugin makes for each torch group); ``destroy()`` closes its transport too."""
@@ -127,9 +138,19 @@ def standalone_group(store, rank: int, size: int, timeout: float, name: str) -> 
         transport.close()
         raise
     ranks = list(range(size))
-    group = ProcessGroup(name, 1, ranks, rank, NativeBackend(transport, 1, ranks, rank), timeout)
+    group = ProcessGroup(name, 1, ranks, rank, NativeBackend(transport, 1, ranks, rank), timeout,
+                         world=_job_rank_and_size(rank, size))
     group.owned_transport = transport
     return group
+
+
+def standalone_mpi_group(global_ranks: list[int] | None, rank: int, size: int, timeout: float,
+                         name: str) -> ProcessGroup:
+    """``standalone_group`` over MPI: ``global_ranks`` are the members' MPI world ranks (see
+    backends.mpi.standalone_backend)."""
+    from .backends.mpi import standalone_backend
+    backend = standalone_backend(global_ranks, rank, size)
+    return ProcessGroup(name, 1, list(range(size)), rank, backend, timeout, world=_job_rank_and_size(rank, size))
 
 
 def _group_backend(world: World, group_id: int, members: list[int]):
@@ -301,7 +322,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None, 
         return NON_GROUP_MEMBER
     seconds = world.default_group.timeout if timeout is None else _timeout_seconds(timeout)
     created = ProcessGroup(name, group_id, members, world.rank, _group_backend(world, group_id, members),
-                           seconds, desc=group_desc or "")
+                           seconds, desc=group_desc or "", world=(world.rank, world.size))
     created.progress = world.progress
     world.groups.append(created)
     return created
@@ -362,3 +383,13 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     if target is None or not 0 <= group_rank < target.size():
         raise ValueError(f"Group rank {group_rank} is not part of group {group}")
     return target.ranks[group_rank]
+
+
+@atexit.register
+def _destroy_at_exit() -> None:
+    """Destroy the process's groups at interpreter exit (best effort: the process is ending)."""
+    if process_world().default_group is not None:
+        try:
+            destroy_process_group()
+        except Exception:  # noqa: BLE001 - nothing can be reported any more
+            pass

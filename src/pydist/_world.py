@@ -5,7 +5,6 @@ its own (``use_world``), so the public API runs unchanged with threads as ranks.
 """
 from __future__ import annotations
 
-import atexit
 import collections
 import hashlib
 import socket
@@ -52,6 +51,11 @@ def current() -> World:
     return getattr(_THREAD, "world", None) or _PROCESS_WORLD
 
 
+def process_world() -> World:
+    """The process's World (what thread-ranks' own Worlds stand in for)."""
+    return _PROCESS_WORLD
+
+
 def use_world(world: World | None) -> None:
     """Make ``world`` this thread's World (None: back to the process's)."""
     _THREAD.world = world
@@ -59,14 +63,3 @@ def use_world(world: World | None) -> None:
 
 def local_host() -> str:
     return socket.gethostname()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    world = _PROCESS_WORLD
-    if world.default_group is not None:
-        from ._init import destroy_process_group
-        try:
-            destroy_process_group()
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
-            pass

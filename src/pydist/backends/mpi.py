@@ -32,7 +32,6 @@ from typing import Callable
 import numpy as np
 
 from .. import _errors
-from .._group import ProcessGroup
 from .._ops import ReduceOp, RedOpType, finish, prescale
 from ._base import Backend, OpContext
 from ._mpi_buffers import (address, as_bytes, byte_spec, counts_and_displacements, mpi_op, span,
@@ -40,7 +39,7 @@ from ._mpi_buffers import (address, as_bytes, byte_spec, counts_and_displacement
 from ._mpi_requests import ABANDONED, POLLER, MpiRequest, mpi_error, poll_until, spin_seconds
 from ._mpi_world import load_mpi, mpi_world, rank_and_size
 
-__all__ = ["MPIBackend", "group_backend", "rank_and_size", "standalone_group"]
+__all__ = ["MPIBackend", "group_backend", "rank_and_size", "standalone_backend"]
 
 #: the error of an expired operation (OpTimeoutError where pydist has it: the group appends
 #: the ranks behind when it knows them)
@@ -267,10 +266,9 @@ def group_backend(ranks: list[int], labels: list[int] | None = None) -> MPIBacke
     return MPIBackend(comm, list(ranks) if labels is None else labels, [world.hosts[r] for r in ranks])
 
 
-def standalone_group(global_ranks: list[int] | None, rank: int, size: int, timeout: float,
-                     name: str) -> ProcessGroup:
-    """A group outside pydist's global state (the torch plugin's, one per torch group), in
-    group ranks: ``global_ranks`` are its members' world ranks (None or empty: the world,
+def standalone_backend(global_ranks: list[int] | None, rank: int, size: int) -> MPIBackend:
+    """The backend of a group outside pydist's global state (the torch plugin's, one per
+    torch group), in group ranks: ``global_ranks`` are its members' world ranks (None or empty: the world,
     whose ``rank``/``size`` must then be MPI's: ValueError naming both otherwise)."""
     if not global_ranks:
         rank_and_size(rank, size)
@@ -279,5 +277,4 @@ def standalone_group(global_ranks: list[int] | None, rank: int, size: int, timeo
     if len(global_ranks) != size or not 0 <= rank < size or global_ranks[rank] != me:
         raise ValueError(f"rank: group rank {rank} of the ranks {global_ranks} is not this process, MPI rank {me} "
                          "(the MPI backend needs torch's ranks to be MPI's: launch with mpiexec, init_method='mpi://')")
-    backend = group_backend(global_ranks, labels=list(range(size)))
-    return ProcessGroup(name, 1, list(range(size)), rank, backend, timeout)
+    return group_backend(global_ranks, labels=list(range(size)))

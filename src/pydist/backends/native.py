@@ -10,7 +10,8 @@ e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
   other collectives, the network algorithms below, whose same-host pairs still go
   through shared-memory rings;
 - network algorithms: all_reduce ``recursive_doubling`` up to SMALL_ALL_REDUCE_BYTES (or
-  fewer elements than ranks) and the segmented ``ring`` above; ``binomial`` trees for
+  fewer elements than ranks) and the segmented ``ring`` above (``network_all_reduce``, also
+  the choice among the hosts' leaders in ``hierarchical``); ``binomial`` trees for
   broadcast and reduce; ``ring`` all_gather and reduce_scatter; ``pairwise`` all_to_all;
   ``linear`` gather and scatter; ``dissemination`` barrier.
 
@@ -18,22 +19,27 @@ AVG and PREMUL_SUM run as sums with a step before or after (see _ops).
 """
 from __future__ import annotations
 
-import os
+from typing import Callable
 
 import numpy as np
 
 from .._comm import Comm, as_bytes
 from .._errors import DistError, GroupAbortedError
 from .._ops import ReduceOp, RedOpType, finish, prescale
+from .._settings import settings
 from ..algorithms import (allgather_ring, allgather_shm, allreduce_hierarchical, allreduce_recursive_doubling,
                           allreduce_ring, allreduce_shm, alltoall_pairwise, alltoall_shm, barrier_dissemination,
                           barrier_shm, broadcast_binomial, broadcast_shm, gather_linear, gather_shm, reduce_binomial,
                           reduce_scatter_ring, reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
-from ..algorithms._segments import DEFAULT_SEGMENT_BYTES
 from ..transport._base import MessageKey, Request, Transport
 from ..transport._calls import fingerprint
 from ._base import Backend, OpContext
 
+#: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
+#: up to this size, the pipelined ring (2(p-1) rounds of 1/p of it) above. Recursive doubling
+#: wins while a round costs its latency, not its bytes; the ring wins once the buffer's
+#: transfer time dominates. The crossover is where p/(2(p-1))*log2(p) buffers take one
+#: round's latency; 64 KiB is that point at 4 ranks over loopback TCP (docs/algorithms.md).
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
 ALGORITHMS = {
@@ -52,27 +58,10 @@ NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial", "all_gather": 
                    "all_to_all": "pairwise", "gather": "linear", "scatter": "linear", "barrier": "dissemination"}
 
 
-def segment_bytes_setting() -> int:
-    """Pipeline segment size: PYDIST_SEGMENT_BYTES (a test knob that exercises multi-segment
-    paths on small inputs) or the default."""
-    text = os.environ.get("PYDIST_SEGMENT_BYTES")
-    if not text:
-        return DEFAULT_SEGMENT_BYTES
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"PYDIST_SEGMENT_BYTES={text!r}: expected a positive number of bytes")
-    return int(text)
-
-
-def forced_algorithms() -> dict[str, str]:
-    """The algorithms named by PYDIST_ALGO_<COLLECTIVE> variables, validated."""
-    forced = {}
-    for collective, choices in ALGORITHMS.items():
-        name = os.environ.get(f"PYDIST_ALGO_{collective.upper()}")
-        if name:
-            if name not in choices:
-                raise ValueError(f"PYDIST_ALGO_{collective.upper()}={name!r}: expected one of {sorted(choices)}")
-            forced[collective] = name
-    return forced
+def network_all_reduce(nbytes: int, count: int, peers: int) -> str:
+    """The all_reduce algorithm among ``peers`` network ranks for a buffer of ``nbytes``
+    holding ``count`` elements (fewer elements than peers: the ring has nothing to split)."""
+    return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < peers else "ring"
 
 
 class NativeBackend(Backend):
@@ -87,8 +76,9 @@ class NativeBackend(Backend):
         self.ranks = ranks
         self.rank = rank
         self.size = len(ranks)
-        self.segment_bytes = segment_bytes or segment_bytes_setting()
-        self.forced = forced_algorithms()
+        found = settings()
+        self.segment_bytes = segment_bytes or found.segment_bytes
+        self.forced = found.forced_algorithms()
         hosts = [transport.host_of(r) for r in ranks]
         self.local = [g for g, host in enumerate(hosts) if host == hosts[rank]]  # group ranks on this host
         self.spans_hosts = len(set(hosts)) > 1
@@ -129,7 +119,7 @@ class NativeBackend(Backend):
             return NETWORK_DEFAULT[collective]
         if self.spans_hosts and len(self.leaders) < self.size:
             return "hierarchical"
-        return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < self.size else "ring"
+        return network_all_reduce(nbytes, count, self.size)
 
     def _can(self, algorithm: str, ctx: OpContext) -> bool:
         if algorithm == "shm":
@@ -146,13 +136,13 @@ class NativeBackend(Backend):
         if error is not None:
             raise error
 
-    def _comm(self, ctx: OpContext, algorithm: str, call: int) -> Comm:
+    def _comm(self, ctx: OpContext, algorithm: str, call: int, sizes: tuple[int, int]) -> Comm:
         comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                     ctx.timeout_text, self._arena if algorithm == "shm" else None, call)
         if comm.arena is not None:
             comm.arena.op = comm
         if algorithm == "hierarchical":
-            comm.hierarchy = self._hierarchy(ctx, call)
+            comm.hierarchy = self._hierarchy(ctx, call, *sizes)
             if self._local_arena is not None:
                 self._local_arena.op = comm
         return comm
@@ -163,7 +153,9 @@ class NativeBackend(Backend):
                 arena.release()
         self._arena = self._local_arena = None
 
-    def _hierarchy(self, ctx: OpContext, call: int) -> tuple[Comm, Comm | None]:
+    def _hierarchy(self, ctx: OpContext, call: int, nbytes: int, count: int) -> tuple[Comm, Comm | None, Callable]:
+        """The stages of a hierarchical all_reduce: this host's Comm (over its arena), the
+        leaders' Comm (None on a non-leader) and the leaders' all_reduce algorithm."""
         if self._local_arena is None and len(self.local) > 1:
             self._local_arena = self._arena_for(ctx, self.local)
             if self._local_arena is None:
@@ -175,7 +167,8 @@ class NativeBackend(Backend):
             leaders = Comm(self.transport, self.group_id, [self.ranks[g] for g in self.leaders],
                            self.leaders.index(self.rank), ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text,
                            call=call)
-        return local, leaders
+        inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes, count, len(self.leaders))]
+        return local, leaders, inter
 
     def _run(self, ctx: OpContext, collective: str, call: int, *args, sizes: tuple[int, int] = (0, 0)) -> None:
         """Run ``collective`` with the algorithm chosen for ``sizes`` (bytes, count); ``call``
@@ -183,7 +176,7 @@ class NativeBackend(Backend):
         calls fail (DesyncError) instead of hanging."""
         algorithm = self.choose(collective, ctx, *sizes)
         self.transport.begin(self.group_id, ctx.seq, call)
-        comm = self._comm(ctx, algorithm, call)
+        comm = self._comm(ctx, algorithm, call, sizes)
         try:
             ALGORITHMS[collective][algorithm](comm, *args)
         except BaseException as error:

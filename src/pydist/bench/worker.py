@@ -16,6 +16,8 @@ import threading
 import time
 import traceback
 
+from .._settings import settings
+
 PREFIX = "@@pydist-bench "
 LAUNCHER_ENV = "PYDIST_BENCH_LAUNCHER_PID"
 _MAX_MESSAGE = 1500  # keeps an error line below PIPE_BUF, so its write stays atomic
@@ -39,7 +41,7 @@ def _exit_when_orphaned(interval: float = 0.5) -> None:
     """Exit (status 3) once the parent process or the launcher (``$LAUNCHER_ENV``: the CLI,
     which is not the parent under mpiexec) is gone."""
     parent = os.getppid()
-    launcher = int(os.environ.get(LAUNCHER_ENV, "0"))
+    launcher = settings().bench_launcher_pid or 0
 
     def watch() -> None:
         while os.getppid() == parent and not (launcher and _gone(launcher)):

@@ -12,15 +12,14 @@
 """
 from __future__ import annotations
 
-import os
-
+from .._settings import settings
 from . import _registry
 
 
 def dump_traces(directory: str | None = None, rank: int | None = None) -> list[str]:
     """Write the flight recorder of every rank of this process (or only ``rank``) to
     ``directory`` (default: PYDIST_TRACE_DIR); the paths written."""
-    directory = directory or os.environ.get("PYDIST_TRACE_DIR")
+    directory = directory or settings().trace_dir
     if not directory:
         raise ValueError("dump_traces: no directory: pass one or set PYDIST_TRACE_DIR")
     return [_registry.write(session, directory, "on demand") for session in _registry.sessions(rank)]

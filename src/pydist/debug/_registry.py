@@ -25,23 +25,15 @@ import time
 from collections import deque
 from typing import Any
 
+from .._settings import settings
+from ._format import COMPLETED, FAILED, STARTED, STATE_NAMES, dtype_name, itemsize, wall
+from .timeline import Timeline
+
 FORMAT_VERSION = 1
 RETIRED_GROUPS = 16  # destroyed groups kept per rank until its next init
 FAILURE_DUMP_INTERVAL = 1.0  # seconds: a burst of failing operations writes once
-STATE_NAMES = ("queued", "started", "completed", "failed")
-QUEUED, STARTED, COMPLETED, FAILED = range(4)
-
 _LOCK = threading.RLock()
 _RANKS: dict[int, "RankTraces"] = {}
-# one anchor turns monotonic times into wall-clock times in every file of this process
-_WALL_ANCHOR = time.time() - time.monotonic()
-
-
-def wall(monotonic: float) -> float:
-    """The wall-clock time (epoch seconds) of a time.monotonic() reading of this process."""
-    return _WALL_ANCHOR + monotonic
-
-
 class RankTraces:
     """The recorders of one rank since its last init: live groups, then destroyed ones."""
 
@@ -55,7 +47,6 @@ class RankTraces:
         self._tids = 0
         self.timeline = None
         if timeline_path:
-            from .timeline import Timeline
             self.timeline = Timeline.open(timeline_path, rank)
 
     def next_tid(self) -> int:
@@ -111,7 +102,7 @@ def retire(trace: Any) -> None:
 def _finish(session: RankTraces, reason: str) -> None:
     if session.timeline is not None:
         session.timeline.close()
-    directory = os.environ.get("PYDIST_TRACE_DIR")
+    directory = settings().trace_dir
     if directory:
         _dump_quietly(session, directory, reason)
 
@@ -127,7 +118,7 @@ def failure(trace: Any, entry: Any) -> None:
         due = now - session.last_failure_dump >= FAILURE_DUMP_INTERVAL
         if due:
             session.last_failure_dump = now
-    directory = os.environ.get("PYDIST_TRACE_DIR")
+    directory = settings().trace_dir
     if due and directory:
         _dump_quietly(session, directory, reason)
 
@@ -143,30 +134,10 @@ def _dump_quietly(session: RankTraces, directory: str, reason: str) -> None:
 
 # -- the file ----------------------------------------------------------------------------
 
-def _dtype_name(dtype: Any) -> str | None:
-    return None if dtype is None else dtype if isinstance(dtype, str) else str(dtype)
-
-
-def _itemsize(dtype: Any) -> int:
-    if dtype is None:
-        return 0
-    if isinstance(dtype, str):
-        return 2 if dtype == "bfloat16" else _numpy_itemsize(dtype)
-    return dtype.itemsize
-
-
-def _numpy_itemsize(name: str) -> int:
-    import numpy as np
-    try:
-        return np.dtype(name).itemsize
-    except TypeError:
-        return 0
-
-
 def call_fields(entry: Any) -> dict:
     """An entry's call (dtype, count, bytes, root, reduce_op) and its optional fields
     (algorithm, error, call_site); None where there is none."""
-    return {"dtype": _dtype_name(entry.dtype), "count": entry.count, "bytes": entry.count * _itemsize(entry.dtype),
+    return {"dtype": dtype_name(entry.dtype), "count": entry.count, "bytes": entry.count * itemsize(entry.dtype),
             "root": None if entry.root < 0 else entry.root,
             "reduce_op": None if entry.reduce_op is None else entry.reduce_op.name,
             "algorithm": entry.algorithm, "error": entry.error if entry.state == FAILED else None,

@@ -5,9 +5,9 @@ the operation is queued or run inline), ``started`` (it has its sequence number 
 ``completed`` and ``failed``. Each operation is one ``Entry`` stored in the group's ring
 buffer of ``PYDIST_TRACE_BUFFER`` entries (default 2000; 0 turns the recorder off): op name,
 dtype, count, root, reduce op, state, error text, and monotonic times. Entries are reused
-once the ring has come round, so recording allocates nothing that outlives the operation
-(about 0.45 us per operation in all); an entry holds no reference to a tensor. With ``PYDIST_DEBUG=detail`` the entry also gets the caller's file and line (a
-frame walk, so only then); with a timeline (PYDIST_TIMELINE) the algorithm the backend
+once the ring has come round, so recording allocates nothing that outlives the operation;
+an entry holds no reference to a tensor. With ``PYDIST_DEBUG=detail`` the entry also gets
+the caller's file and line (a frame walk, so only then); with a timeline (PYDIST_TIMELINE) the algorithm the backend
 chose, noted by wrapping the backend's ``choose``.
 
 What an operation was called with is read from the closure of the body that the
@@ -32,10 +32,9 @@ from typing import Any, Callable
 
 from .._buffers import Buffer
 from .._errors import DistError
+from .._settings import settings
 from . import _registry
-from ._registry import COMPLETED, FAILED, QUEUED, STARTED
-
-DEFAULT_BUFFER = 2000
+from ._format import COMPLETED, FAILED, QUEUED, STARTED
 
 _monotonic = time.monotonic
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -239,38 +238,14 @@ class NullTrace:
 NULL_TRACE = NullTrace()
 
 
-def buffer_size() -> int:
-    """PYDIST_TRACE_BUFFER: entries kept per group (default 2000, 0 = off)."""
-    text = os.environ.get("PYDIST_TRACE_BUFFER", "")
-    if not text:
-        return DEFAULT_BUFFER
-    if not text.isdigit():
-        raise ValueError(f"PYDIST_TRACE_BUFFER={text!r}: expected a number of operations (0 turns it off)")
-    return int(text)
-
-
-def _rank_and_size(group: Any) -> tuple[int, int]:
-    """This rank's global rank and the world size: the World's, else (a standalone group, as
-    the torch plugin makes, whose ranks are its own) RANK and WORLD_SIZE from the launcher,
-    else the group's."""
-    from .._world import current  # here: _world imports _group, which imports this module
-    world = current()
-    if world.rank >= 0:
-        return world.rank, world.size
-    rank, size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
-    if rank.isdigit() and size.isdigit():
-        return int(rank), int(size)
-    return group.ranks[group.rank()], group.size()
-
-
-def attach(group: Any) -> GroupTrace | NullTrace:
-    """The recorder of a new ProcessGroup (settings read now: env changes after fork count)."""
-    capacity = buffer_size()
-    timeline = os.environ.get("PYDIST_TIMELINE") or None
-    if capacity == 0 and timeline is None:
-        _registry.forget(_rank_and_size(group)[0])
+def attach(group: Any, rank: int, world_size: int) -> GroupTrace | NullTrace:
+    """The recorder of a new ProcessGroup of global rank ``rank`` in a world of ``world_size``
+    (settings read now: env changes after fork count)."""
+    found = settings()
+    if found.trace_buffer == 0 and found.timeline is None:
+        _registry.forget(rank)
         return NULL_TRACE
-    session = _registry.session_for(*_rank_and_size(group), timeline)
-    trace = GroupTrace(group, session, max(capacity, 1), os.environ.get("PYDIST_DEBUG", "").lower() == "detail")
+    session = _registry.session_for(rank, world_size, found.timeline)
+    trace = GroupTrace(group, session, max(found.trace_buffer, 1), found.debug == "detail")
     session.add(trace)
     return trace

@@ -26,7 +26,7 @@ import socket
 import threading
 from typing import Any
 
-from ._registry import FAILED, STATE_NAMES, _dtype_name, _itemsize, wall
+from ._format import FAILED, STATE_NAMES, dtype_name, itemsize, wall
 
 _TAIL = "\n]\n"
 QUEUED_SPAN_SECONDS = 10e-6  # a shorter wait is the call's own overhead, not a queue
@@ -111,9 +111,9 @@ class Timeline:
         text = (f'"group":{_quote(trace.name)},"seq":{entry.seq},"state":"{STATE_NAMES[entry.state]}",'
                 f'"async_op":{"true" if entry.async_op else "false"},'
                 f'"queued_us":{(entry.started - entry.queued) * 1e6:.3f},"count":{count},'
-                f'"bytes":{count * _itemsize(dtype)}')
+                f'"bytes":{count * itemsize(dtype)}')
         if dtype is not None:
-            text += f',"dtype":{_quote(_dtype_name(dtype))}'
+            text += f',"dtype":{_quote(dtype_name(dtype))}'
         if entry.root >= 0:
             text += f',"root":{entry.root}'
         if entry.reduce_op is not None:

@@ -16,7 +16,6 @@ be forwarded to a Python process group in torch 2.13 (see README).
 """
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -24,8 +23,9 @@ import torch
 import torch.distributed as tdist
 
 import pydist
-from .._init import standalone_group
+from .._init import standalone_group, standalone_mpi_group
 from .._ops import RedOpType, ReduceOp
+from .._settings import settings
 from .work import PydistWork, done_work
 
 BACKEND_NAME = "pydist"
@@ -60,7 +60,7 @@ def _engine(options: Any, default_group: bool) -> str:
         raise TypeError(f"pg_options: expected pydist.torch.Options or a backend name, got {type(options).__name__}")
     if not default_group and _default_engine:
         return _default_engine[0]
-    return _check_engine(os.environ.get("PYDIST_BACKEND") or "pydist", "PYDIST_BACKEND")
+    return settings().backend
 
 
 def register() -> None:
@@ -106,8 +106,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  global_ranks: list[int] | None = None):
         super().__init__(rank, size)
         if engine == "mpi":
-            from ..backends.mpi import standalone_group as mpi_group
-            self._group = mpi_group(global_ranks, rank, size, timeout.total_seconds(), "torch")
+            self._group = standalone_mpi_group(global_ranks, rank, size, timeout.total_seconds(), "torch")
         else:
             self._group = standalone_group(store, rank, size, timeout.total_seconds(), "torch")
         self.engine = engine

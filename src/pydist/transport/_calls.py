@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._ops import RedOpType
+
 OPS = ["barrier", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
        "all_to_all"]
-REDUCE_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
           "float32", "float64", "complex64", "complex128", "longdouble", "clongdouble"]
 
@@ -30,5 +31,9 @@ def describe_fingerprint(value: int) -> str:
     root = ((value >> 32) & 0x3FFF) - 1
     parts = [f"{value & 0xFFFFFFFF} x {dtype}" if dtype else None,
              f"root {root}" if root >= 0 else None,
-             REDUCE_OPS[(value >> 46) & 0xF] if op in ("all_reduce", "reduce", "reduce_scatter") else None]
+             _reduce_op_name((value >> 46) & 0xF) if op in ("all_reduce", "reduce", "reduce_scatter") else None]
     return f"{op}(" + ", ".join(p for p in parts if p) + ")"
+
+
+def _reduce_op_name(code: int) -> str:
+    return RedOpType(code).name if code in RedOpType._value2member_map_ else "?"

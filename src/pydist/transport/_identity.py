@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import socket
 
+from .._settings import settings
+
 
 def host_identity() -> str:
     """Ranks with equal identities share a host (memory, /dev/shm).
@@ -11,7 +13,7 @@ def host_identity() -> str:
     PYDIST_HOST_ID overrides it (lets one machine pose as several). Otherwise: host name,
     boot id and network namespace, so network namespaces on one machine count as hosts.
     """
-    override = os.environ.get("PYDIST_HOST_ID")
+    override = settings().host_id
     if override:
         return override
     parts = [socket.gethostname()]
@@ -41,7 +43,7 @@ def advertise_address(store) -> str:
     TCPStore (the interface that reaches the master reaches the peers too); loopback for
     in-process stores; the host name's address for a FileStore.
     """
-    override = os.environ.get("PYDIST_ADVERTISE_ADDR")
+    override = settings().advertise_addr
     if override:
         return override
     while hasattr(store, "underlying_store"):

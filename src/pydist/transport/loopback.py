@@ -5,35 +5,15 @@ receive, or held as unexpected), so sends complete immediately and never deadloc
 """
 from __future__ import annotations
 
-import json
 import threading
 
-from .._errors import DistBackendError, DistError, GroupAbortedError, PeerFailedError
+from .._errors import DistBackendError, PeerFailedError
+from .._settings import settings
+from ._abort import abort_payload, aborted_by
 from ._base import MessageKey, Request, Transport, completed_request
 from ._matching import Matcher, Unexpected, mismatch
 from ._segment import anonymous
 from .arena import Arena, arena_bytes
-
-
-def abort_payload(error: BaseException) -> bytes:
-    """What an abort tells the peers: the error's text and, if it is a dead peer, which."""
-    dead = [error.rank, error.host] if isinstance(error, PeerFailedError) and error.rank is not None else None
-    return json.dumps({"message": str(error), "dead": dead}).encode()
-
-
-def aborted_by(rank: int, host: str, payload: bytes) -> DistError:
-    """The error a peer's abort raises here: PeerFailedError naming the dead rank when the
-    aborting rank ``rank`` saw one die (so every rank names the root cause), else
-    GroupAbortedError naming ``rank``."""
-    try:
-        data = json.loads(payload)
-        message, dead = str(data["message"]), data.get("dead")
-    except (ValueError, KeyError, TypeError):
-        message, dead = payload.decode(errors="replace"), None
-    if dead:
-        return PeerFailedError(f"rank {dead[0]} on {dead[1]} failed (rank {rank} on {host} saw it and aborted the "
-                               f"group): {message}", rank=dead[0], host=dead[1])
-    return GroupAbortedError(f"rank {rank} ({host}) failed and aborted the group: {message}", rank=rank)
 
 
 class LoopbackFabric:
@@ -107,8 +87,7 @@ class LoopbackTransport(Transport):
         """An arena in memory shared by the thread-ranks (same code as the shared-memory one)."""
         if len({self.fabric.hosts[m] for m in members}) > 1:
             return None
-        from .world import bytes_setting
-        slot = bytes_setting("PYDIST_SHM_SLOT_BYTES", 64 * 1024, minimum=64)
+        slot = settings().shm_slot_bytes
         with self.fabric._lock:
             key = (group_id, tuple(members))
             if key not in self.fabric.arenas:

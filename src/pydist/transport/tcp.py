@@ -19,11 +19,11 @@ from collections import deque
 
 from .._deadline import Deadline
 from .._errors import DistBackendError, PeerFailedError
+from ._abort import abort_payload, aborted_by
 from ._base import MessageKey, Request, Transport, completed_request
 from ._framing import FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher
 from ._receiver import FrameReceiver
-from .loopback import abort_payload, aborted_by
 from ._mesh import PeerRecord, build_mesh
 
 log = logging.getLogger("pydist.transport")

@@ -12,36 +12,18 @@ machine lacks what it needs (see _atomics.available).
 from __future__ import annotations
 
 import hashlib
-import os
 from datetime import timedelta
 
 from .._deadline import Deadline
+from .._settings import Settings, settings
 from ._base import MessageKey, Request, Transport
 from . import _atomics as atomics
 from ._matching import Matcher
 from ._segment import share
 from ._signal import oversubscribed
-from .arena import DEFAULT_SLOT_BYTES, Arena, arena_bytes
+from .arena import Arena, arena_bytes
 from .shm import ShmTransport, host_segment_bytes, ring_bytes_for
 from .tcp import TcpTransport
-
-
-def bytes_setting(name: str, default: int, minimum: int = 4096) -> int:
-    """A size in bytes from the environment (a multiple of 64, at least ``minimum``)."""
-    text = os.environ.get(name)
-    if not text:
-        return default
-    if not text.isdigit() or int(text) < minimum or int(text) % 64:
-        raise ValueError(f"{name}={text!r}: expected a multiple of 64 bytes, at least {minimum}")
-    return int(text)
-
-
-def shm_enabled() -> bool:
-    """PYDIST_SHM (default on): 0 keeps every byte on tcp."""
-    value = os.environ.get("PYDIST_SHM", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"PYDIST_SHM={value!r}: expected 0 or 1")
-    return value == "1" and atomics.available()
 
 
 def _timeout(deadline: Deadline) -> timedelta:
@@ -57,6 +39,7 @@ class WorldTransport(Transport):
         """``shares_interpreter``: ranks are threads of one process (tests), so waiting must
         never spin (spinning holds the GIL the awaited rank needs)."""
         self.rank, self.size, self.store = rank, size, store
+        self.settings: Settings = settings()
         self.matcher = Matcher()
         self.shm: ShmTransport | None = None
         self._local_set = {rank}
@@ -65,12 +48,12 @@ class WorldTransport(Transport):
         self.hosts = [record.host_id for record in self.tcp.records]
         self.local = [r for r in range(size) if self.hosts[r] == host_id]
         self.oversubscribed = shares_interpreter or oversubscribed(len(self.local))
-        if len(self.local) > 1 and shm_enabled():
+        if len(self.local) > 1 and self.settings.shm and atomics.available():
             self.shm = self._open_shm(deadline, host_id)
             self._local_set = set(self.local)
 
     def _open_shm(self, deadline: Deadline, host_id: str) -> ShmTransport:
-        ring = ring_bytes_for(len(self.local), bytes_setting("PYDIST_SHM_RING_BYTES", 1 << 20))
+        ring = ring_bytes_for(len(self.local), self.settings.shm_ring_bytes)
         key = "shm/host/" + hashlib.blake2b(host_id.encode(), digest_size=8).hexdigest()
         segment = share(self.store, key, self.local, self.rank, host_segment_bytes(len(self.local), ring),
                         self.tcp.token, "host", _timeout(deadline))
@@ -113,7 +96,7 @@ class WorldTransport(Transport):
               describe) -> Arena | None:
         if self.shm is None or any(m not in self._local_set for m in members):
             return None
-        slot = bytes_setting("PYDIST_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, minimum=64)
+        slot = self.settings.shm_slot_bytes
         segment = share(self.store, f"shm/arena/{group_id:x}/{','.join(map(str, members))}", members,
                         self.rank, arena_bytes(len(members), slot), self.tcp.token, "arena", _timeout(deadline))
         return Arena(segment.array, segment.base, labels, index, slot, self.oversubscribed, describe,

@@ -1,0 +1,182 @@
+"""Every PYDIST_* environment variable, declared once: name, type, default, valid values, meaning.
+
+``Settings`` is the table: one field per variable, its metadata saying how the text is
+parsed. ``settings()`` parses all of them, once per distinct environment, and is called where
+a value takes effect (a group or transport being made, a tool starting), so that a variable set
+after fork, or by a test before init, counts. A bad value raises ValueError naming the
+variable, what it expects and what it was given. README's settings table is ``markdown()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Mapping
+
+#: The algorithm names each collective accepts in PYDIST_ALGO_<COLLECTIVE> (the engine's
+#: ALGORITHMS table must offer exactly these: tests/test_settings.py checks).
+ALGORITHM_CHOICES: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("shm", "hierarchical", "recursive_doubling", "ring"),
+    "broadcast": ("shm", "binomial"),
+    "reduce": ("shm", "binomial"),
+    "all_gather": ("shm", "ring"),
+    "reduce_scatter": ("shm", "ring"),
+    "all_to_all": ("shm", "pairwise"),
+    "gather": ("shm", "linear"),
+    "scatter": ("shm", "linear"),
+    "barrier": ("shm", "dissemination"),
+}
+
+
+# -- parsers: text -> value, or ValueError saying what was expected ------------------------
+
+Parser = Callable[[str], Any]
+
+
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError("expected 0 or 1")
+    return text == "1"
+
+
+def _count(minimum: int, multiple: int = 1) -> Parser:
+    """A whole number of at least ``minimum`` and a multiple of ``multiple``."""
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < minimum or int(text) % multiple:
+            raise ValueError(f"expected a whole number, at least {minimum}"
+                             + (f", a multiple of {multiple}" if multiple > 1 else ""))
+        return int(text)
+    return parse
+
+
+def _choice(*names: str, lower: bool = False) -> Parser:
+    def parse(text: str) -> str:
+        value = text.lower() if lower else text
+        if value not in names:
+            raise ValueError(f"expected one of {', '.join(names)}")
+        return value
+    return parse
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _setting(name: str, default: Any, parse: Parser, valid: str, meaning: str) -> Any:
+    """One row of the table (a dataclass field; unset or empty means ``default``)."""
+    return dataclasses.field(default=default, metadata={
+        "variable": name, "parse": parse, "valid": valid, "meaning": meaning})
+
+
+def _algorithm(collective: str) -> Any:
+    choices = ALGORITHM_CHOICES[collective]
+    return _setting(f"PYDIST_ALGO_{collective.upper()}", None, _choice(*choices), " / ".join(choices),
+                    f"Force the {collective} algorithm (default: chosen by size and topology, "
+                    "docs/algorithms.md).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The PYDIST_* variables in force, parsed (the field order is README's table order)."""
+
+    shm: bool = _setting(
+        "PYDIST_SHM", True, _flag, "0 / 1",
+        "Shared memory between ranks on one host; 0 keeps every byte on TCP.")
+    shm_ring_bytes: int = _setting(
+        "PYDIST_SHM_RING_BYTES", 1 << 20, _count(4096, 64), "bytes, multiple of 64, >= 4096",
+        "Each shared-memory point-to-point ring (one per pair of ranks on a host, each direction).")
+    shm_slot_bytes: int = _setting(
+        "PYDIST_SHM_SLOT_BYTES", 512 << 10, _count(64, 64), "bytes, multiple of 64, >= 64",
+        "Each rank's slot in a group's shared-memory arena (larger collectives go in rounds).")
+    segment_bytes: int = _setting(
+        "PYDIST_SEGMENT_BYTES", 1 << 20, _count(1), "bytes, >= 1",
+        "Pipeline segment of the network algorithms (small values exercise multi-segment paths).")
+    algo_all_reduce: str | None = _algorithm("all_reduce")
+    algo_broadcast: str | None = _algorithm("broadcast")
+    algo_reduce: str | None = _algorithm("reduce")
+    algo_all_gather: str | None = _algorithm("all_gather")
+    algo_reduce_scatter: str | None = _algorithm("reduce_scatter")
+    algo_all_to_all: str | None = _algorithm("all_to_all")
+    algo_gather: str | None = _algorithm("gather")
+    algo_scatter: str | None = _algorithm("scatter")
+    algo_barrier: str | None = _algorithm("barrier")
+    backend: str = _setting(
+        "PYDIST_BACKEND", "pydist", _choice("pydist", "mpi", lower=True), "pydist / mpi",
+        "Engine of the torch plugin's groups when pg_options does not name one.")
+    host_id: str | None = _setting(
+        "PYDIST_HOST_ID", None, _text, "any text",
+        "Host identity: ranks with equal ones share memory (default: host name, boot id, "
+        "network namespace).")
+    advertise_addr: str | None = _setting(
+        "PYDIST_ADVERTISE_ADDR", None, _text, "an IP address",
+        "Address peers dial to reach this rank (default: the interface that reaches the store).")
+    auth_token: str | None = _setting(
+        "PYDIST_AUTH_TOKEN", None, _text, "any text",
+        "Shared secret: stores and peer connections authenticate with it (default: none).")
+    trace_buffer: int = _setting(
+        "PYDIST_TRACE_BUFFER", 2000, _count(0), "operations, >= 0",
+        "Flight recorder: operations kept per group; 0 turns it off.")
+    trace_dir: str | None = _setting(
+        "PYDIST_TRACE_DIR", None, _text, "a directory",
+        "Where each rank writes its flight recorder on a failure and at destroy.")
+    debug: str = _setting(
+        "PYDIST_DEBUG", "off", _choice("off", "info", "detail", lower=True), "off / info / detail",
+        "detail: the flight recorder also notes each call's file and line.")
+    timeline: str | None = _setting(
+        "PYDIST_TIMELINE", None, _text, "a path; {rank} is replaced",
+        "Write every operation as Chrome/Perfetto trace events to this file.")
+    bench_launcher_pid: int | None = _setting(
+        "PYDIST_BENCH_LAUNCHER_PID", None, _count(1), "a process id",
+        "Set by pydist-bench for the ranks it starts (they stop when it is gone); not for users.")
+
+    def forced_algorithms(self) -> dict[str, str]:
+        """{collective: algorithm} for every PYDIST_ALGO_<COLLECTIVE> that is set."""
+        forced = {c: getattr(self, f"algo_{c}") for c in ALGORITHM_CHOICES}
+        return {c: name for c, name in forced.items() if name is not None}
+
+    def __repr__(self) -> str:  # never print the secret
+        shown = {f.name: getattr(self, f.name) for f in FIELDS if f.name != "auth_token"}
+        return f"Settings({shown})"
+
+
+FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Settings)
+VARIABLES: tuple[str, ...] = tuple(f.metadata["variable"] for f in FIELDS)
+
+
+def parse(environ: Mapping[str, str]) -> Settings:
+    """Every variable of ``environ`` parsed; ValueError naming the first bad one."""
+    values = {}
+    for field in FIELDS:
+        name = field.metadata["variable"]
+        text = environ.get(name, "")
+        if text:
+            try:
+                values[field.name] = field.metadata["parse"](text)
+            except ValueError as error:
+                raise ValueError(f"environment variable {name}={text!r}: {error}") from None
+    return Settings(**values)
+
+
+_cache: tuple[tuple[str | None, ...], Settings] | None = None
+
+
+def settings() -> Settings:
+    """The settings of the current environment (parsed again only when a PYDIST_* value changed)."""
+    global _cache
+    texts = tuple(map(os.environ.get, VARIABLES))
+    cached = _cache
+    if cached is not None and cached[0] == texts:
+        return cached[1]
+    value = parse(os.environ)
+    _cache = (texts, value)
+    return value
+
+
+def markdown() -> str:
+    """The settings as README's markdown table."""
+    rows = ["| variable | default | valid values | meaning |", "|---|---|---|---|"]
+    for field in FIELDS:
+        default = field.default
+        shown = "unset" if default is None else str(int(default)) if isinstance(default, bool) else str(default)
+        meta = field.metadata
+        rows.append(f"| `{meta['variable']}` | {shown} | {meta['valid']} | {meta['meaning']} |")
+    return "\n".join(rows)
