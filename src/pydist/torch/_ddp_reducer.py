@@ -127,11 +127,6 @@ class Reducer:
         ref = weakref.ref(self)
         self.handles = [p.register_post_accumulate_grad_hook(_grad_hook(ref, i)) for i, p in enumerate(params)]
 
-    def remove_hooks(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
     # -- forward side ---------------------------------------------------------------------
     def ensure_prior_reduction_finished(self) -> None:
         """Raise torch's unused-parameter error if the last synced backward never completed."""

@@ -24,7 +24,7 @@ from ._framing import FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher
 from ._receiver import FrameReceiver
 from .loopback import abort_payload, aborted_by
-from ._mesh import PeerRecord, build_mesh
+from ._mesh import build_mesh
 
 log = logging.getLogger("pydist.transport")
 
@@ -223,9 +223,6 @@ class TcpTransport(Transport):
 
     def peer_host(self, peer: int) -> str:
         return self.records[peer].hostname
-
-    def peer_record(self, peer: int) -> PeerRecord:
-        return self.records[peer]
 
     def abort(self, peers: list[int], group: int, error: BaseException) -> None:
         frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, abort_payload(error)))
