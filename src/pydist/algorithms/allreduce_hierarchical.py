@@ -2,8 +2,8 @@
 
 1. On each host, reduce to the host's leader (its lowest group rank) through the host's
    shared-memory arena (reduce_shm).
-2. The leaders all_reduce among themselves over the network (recursive doubling for small
-   buffers, the pipelined ring for large ones).
+2. The leaders all_reduce among themselves over the network (recursive doubling up to
+   SMALL_BYTES, the pipelined ring above).
 3. On each host, the leader broadcasts the result through the arena (broadcast_shm).
 Network traffic is that of an all_reduce among hosts, not among ranks. The engine picks it
 for groups with ranks on several hosts and more than one rank on some host.

@@ -1,9 +1,9 @@
 """The backends pydist-bench can measure, and whether each one can run here.
 
 Names are those of ``--backend`` (``pydist``, ``gloo``, ``mpi``) and ``--compare``
-(``gloo``, ``mpi``, ``pydist``). ``--backend mpi`` means pydist's own MPI backend (``init_process_group("mpi")``
-under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means plain mpi4py on MPICH (key
-``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
+(``gloo``, ``mpi``, ``pydist``). ``--backend mpi`` means pydist's own MPI backend
+(``init_process_group("mpi")`` under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means
+plain mpi4py on MPICH (key ``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
 (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, like torchrun); ``mpiexec`` runs the venv's
 ``mpiexec -n N``; inside an already launched job (:mod:`.injob`) no launcher runs, and the
 ``mpiexec`` backends need that job to have been started by mpiexec. Adding a backend is one

@@ -2,16 +2,18 @@
 
 Layout: a 64-byte line with the Signal (doorbell, sleepers); one 64-byte line per member
 holding [phase, fingerprint x2] (the fingerprint double-buffered by phase parity, so a
-fast member writing its next one cannot change what a slow one still compares); then 2 parities x (members + 1) slots of
-``slot_bytes``: one slot per member and one shared slot. Algorithms alternate parities per
+fast member writing its next one cannot change what a slow one still compares); then
+2 parities x (members + 1) slots of ``slot_bytes``: one slot per member and one shared
+slot. Algorithms alternate parities per
 use (``next_parity``) and separate writing from reading with ``sync``; the invariant that
 makes reuse safe: data written for a use is read only between that use's sync and the
 member's next sync, and a member writes a parity again only after a later sync.
 
 ``sync`` is a barrier of the members (spin, yield, then futex sleep; see _signal). It can
 carry a fingerprint of the call (op, dtype, count, root, reduce op): members whose
-fingerprints differ all raise DistBackendError naming the rank and both calls, instead of
-hanging or mixing data.
+fingerprints differ all raise DesyncError (a DistBackendError) naming the rank and both
+calls, instead of hanging or mixing data. A member that does not arrive before the deadline
+makes the others raise OpTimeoutError naming it.
 """
 from __future__ import annotations
 
