@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from ..transport.arena import fingerprint
+from ..transport._calls import fingerprint
 from ._segments import chunks
 from ._shm_sizes import check_rooted, exchange_sizes
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp, reduce_many
-from ..transport.arena import fingerprint
+from ..transport._calls import fingerprint
 from ._segments import chunks
 
 

@@ -19,7 +19,7 @@ from collections import deque
 
 from .._deadline import Deadline
 from .._errors import DistBackendError, PeerFailedError
-from ._base import MessageKey, Request, Transport, completed_request
+from ._base import MessageKey, Request, Transport
 from ._framing import FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher
 from ._receiver import FrameReceiver
