@@ -15,7 +15,7 @@ def show(rank: int, what: str, value) -> None:
 def main() -> None:
     dist.init_process_group("pydist")
     rank, size = dist.get_rank(), dist.get_world_size()
-    mine = np.arange(2, dtype=np.int64) + 1 + 2 * rank  # the seeds' tensor: [1,2], [3,4], ...
+    mine = np.arange(2, dtype=np.int64) + 1 + 2 * rank  # rank r holds [2r+1, 2r+2]: [1,2], [3,4], ...
     show(rank, "input", mine)
 
     token = np.zeros(1)  # ping-pong around the ring

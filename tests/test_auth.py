@@ -17,7 +17,8 @@ from pydist._auth import CLIENT, SERVER, TOKEN_ENV, AuthenticationError, Transcr
 from pydist._deadline import Deadline
 from pydist._errors import DistNetworkError, DistStoreError
 from pydist.store import HashStore, PrefixStore, TCPStore
-from pydist.store._protocol import (AUTH_ACCEPTED, AUTH_REFUSED, ClientOpening, Message, ServerOpening, auth_hello,
+from pydist.store._auth_opening import ClientOpening, ServerOpening
+from pydist.store._protocol import (AUTH_ACCEPTED, AUTH_REFUSED, Message, auth_hello,
                                     encode_request, encode_response, hello)
 from pydist.store._service import StoreService
 from pydist.testing import run_processes

@@ -1201,7 +1201,8 @@ _TOKEN = b"robustness-token"
 def _auth_api():
     """The authenticated opening's client side and hello, if this tree has them (issue 6.6)."""
     try:
-        from pydist.store._protocol import ClientOpening, auth_hello
+        from pydist.store._auth_opening import ClientOpening
+        from pydist.store._protocol import auth_hello
     except ImportError:
         pytest.skip("store authentication (issue 6 item 6) is not in this tree")
     import inspect

@@ -21,7 +21,7 @@ import pytest
 
 from pydist.run import cli
 from pydist.run import output
-from pydist.run.agent import LocalAgent
+from pydist.run.agent import Agent
 from pydist.run.config import LaunchConfig, Placement, worker_command, worker_env
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
@@ -345,7 +345,7 @@ def test_agent_in_process_leaks_nothing(pids):
     handler_before = signal.getsignal(signal.SIGTERM)
     config = LaunchConfig(nproc_per_node=2, command=worker_command(WORKER, ["store"]), base_env=env_for(pids[0]))
     out, err = io.BytesIO(), io.BytesIO()
-    assert LocalAgent(config, stdout=out, stderr=err).run() == 0, err.getvalue()
+    assert Agent(config, stdout=out, stderr=err).run() == 0, err.getvalue()
     assert len(tagged(out.getvalue().decode(), "STORE")) == 2
     deadline = time.monotonic() + 5
     while threading.active_count() > threads_before and time.monotonic() < deadline:

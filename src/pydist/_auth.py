@@ -19,7 +19,7 @@ proof only to a client that proved first, so an unauthenticated peer gets no MAC
 What is not protected: see the README's threat model (no encryption, no per-message
 integrity after the handshake, no DoS protection).
 
-This module holds the token rules and the proofs; the store (``store/_protocol.py``) and
+This module holds the token rules and the proofs; the store (``store/_auth_opening.py``) and
 the transports (``transport/_mesh.py``) frame the four messages in their own protocols.
 """
 from __future__ import annotations

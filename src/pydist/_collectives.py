@@ -67,6 +67,9 @@ def _sizes_match(buffers: Sequence[Buffer], size: int, name: str) -> None:
             raise ValueError(f"{name}[{index}]: expected {size} elements, got {buffer.array.size}")
 
 
+#: (op, dtype name) -> the checked ReduceOp, for ops without a factor (a bounded set: the
+#: ReduceOp values times the dtypes). PREMUL_SUM ops carry a factor that may change every
+#: call, so they are checked each time instead of cached.
 _CHECKED_OPS: dict = {}
 
 
@@ -79,10 +82,11 @@ def _reduce_op(op: Any, buffer: Buffer):
         pass
     reduce_op = as_reduce_op(op)
     check_op_dtype(reduce_op, buffer.array.dtype, buffer.dtype_name)
-    try:
-        _CHECKED_OPS[key] = reduce_op
-    except TypeError:  # an unhashable op object: not cached
-        pass
+    if reduce_op.factor is None:
+        try:
+            _CHECKED_OPS[key] = reduce_op
+        except TypeError:  # an unhashable op object: not cached
+            pass
     return reduce_op
 
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
 
 #: Seconds between publications (when something changed).
 PUBLISH_INTERVAL = 1.0
-#: Seconds a timed-out rank waits for the store while explaining.
-EXPLAIN_TIMEOUT = 5.0
 
 
 class Progress:
@@ -71,6 +68,3 @@ class Progress:
         if not behind:
             return "; every rank had started it (one may be stuck inside it)"
         return f"; ranks that never reached it: {', '.join(behind)}"
-
-    def store_timeout(self) -> timedelta:
-        return timedelta(seconds=EXPLAIN_TIMEOUT)

@@ -109,10 +109,3 @@ class Work:
 
     def __repr__(self) -> str:
         return f"<Work {self.description} {'done' if self._done else 'pending'}>"
-
-
-def completed_work(description: str, outputs: list[Any] | None = None) -> Work:
-    """A Work that is already successfully finished (no-ops, size-1 groups)."""
-    work = Work(description, outputs)
-    work._succeed()
-    return work

@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-#: default pipeline segment size; a test-only knob lowers it to exercise multi-segment paths
-DEFAULT_SEGMENT_BYTES = 1 << 20
-
 
 def block_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous ranges covering ``count`` elements; the first ones one longer."""

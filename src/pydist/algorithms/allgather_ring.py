@@ -3,7 +3,8 @@
 Cost: n-1 steps; each rank sends and receives (n-1)/n of the output. Blocks may differ in
 size (all_gather with uneven tensors). Every receive is posted up front straight into its
 final place, and a received segment is forwarded at once. The engine picks it for
-all_gather, and it is the second half of the ring all_reduce.
+all_gather when the group's ranks do not all share one host's memory (then allgather_shm
+runs); it is also the second half of the ring all_reduce.
 """
 from __future__ import annotations
 

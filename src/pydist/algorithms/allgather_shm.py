@@ -2,14 +2,15 @@
 
 Per chunk: every rank copies its part into its slot, a barrier, every rank copies every
 slot out (n copies out per rank, one barrier per chunk). Parts may differ in size. The
-engine picks it for every all_gather of a same-host group.
+engine picks it for every all_gather of a group of several ranks that all share this
+host's memory.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .._comm import Comm
-from ..transport.arena import fingerprint
+from ..transport._calls import fingerprint
 from ._segments import chunks
 
 

@@ -8,7 +8,7 @@ Per chunk of ``slot_bytes``: every rank copies its part into its slot, a barrier
 Chunks alternate between two parities, so one rank can copy the next chunk in while
 another still reduces or copies out the previous one. Results are bitwise identical on
 every rank (same inputs, same order). The engine picks it for every all_reduce of a group
-whose ranks share a host.
+of several ranks that all share this host's memory.
 """
 from __future__ import annotations
 

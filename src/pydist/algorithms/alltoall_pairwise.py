@@ -3,7 +3,8 @@
 Cost: n-1 steps; at step i rank r sends to r+i and receives from r-i, so every link
 carries one message per step. Receives are all posted first, straight into the outputs;
 parts may differ in size (all_to_all_single with split sizes). The engine picks it for
-every all_to_all.
+all_to_all when the group's ranks do not all share one host's memory (then alltoall_shm
+runs).
 """
 from __future__ import annotations
 

@@ -4,14 +4,15 @@ A first barrier exchanges every rank's send and receive sizes (parts may differ 
 all_to_all_single with split sizes), so every rank checks every pair and runs the same
 number of rounds. Each slot is cut into n sub-slots; per round every rank copies its part
 for rank j into sub-slot j, a barrier, and every rank copies its sub-slot of every slot
-out. The engine picks it for every all_to_all of a same-host group.
+out. The engine picks it for every all_to_all of a group of several ranks that all share
+this host's memory.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .._comm import Comm
-from ..transport.arena import fingerprint
+from ..transport._calls import fingerprint
 from ._segments import chunks
 from ._shm_sizes import exchange_sizes, mismatch
 

@@ -2,7 +2,8 @@
 
 Cost: ceil(log2 n) rounds of one empty message per rank: in round k rank r signals
 r + 2^k and waits for r - 2^k. No rank leaves before every rank has arrived. The engine
-picks it for every barrier.
+picks it for barrier when the group's ranks do not all share one host's memory (then
+barrier_shm runs).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Same-host barrier: one arena phase (publish a counter, wait for everyone's).
 
-The engine picks it for every barrier of a same-host group.
+The engine picks it for every barrier of a group of several ranks that all share this
+host's memory.
 """
 from __future__ import annotations
 

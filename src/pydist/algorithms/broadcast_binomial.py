@@ -2,7 +2,8 @@
 
 Cost: ceil(log2 n) steps; the root sends the buffer log2(n) times, every other rank
 receives it once. Segments are forwarded to children as soon as they arrive, so for large
-buffers the tree works as a pipeline. The engine picks it for every broadcast.
+buffers the tree works as a pipeline. The engine picks it for broadcast when the group's
+ranks do not all share one host's memory (then broadcast_shm runs).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Per chunk: the root copies it into the shared slot, a barrier, every other rank copies it
 out (one copy in, n-1 copies out, one barrier per chunk; parities alternate so the root
 fills the next chunk while others copy the last). The engine picks it for every broadcast
-of a group whose ranks share a host.
+of a group of several ranks that all share this host's memory; the hierarchical all_reduce
+uses it inside each host.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Cost: one step; the root receives (n-1) inputs (it must, whatever the algorithm); all of
 its receives are posted at once, straight into the output tensors. The engine picks it for
-every gather.
+gather when the group's ranks do not all share one host's memory (then gather_shm runs).
 """
 from __future__ import annotations
 

@@ -3,14 +3,15 @@
 A first barrier exchanges sizes (the root's expected size per rank, every rank's input
 size; parts may differ, as in gather_object), so every rank checks them alike. Then per
 chunk: every rank copies its part into its slot, a barrier, the root copies every slot
-out. The engine picks it for every gather of a same-host group.
+out. The engine picks it for every gather of a group of several ranks that all share this
+host's memory.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .._comm import Comm
-from ..transport.arena import fingerprint
+from ..transport._calls import fingerprint
 from ._segments import chunks
 from ._shm_sizes import check_rooted, exchange_sizes
 

@@ -3,7 +3,8 @@
 Cost: ceil(log2 n) steps; every non-root rank sends the buffer once; a rank with k
 children receives and reduces k buffers. Segments go up the tree as soon as they are
 reduced. Non-root inputs are left unchanged (ranks with children reduce into a copy). The
-engine picks it for every reduce.
+engine picks it for reduce when the group's ranks do not all share one host's memory (then
+reduce_shm runs).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Cost: n-1 steps; each rank sends and receives (n-1)/n of the buffer and reduces as much.
 Every block travels the ring once, reduced at each hop; segments of a block are forwarded
 as soon as they are reduced, so copy, network and reduction overlap. The engine picks it
-for reduce_scatter, and it is the first half of the ring all_reduce.
+for reduce_scatter when the group's ranks do not all share one host's memory (then
+reduce_scatter_shm runs); it is also the first half of the ring all_reduce.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Each slot is cut into n sub-slots. Per chunk: every rank copies chunk j of its input for
 rank j into its sub-slot j, a barrier, then every rank reduces its own sub-slot of every
 slot into its output (reads n sub-chunks, one barrier per chunk). Inputs are never
-modified. The engine picks it for every reduce_scatter of a same-host group.
+modified. The engine picks it for every reduce_scatter of a group of several ranks that
+all share this host's memory.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp, reduce_many
-from ..transport.arena import fingerprint
+from ..transport._calls import fingerprint
 from ._segments import chunks
 
 

@@ -3,7 +3,9 @@
 Per chunk: every rank copies its part into its slot, a barrier; then with 2 ranks (or
 small chunks) the root reduces every slot into its buffer, otherwise each rank reduces its
 1/n slice into the shared slot, a barrier, and the root copies the result out. Non-root
-inputs are never modified. The engine picks it for every reduce of a same-host group.
+inputs are never modified. The engine picks it for every reduce of a group of several
+ranks that all share this host's memory; the hierarchical all_reduce uses it inside each
+host.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Linear scatter: the root sends each rank its part directly.
 
 Cost: one step; the root sends (n-1) parts, all posted at once; each rank receives one,
-straight into its output tensor. The engine picks it for every scatter.
+straight into its output tensor. The engine picks it for scatter when the group's ranks
+do not all share one host's memory (then scatter_shm runs).
 """
 from __future__ import annotations
 

@@ -3,14 +3,15 @@
 A first barrier exchanges sizes (the root's part size per rank, every rank's output size;
 parts may differ, as in scatter_object_list), so every rank checks them alike. Then per
 chunk: the root copies part j into slot j, a barrier, every rank copies its slot out. The
-engine picks it for every scatter of a same-host group.
+engine picks it for every scatter of a group of several ranks that all share this host's
+memory.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .._comm import Comm
-from ..transport.arena import fingerprint
+from ..transport._calls import fingerprint
 from ._segments import chunks
 from ._shm_sizes import check_rooted, exchange_sizes
 

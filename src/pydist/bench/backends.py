@@ -1,9 +1,9 @@
 """The backends pydist-bench can measure, and whether each one can run here.
 
 Names are those of ``--backend`` (``pydist``, ``gloo``, ``mpi``) and ``--compare``
-(``gloo``, ``mpi``, ``pydist``). ``--backend mpi`` means pydist's own MPI backend (``init_process_group("mpi")``
-under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means plain mpi4py on MPICH (key
-``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
+(``gloo``, ``mpi``, ``pydist``). ``--backend mpi`` means pydist's own MPI backend
+(``init_process_group("mpi")`` under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means
+plain mpi4py on MPICH (key ``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
 (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, like torchrun); ``mpiexec`` runs the venv's
 ``mpiexec -n N``; inside an already launched job (:mod:`.injob`) no launcher runs, and the
 ``mpiexec`` backends need that job to have been started by mpiexec. Adding a backend is one
@@ -27,16 +27,6 @@ def mpiexec_path() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-def _pydist_mpi_missing() -> str | None:
-    import pydist
-    try:
-        pydist.Backend("mpi")
-    except ValueError:
-        return ("pydist's MPI backend does not exist yet: init_process_group(\"mpi\") is not "
-                "implemented (pydist.Backend does not accept \"mpi\")")
-    return None
-
-
 @dataclass(frozen=True)
 class BackendSpec:
     """How to run one backend: its column label, launcher, requirements and connect function."""
@@ -47,7 +37,6 @@ class BackendSpec:
     connect: Callable[[float], Any]
     modules: tuple[str, ...] = ()
     install_hint: str = ""
-    extra_check: Callable[[], str | None] = lambda: None
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run here, or None if it can."""
@@ -56,13 +45,13 @@ class BackendSpec:
                 return f"not installed ({module} cannot be imported; {self.install_hint})"
         if self.launcher == "mpiexec" and mpiexec_path() is None:
             return f"no mpiexec found next to {sys.executable} or on PATH ({self.install_hint})"
-        return self.extra_check()
+        return None
 
 
 BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
     BackendSpec("pydist", "pydist", "spawn", comms.connect_pydist),
     BackendSpec("pydist-mpi", "pydist-mpi", "mpiexec", comms.connect_pydist_mpi, ("mpi4py",),
-                "pip install mpi4py mpich", _pydist_mpi_missing),
+                "pip install mpi4py mpich"),
     BackendSpec("gloo", "gloo", "spawn", comms.connect_gloo, ("torch",), "pip install torch"),
     BackendSpec("mpi", "mpi", "mpiexec", comms.connect_mpi, ("mpi4py",), "pip install mpi4py mpich"),
 )}

@@ -1,7 +1,7 @@
 """Results of a run, as nccl-tests-style table or as JSON.
 
 A :class:`BackendResult` holds one backend's measured seconds per size (``rows``, keyed by
-bytes) and its status: ``ok``, ``unavailable`` (not installed / not implemented: not run)
+bytes) and its status: ``ok``, ``unavailable`` (cannot run here, e.g. not installed: not run)
 or ``failed`` (stopped partway: the sizes it finished are kept). Times are printed in µs,
 bandwidths in GB/s (1e9 B/s), ratios as other backend's time / main backend's time, so a
 ratio above 1 means the main backend is faster. Missing values print as ``-`` (JSON null).

@@ -166,10 +166,6 @@ class Agent:
         return {sig: signal.signal(sig, on_signal) for sig in HANDLED_SIGNALS}
 
 
-#: The single-node agent of earlier versions: the same agent.
-LocalAgent = Agent
-
-
 class RoundRun:
     """This node's workers during one round: start them, watch them and the round's stop
     record, stop them; :meth:`run` returns the round's outcome (a stop record, or

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 _NO_TRACEBACK = " <N/A> (nothing on stderr)"

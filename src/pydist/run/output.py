@@ -3,7 +3,7 @@
 One thread multiplexes every worker pipe (``selectors``). Bytes are forwarded as they are
 (no decoding); each complete line is written as ``prefix + line`` under a process-wide lock
 and flushed, so lines of different workers, and the launcher's own messages written with
-:func:`write_text`, never interleave inside a line. A partial last line is written, with a
+:func:`write_bytes`, never interleave inside a line. A partial last line is written, with a
 newline added, when its pipe reaches end of file or the pump is stopped. A line longer than
 :data:`MAX_LINE` bytes is cut into several prefixed lines rather than buffered without bound.
 Write errors on the launcher's side (closed stdout, EPIPE) are ignored: the pump keeps
@@ -16,7 +16,7 @@ import os
 import selectors
 import threading
 from dataclasses import dataclass, field
-from typing import BinaryIO, TextIO
+from typing import BinaryIO
 
 #: Longest line held back waiting for its newline.
 MAX_LINE = 1 << 20
@@ -31,11 +31,6 @@ def write_bytes(dest: BinaryIO, data: bytes) -> None:
             dest.flush()
         except (OSError, ValueError):
             pass
-
-
-def write_text(dest: TextIO, text: str) -> None:
-    """Write a launcher message (a newline is added) without splitting worker lines."""
-    write_bytes(dest.buffer, (text + "\n").encode(dest.encoding or "utf-8", "replace"))
 
 
 @dataclass

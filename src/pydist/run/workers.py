@@ -4,9 +4,9 @@ Each worker runs in a new session (``start_new_session``, as torchrun does), so 
 also its process-group id and signalling the group reaches the grandchildren it started.
 Signals go to those group ids only, never to names. On Linux a worker also gets SIGKILL
 when its agent dies (PR_SET_PDEATHSIG), so a killed launcher leaves no worker running.
-A watcher thread per worker reaps it
-(no zombies) and posts ``("exit", local_rank, monotonic, wall)`` on the agent's event
-queue; the exit times tell the agent which worker failed first.
+A watcher thread per worker reaps it (no zombies) and posts
+``("exit", local_rank, monotonic, wall)`` on the agent's event queue; the exit times tell
+the agent which worker failed first.
 """
 from __future__ import annotations
 

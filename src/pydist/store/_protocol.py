@@ -25,18 +25,19 @@ or :data:`AUTH_REFUSED`)::
     client: MAGIC, u16 VERSION|AUTH_FLAG, nonce_c (32)     server: MAGIC, u16 VERSION|AUTH_FLAG, nonce_s (32)
     client: proof_c (32)                                   server: u8 1, proof_s (32)  |  u8 0, then close
 
-Messages follow as above. :class:`ClientOpening` and :class:`ServerOpening` run that
-opening. A server with a token answers a plain hello with a hello whose version has only
-the flag meaning "authentication required" (the client's parser raises
-:class:`AuthRequired`) and closes; a server without one answers an authenticating hello
-with its plain hello and closes. Without a token nothing changes on the wire.
+Messages follow as above. :mod:`._auth_opening` runs that opening (``ClientOpening``,
+``ServerOpening``). A server with a token answers a plain hello
+with a hello whose version has only the flag meaning "authentication required" (the
+client's parser raises :class:`AuthRequired`) and closes; a server without one answers an
+authenticating hello with its plain hello and closes. Without a token nothing changes on
+the wire.
 """
 from __future__ import annotations
 
 import struct
 from typing import Any, Iterable, NamedTuple
 
-from .._auth import CLIENT, MAC_BYTES, NONCE_BYTES, SERVER, AuthenticationError, Transcript, new_nonce
+from .._auth import NONCE_BYTES
 from .._errors import DistStoreError, QueueEmptyError
 
 VERSION = 1
@@ -49,13 +50,13 @@ MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 _HEADER = struct.Struct("<BI")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
-_VERSION = struct.Struct("<H")
-_HELLO_BYTES = len(WIRE_MAGIC) + _VERSION.size
+VERSION_FIELD = struct.Struct("<H")
+HELLO_BYTES = len(WIRE_MAGIC) + VERSION_FIELD.size
 #: Set in the hello's version by a side that authenticates (and in the "authentication
 #: required" answer to one that does not).
 AUTH_FLAG = 0x8000
 AUTH_ACCEPTED, AUTH_REFUSED = 1, 0
-_AUTH_HELLO_BYTES = _HELLO_BYTES + NONCE_BYTES
+AUTH_HELLO_BYTES = HELLO_BYTES + NONCE_BYTES
 
 
 class ProtocolError(DistStoreError):
@@ -162,7 +163,7 @@ _CHANGE_TABLE = _Table(CHANGES)
 
 def hello(magic: bytes = WIRE_MAGIC) -> bytes:
     """The 6 bytes that open a stream: magic and protocol version."""
-    return magic + _VERSION.pack(VERSION)
+    return magic + VERSION_FIELD.pack(VERSION)
 
 
 def _checked(data: bytes, limit: int, what: str) -> bytes:
@@ -325,14 +326,14 @@ class Parser(StreamParser):
         seen = bytes(self._buf[:len(self._magic)])
         if not self._magic.startswith(seen):
             raise ProtocolError(f"bad magic {seen!r} (expected {self._magic!r}): not a pydist store stream")
-        if len(self._buf) < _HELLO_BYTES:
+        if len(self._buf) < HELLO_BYTES:
             return False
-        version = _VERSION.unpack_from(self._buf, len(self._magic))[0]
+        version = VERSION_FIELD.unpack_from(self._buf, len(self._magic))[0]
         if version & AUTH_FLAG and self._magic == WIRE_MAGIC:
             raise AuthRequired("the peer authenticates with a shared token (PYDIST_AUTH_TOKEN) and this side has none")
         if version != VERSION:
             raise ProtocolError(f"protocol version {version} is not supported (this side speaks {VERSION})")
-        del self._buf[:_HELLO_BYTES]
+        del self._buf[:HELLO_BYTES]
         self.handshaken = True
         return True
 
@@ -360,128 +361,4 @@ class ChangeParser(Parser):
 
 def auth_hello(nonce: bytes = b"") -> bytes:
     """An authenticating hello carrying ``nonce`` (none: the "authentication required" answer)."""
-    return WIRE_MAGIC + _VERSION.pack(VERSION | AUTH_FLAG) + nonce
-
-
-def _hello_version(buf: bytearray) -> int | None:
-    """The version of the hello at the start of ``buf`` (None: incomplete). Raises ProtocolError."""
-    seen = bytes(buf[:len(WIRE_MAGIC)])
-    if not WIRE_MAGIC.startswith(seen):
-        raise ProtocolError(f"bad magic {seen!r} (expected {WIRE_MAGIC!r}): not a pydist store stream")
-    return _VERSION.unpack_from(buf, len(WIRE_MAGIC))[0] if len(buf) >= _HELLO_BYTES else None
-
-
-class _Opening:
-    """One side of the authenticated opening: ``feed(bytes)`` returns bytes to send; when
-    ``done``, ``leftover()`` is what arrived after it (the start of the message stream)."""
-
-    def __init__(self, token: bytes):
-        self._buf = bytearray()
-        self._transcript = Transcript(token, "store")
-        self._nonce = new_nonce()
-        self._step = 0
-        self.done = False
-
-    def leftover(self) -> bytes:
-        data, self._buf = bytes(self._buf), bytearray()
-        return data
-
-    def feed(self, data: bytes) -> bytes:
-        """Take received bytes; return the bytes to send (b"": none yet)."""
-        self._buf += data
-        out = b""
-        try:
-            while not self.done and (step := self._advance()) is not None:
-                out += step
-        except AuthRefused as e:
-            e.reply = out + e.reply
-            raise
-        return out
-
-    def _advance(self) -> bytes | None:
-        """One step: what to send, or None if more bytes are needed."""
-        raise NotImplementedError
-
-    def _plain_hello(self) -> None:
-        """The peer's hello does not authenticate: raise."""
-        raise NotImplementedError
-
-    def _peer_hello(self) -> bytes | None:
-        """The peer's authenticating hello, added to the transcript (None: not whole yet).
-        Raises ProtocolError (not a pydist stream, another version) or ``_plain_hello``'s error."""
-        version = _hello_version(self._buf)
-        if version is None:
-            return None
-        if version == VERSION:
-            self._plain_hello()
-        if version != VERSION | AUTH_FLAG:
-            raise ProtocolError(f"protocol version {version & ~AUTH_FLAG} is not supported (this side speaks {VERSION})")
-        message = self._take(_AUTH_HELLO_BYTES)
-        if message is not None:
-            self._transcript.add(message)
-        return message
-
-    def _take(self, n: int) -> bytes | None:
-        if len(self._buf) < n:
-            return None
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
-
-
-class ClientOpening(_Opening):
-    """The client's side: send ``start()``, then ``feed`` what the server sends until
-    ``done``. Raises AuthenticationError (the server has another token or none, or failed to
-    prove it holds this one) or ProtocolError (not a pydist store server)."""
-
-    def start(self) -> bytes:
-        message = auth_hello(self._nonce)
-        self._transcript.add(message)
-        return message
-
-    def _plain_hello(self) -> None:
-        raise AuthenticationError("the server has no token (it does not authenticate) "
-                                  "and this client has one (PYDIST_AUTH_TOKEN or auth_token=)")
-
-    def _advance(self) -> bytes | None:
-        if self._step == 0:
-            if self._peer_hello() is None:
-                return None
-            self._step = 1
-            return self._transcript.proof(CLIENT)
-        status = self._buf[:1]
-        if status == bytes([AUTH_REFUSED]):
-            raise AuthenticationError("the server refused this client's proof: the tokens differ")
-        if status and status != bytes([AUTH_ACCEPTED]):
-            raise ProtocolError(f"unexpected authentication status {status!r}")
-        answer = self._take(1 + MAC_BYTES)
-        if answer is None:
-            return None
-        if not self._transcript.check(SERVER, answer[1:]):
-            raise AuthenticationError("the server did not prove that it holds the token")
-        self.done = True
-        return b""
-
-
-class ServerOpening(_Opening):
-    """The server's side: ``feed`` what the client sends until ``done``. Raises
-    AuthRefused (with the reply to send before closing) or ProtocolError."""
-
-    def _plain_hello(self) -> None:
-        raise AuthRefused("the client did not authenticate (it has no token)", auth_hello())
-
-    def _advance(self) -> bytes | None:
-        if self._step == 0:
-            if self._peer_hello() is None:
-                return None
-            answer = auth_hello(self._nonce)
-            self._transcript.add(answer)
-            self._step = 1
-            return answer
-        proof = self._take(MAC_BYTES)
-        if proof is None:
-            return None
-        if not self._transcript.check(CLIENT, proof):
-            raise AuthRefused("wrong proof (another token, or a replayed handshake)", bytes([AUTH_REFUSED]))
-        self.done = True
-        return bytes([AUTH_ACCEPTED]) + self._transcript.proof(SERVER)
+    return WIRE_MAGIC + VERSION_FIELD.pack(VERSION | AUTH_FLAG) + nonce

@@ -8,7 +8,7 @@ one :class:`KVState`, so pydist and torch clients share keys; a codec per connec
 (:class:`PydistCodec` or :class:`~pydist.store._torch_service.TorchCodec`) parses its
 requests, names the operations to run and frames their answers.
 
-The I/O loop (``tcp.py``) calls ``open`` / ``receive`` / ``close`` as connections come,
+The I/O loop (``_tcp_server.py``) calls ``open`` / ``receive`` / ``close`` as connections come,
 send bytes and go, ``expire`` when ``next_deadline`` passes, and then sends what
 ``take_output`` returns and closes what ``take_dropped`` names (connections that sent a
 malformed stream). A connection's requests are answered in order: while one of them is
@@ -19,7 +19,7 @@ at its deadline (torch's: none) it is answered ``timeout`` with the keys still m
 so the client and server stay in sync.
 
 With a token (``StoreService(auth_token=...)``) a pydist connection must first pass the
-authenticated opening (``_protocol.ServerOpening``): until it has, none of its bytes reach
+authenticated opening (``_auth_opening.ServerOpening``): until it has, none of its bytes reach
 a request parser, so it can neither read nor write a key. A connection that fails it, or
 speaks torch's protocol (torch's clients cannot authenticate), is dropped with a reason
 naming authentication, after its refusal reply is sent.
@@ -34,8 +34,9 @@ from collections import deque
 from typing import Any
 
 from .._errors import DistStoreError
+from ._auth_opening import ServerOpening
 from ._protocol import (REQUESTS, WIRE_MAGIC, AuthRefused, AuthRequired, Message, ProtocolError, RequestParser,
-                        ServerOpening, encode_response, error_code, hello)
+                        encode_response, error_code, hello)
 from ._state import KVState, NotReady
 from ._torch_service import TorchCodec
 

@@ -139,7 +139,6 @@ class FileStore(Store):
         if not isinstance(world_size, int):
             raise TypeError(f"world_size: expected int, got {type(world_size).__name__}")
         self._path = os.fspath(file_name)
-        self._world_size = world_size
         self._log = log = self._open_log()
         self._finalizer = weakref.finalize(self, log.release, world_size)
 

@@ -28,229 +28,37 @@ Processes started with ``popen``/``run`` run in a new session inside the host's 
 (``ip netns exec``). Leaving the ``with`` block (also on an exception, a KeyboardInterrupt,
 garbage collection or interpreter exit) stops them by pid: SIGTERM to each process group and
 to every process found inside the namespaces, SIGKILL after ``grace`` seconds; then it reaps
-them and deletes the veths, the bridge and the namespaces. Namespace names are
-``pydistnet-<pid>-<counter>-h<i>`` (switch: ``-sw<third octet>``); a new Network first deletes
-those whose owning pid is gone (a crashed run), killing what still runs in them.
+them and deletes the veths, the bridge and the namespaces. A new Network first deletes the
+namespaces whose owning pid is gone (a crashed run), killing what still runs in them.
+
+The link settings and their notation are in :mod:`._netns_shaping`, the ip/tc commands,
+probing and process/namespace cleanup in :mod:`._netns_system`; the names tests use from
+them (``Shaping``, ``parse_*``, ``netns_available``, ``require_netns``, ``pids_in``,
+``cleanup_stale``) are importable from here.
 """
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Sequence
 
-PREFIX = "pydistnet-"
-NETNS_DIR = "/var/run/netns"
-_NAME = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(?:sw(\d+)|h(\d+))$")
-_COUNTER = itertools.count()
+from ._netns_shaping import Shaping, parse_delay, parse_loss, parse_rate
+from ._netns_system import (MATCH_ALL, NAME, NETNS_DIR, cleanup_stale, namespace_stem, netns_available, netns_inode,
+                            pids_in, require_netns, run_tool, signal_pid, stop, tool_path)
+
+__all__ = ["Host", "Network", "Shaping", "cleanup_stale", "netns_available", "parse_delay", "parse_loss",
+           "parse_rate", "pids_in", "require_netns", "stop"]
+
 _LOCK = threading.Lock()
 _OCTETS_IN_USE: set[int] = set()  # third octets of this process's open Networks
-_SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
-_MATCH_ALL = "protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev"
 #: The delay/loss relay, run as a script (python -I) in the switch namespace.
 RELAY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_netns_relay.py")
-
-
-# --- commands -------------------------------------------------------------------------------
-
-def _which(tool: str) -> str | None:
-    return shutil.which(tool) or shutil.which(tool, path=_SBIN)
-
-
-def _tool(tool: str) -> str:
-    path = _which(tool)
-    if path is None:
-        raise FileNotFoundError(f"'{tool}' not found on PATH or in {_SBIN} (Debian: apt-get install iproute2)")
-    return path
-
-
-def _cmd(argv: Sequence[str], batch: list[str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run an ip/tc command (``batch``: lines for its ``-batch -``); raise with stderr on failure."""
-    argv = [_tool(argv[0]), *argv[1:], *(["-batch", "-"] if batch is not None else [])]
-    text = None if batch is None else "".join(line + "\n" for line in batch)
-    result = subprocess.run(argv, input=text, capture_output=True, text=True, timeout=30)
-    if check and result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}"
-                           + (f"\ninput:\n{text}" if text else ""))
-    return result
-
-
-# --- units ----------------------------------------------------------------------------------
-
-_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-               "kibit": 2**10, "mibit": 2**20, "gibit": 2**30, "tibit": 2**40,
-               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
-_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6}
-_QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z]*)\s*$")
-
-
-def _parse(value: str | float, units: dict[str, float], what: str, default_unit: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    else:
-        match = _QUANTITY.match(str(value).lower())
-        if not match or (match.group(2) or default_unit) not in units:
-            raise ValueError(f"{what}: cannot parse {value!r} (units: {', '.join(units)})")
-        number = float(match.group(1)) * units[match.group(2) or default_unit]
-    if number < 0:
-        raise ValueError(f"{what}: expected a non-negative value, got {value!r}")
-    return number
-
-
-def parse_rate(rate: str | float) -> int:
-    """Bits per second from tc's notation ("200mbit", "1gbit", "10mbps" = bytes) or a number."""
-    bits = int(_parse(rate, _RATE_UNITS, "rate", "bit"))
-    if bits < 8000:
-        raise ValueError(f"rate: expected at least 8kbit, got {rate!r}")
-    return bits
-
-
-def parse_delay(delay: str | float) -> float:
-    """Seconds from "20ms", "1.5s", "300us" or a number of seconds."""
-    return _parse(delay, _TIME_UNITS, "delay", "s")
-
-
-def parse_loss(loss: str | float) -> float:
-    """A probability from 0.01 or "1%"."""
-    percent = isinstance(loss, str) and loss.strip().endswith("%")
-    value = _parse(loss.strip()[:-1] if percent else loss, {"": 1.0}, "loss", "") / (100 if percent else 1)
-    if value > 1:
-        raise ValueError(f"loss: expected a probability in [0, 1] or a percentage, got {loss!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class Shaping:
-    """One host link's shaping: ``rate`` in bit/s each way; ``delay`` (s) and ``loss`` on what
-    the host sends."""
-    rate: int | None = None
-    delay: float = 0.0
-    loss: float = 0.0
-
-    @classmethod
-    def of(cls, rate=None, delay=None, loss=None) -> "Shaping":
-        return cls(None if rate is None else parse_rate(rate), 0.0 if delay is None else parse_delay(delay),
-                   0.0 if loss is None else parse_loss(loss))
-
-    def tbf(self, dev: str) -> list[str]:
-        """tc lines for ``dev``'s root: a tbf whose bucket holds 1 ms of traffic but at least
-        64 KiB (a whole GSO packet, so tbf need not split it) and whose queue holds 20 ms of
-        traffic but at least 256 KiB (room for a TCP burst without drops at low rates)."""
-        if not self.rate:
-            return []
-        per_second = self.rate / 8
-        burst = max(64 * 1024, int(per_second * 1e-3))
-        limit = burst + max(256 * 1024, int(per_second * 20e-3))
-        return [f"qdisc add dev {dev} root handle 1: tbf rate {self.rate}bit burst {burst} limit {limit}"]
-
-
-# --- probing, processes in namespaces, stale namespaces ----------------------------------------
-
-@lru_cache(maxsize=None)
-def netns_available(shaping: bool = False) -> tuple[bool, str]:
-    """(True, "") if this process can make namespaces, veths and a bridge (and, with
-    ``shaping``, tbf, clsact + u32 + mirred and TAP devices); else (False, why). Tries it
-    for real, once per process."""
-    if not os.path.isdir("/proc/self/ns"):
-        return False, "network namespaces need Linux"
-    for tool in ("ip", "tc") if shaping else ("ip",):
-        if _which(tool) is None:
-            return False, f"'{tool}' not found (Debian: apt-get install iproute2)"
-    if os.geteuid() != 0:
-        return False, "network namespaces need root (CAP_SYS_ADMIN and CAP_NET_ADMIN)"
-    name = f"{PREFIX}{os.getpid()}-{next(_COUNTER)}-sw0"
-    try:
-        _cmd(["ip", "netns", "add", name])
-        try:
-            _cmd(["ip", "-n", name], ["link set lo up", "link add br0 type bridge",
-                                      "link add a0 type veth peer name b0", "link set a0 master br0"])
-            if shaping:
-                _cmd(["ip", "-n", name, "tuntap", "add", "dev", "t0", "mode", "tap", "vnet_hdr"])
-                _cmd(["tc", "-n", name], Shaping(rate=10**6).tbf("a0") + ["qdisc add dev b0 clsact",
-                                                                          f"filter add dev b0 ingress {_MATCH_ALL} t0"])
-        finally:
-            _cmd(["ip", "netns", "del", name], check=False)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        return False, f"cannot set up a network namespace: {error}"
-    return True, ""
-
-
-def require_netns(shaping: bool = False) -> None:
-    """pytest.skip(reason) unless ``netns_available(shaping)``."""
-    ok, reason = netns_available(shaping)
-    if not ok:
-        import pytest
-        pytest.skip(reason)
-
-
-def _netns_inode(name: str) -> int | None:
-    try:
-        return os.stat(os.path.join(NETNS_DIR, name)).st_ino
-    except OSError:
-        return None
-
-
-def pids_in(inodes: set[int]) -> list[int]:
-    """Pids of the live processes whose network namespace has one of these inodes."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
-                    pids.append(int(entry))
-            except OSError:  # gone, or a zombie
-                pass
-    return pids
-
-
-def _signal(pid: int, sig: int, group: bool = False) -> None:
-    try:
-        (os.killpg if group else os.kill)(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def stop(procs: Sequence[subprocess.Popen], inodes: set[int], grace: float) -> list[int]:
-    """Stop ``procs`` (our children, each leading its process group) and every process inside
-    the namespaces ``inodes``: SIGTERM, SIGKILL after ``grace`` s; reap ``procs``. Returns the
-    pids still inside the namespaces at the end (none, unless stuck in the kernel)."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for proc in procs:
-            if proc.poll() is None:
-                _signal(proc.pid, sig, group=True)
-        for pid in pids_in(inodes):
-            _signal(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if all(proc.poll() is not None for proc in procs) and not pids_in(inodes):
-                return []
-            time.sleep(0.01)
-    return pids_in(inodes)
-
-
-def cleanup_stale(grace: float = 0.5) -> list[str]:
-    """Delete the harness's namespaces whose owning pid no longer exists (left by a run that
-    was killed), after killing the processes still inside them. Returns their names."""
-    try:
-        names = [name for name in os.listdir(NETNS_DIR) if _NAME.match(name)]
-    except OSError:
-        return []
-    stale = [name for name in names if not os.path.exists(f"/proc/{_NAME.match(name).group(1)}")]
-    if stale:
-        stop([], {ino for ino in map(_netns_inode, stale) if ino is not None}, grace)
-        for name in stale:
-            _cmd(["ip", "netns", "del", name], check=False)
-    return stale
 
 
 def _octets_taken() -> set[int]:
@@ -258,10 +66,10 @@ def _octets_taken() -> set[int]:
     switch namespace's name says which) or by an address of this machine's interfaces."""
     taken = set(_OCTETS_IN_USE)
     for name in os.listdir(NETNS_DIR) if os.path.isdir(NETNS_DIR) else []:
-        match = _NAME.match(name)
+        match = NAME.match(name)
         if match and match.group(3) is not None:
             taken.add(int(match.group(3)))
-    for line in _cmd(["ip", "-4", "-o", "addr", "show"]).stdout.splitlines():
+    for line in run_tool(["ip", "-4", "-o", "addr", "show"]).stdout.splitlines():
         fields = line.split()
         if "inet" in fields:
             net = ipaddress.IPv4Interface(fields[fields.index("inet") + 1]).network
@@ -298,16 +106,16 @@ def _teardown(res: _Resources) -> None:
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)) if on_main else None
     try:
-        inodes = {ino for ino in map(_netns_inode, res.namespaces) if ino is not None}
+        inodes = {ino for ino in map(netns_inode, res.namespaces) if ino is not None}
         res.leftovers = stop(res.procs + ([res.relay] if res.relay else []), inodes, res.grace)
         if res.relay is not None:
             res.relay.stdin.close()
             res.relay.stdout.close()
         if res.namespaces:  # the veths and the bridge go now, not when the kernel gets round to it
             links = [f"link del h{i}" for i in range(len(res.namespaces) - 1)] + ["link del br0"]
-            _cmd(["ip", "-force", "-n", res.namespaces[0]], links, check=False)
+            run_tool(["ip", "-force", "-n", res.namespaces[0]], links, check=False)
         for name in reversed(res.namespaces):
-            _cmd(["ip", "netns", "del", name], check=False)
+            run_tool(["ip", "netns", "del", name], check=False)
         res.namespaces.clear()
         with _LOCK:
             _OCTETS_IN_USE.discard(res.octet)
@@ -367,20 +175,21 @@ class Network:
             self._res.octet = free[0]
             _OCTETS_IN_USE.add(free[0])
             self.subnet = ipaddress.IPv4Network(f"10.77.{free[0]}.0/24")
-            stem = f"{PREFIX}{os.getpid()}-{next(_COUNTER)}"
+            stem = namespace_stem()
             self.hosts = [Host(i, f"{stem}-h{i}", str(self.subnet[i + 1])) for i in range(self.size)]
             self._res.namespaces.append(f"{stem}-sw{free[0]}")
-            _cmd(["ip", "netns", "add", self._switch])
+            run_tool(["ip", "netns", "add", self._switch])
         for host in self.hosts:
             self._res.namespaces.append(host.name)
-            _cmd(["ip", "netns", "add", host.name])
+            run_tool(["ip", "netns", "add", host.name])
         lines = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
         for i, host in enumerate(self.hosts):
             lines += [f"link add h{i} type veth peer name eth0 netns {host.name}", f"link set h{i} master br0",
                       f"link set h{i} up"]
-        _cmd(["ip", "-n", self._switch], lines)
+        run_tool(["ip", "-n", self._switch], lines)
         for host in self.hosts:
-            _cmd(["ip", "-n", host.name], ["link set lo up", f"addr add {host.addr}/24 dev eth0", "link set eth0 up"])
+            run_tool(["ip", "-n", host.name],
+                     ["link set lo up", f"addr add {host.addr}/24 dev eth0", "link set eth0 up"])
 
     @property
     def _switch(self) -> str:
@@ -396,9 +205,9 @@ class Network:
         new, old = Shaping.of(rate, delay, loss), self.shaping[i]
         for namespace, dev in ((self.hosts[i].name, "eth0"), (self._switch, f"h{i}")):
             if new.rate:
-                _cmd(["tc", "-n", namespace], [line.replace("qdisc add", "qdisc replace") for line in new.tbf(dev)])
+                run_tool(["tc", "-n", namespace], [line.replace("qdisc add", "qdisc replace") for line in new.tbf(dev)])
             elif old.rate:
-                _cmd(["tc", "-n", namespace, "qdisc", "del", "dev", dev, "root"])
+                run_tool(["tc", "-n", namespace, "qdisc", "del", "dev", dev, "root"])
         if new.delay or new.loss or i in self._relayed:
             self._relay_link(i)
             self._relay_call(f"set {i} {new.delay!r} {new.loss!r}")
@@ -422,10 +231,10 @@ class Network:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._relay_call(f"add {i}")
         switch = self._switch
-        _cmd(["tc", "-n", switch], [f"qdisc add dev d{i}b clsact", f"filter add dev d{i}b egress {_MATCH_ALL} h{i}"])
-        _cmd(["ip", "-n", switch], [f"link set d{i}a up", f"link set d{i}b master br0", f"link set d{i}b up",
+        run_tool(["tc", "-n", switch], [f"qdisc add dev d{i}b clsact", f"filter add dev d{i}b egress {MATCH_ALL} h{i}"])
+        run_tool(["ip", "-n", switch], [f"link set d{i}a up", f"link set d{i}b master br0", f"link set d{i}b up",
                                     f"link set h{i} nomaster"])
-        _cmd(["tc", "-n", switch], [f"qdisc add dev h{i} clsact", f"filter add dev h{i} ingress {_MATCH_ALL} d{i}a"])
+        run_tool(["tc", "-n", switch], [f"qdisc add dev h{i} clsact", f"filter add dev h{i} ingress {MATCH_ALL} d{i}a"])
         self._relayed.add(i)
 
     def _check_started(self) -> None:
@@ -434,7 +243,7 @@ class Network:
 
     @staticmethod
     def _spawn(namespace: str, argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:
-        return subprocess.Popen([_tool("ip"), "netns", "exec", namespace, *argv], start_new_session=True,
+        return subprocess.Popen([tool_path("ip"), "netns", "exec", namespace, *argv], start_new_session=True,
                                 **popen_kwargs)
 
     def popen(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
@@ -462,7 +271,7 @@ class Network:
             try:
                 out, err = proc.communicate(input, timeout=timeout)
             except BaseException:
-                _signal(proc.pid, signal.SIGKILL, group=True)
+                signal_pid(proc.pid, signal.SIGKILL, group=True)
                 raise
         result = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
         if check:

@@ -125,12 +125,8 @@ class Reducer:
         self.divisor_source: tuple[Any, torch.Tensor] | None = None
         self.stats = {"bytes_reduced": 0, "seconds_communicating": 0.0, "allreduces": 0}
         ref = weakref.ref(self)
-        self.handles = [p.register_post_accumulate_grad_hook(_grad_hook(ref, i)) for i, p in enumerate(params)]
-
-    def remove_hooks(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(_grad_hook(ref, i))
 
     # -- forward side ---------------------------------------------------------------------
     def ensure_prior_reduction_finished(self) -> None:

@@ -1,19 +1,19 @@
 """A group's same-host arena: shared slots every member can read, and phase counters.
 
 Layout: a 64-byte line with the Signal (doorbell, sleepers); one 64-byte line per member
-holding [phase, fingerprint x2, value x2] (fingerprint and value double-buffered by phase
-parity, so a fast member writing its next ones cannot change what a slow one still
-compares); then 2 parities x (members + 1) slots of
-``slot_bytes``: one slot per member and one shared slot. Algorithms alternate parities per
+holding [phase, fingerprint x2] (the fingerprint double-buffered by phase parity, so a
+fast member writing its next one cannot change what a slow one still compares); then
+2 parities x (members + 1) slots of ``slot_bytes``: one slot per member and one shared
+slot. Algorithms alternate parities per
 use (``next_parity``) and separate writing from reading with ``sync``; the invariant that
 makes reuse safe: data written for a use is read only between that use's sync and the
 member's next sync, and a member writes a parity again only after a later sync.
 
 ``sync`` is a barrier of the members (spin, yield, then futex sleep; see _signal). It can
 carry a fingerprint of the call (op, dtype, count, root, reduce op): members whose
-fingerprints differ all raise DistBackendError naming the rank and both calls, instead of
-hanging or mixing data. ``exchange(value)`` is a sync that also returns every member's
-value (e.g. the longest part of an uneven all_to_all).
+fingerprints differ all raise DesyncError (a DistBackendError) naming the rank and both
+calls, instead of hanging or mixing data. A member that does not arrive before the deadline
+makes the others raise OpTimeoutError naming it.
 """
 from __future__ import annotations
 
@@ -23,11 +23,10 @@ import numpy as np
 
 from .._deadline import Deadline
 from .._errors import DesyncError, OpTimeoutError
-from ._calls import describe_fingerprint, fingerprint  # noqa: F401 - fingerprint: re-exported for algorithms
+from ._calls import describe_fingerprint
 from ._signal import Signal, WaitTimeout
 
 LINE = 64
-DEFAULT_SLOT_BYTES = 512 << 10
 
 
 def arena_bytes(members: int, slot_bytes: int) -> int:
@@ -106,13 +105,12 @@ class Arena:
         """The shared slot of ``parity`` as ``dtype`` elements."""
         return self._views(dtype)[parity][self.size]
 
-    def sync(self, deadline: Deadline, fingerprint: int = 0, value: int = 0) -> None:
+    def sync(self, deadline: Deadline, fingerprint: int = 0) -> None:
         """Barrier of the members; with a fingerprint, raise when the members' calls differ."""
         self.phase += 1
         line = self._line[self.rank]
-        if fingerprint or value:
+        if fingerprint:
             self._words[line + 1 + (self.phase & 1)] = fingerprint
-            self._words[line + 3 + (self.phase & 1)] = value
         self._signal.publish(line, self.phase)
         words, phase = self._words, self.phase
         for member, word in enumerate(self._line):
@@ -120,11 +118,6 @@ class Arena:
                 self._wait(member, deadline)
         if fingerprint:
             self._check(fingerprint)
-
-    def exchange(self, deadline: Deadline, fingerprint: int, value: int) -> list[int]:
-        """A sync that returns every member's ``value``."""
-        self.sync(deadline, fingerprint, value)
-        return [self._words[self._line[m] + 3 + (self.phase & 1)] for m in range(self.size)]
 
     def _wait(self, member: int, deadline: Deadline) -> None:
         try:

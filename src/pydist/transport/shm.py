@@ -27,11 +27,10 @@ from ._receiver import FrameReceiver
 from ._signal import SLEEP_SLICE, Signal
 
 LINE = 64
-DEFAULT_RING_BYTES = 1 << 20
 
 
-def ring_bytes_for(local_ranks: int, requested: int = DEFAULT_RING_BYTES) -> int:
-    """Ring capacity: the request, shrunk so all rings of a host stay under 256 MiB."""
+def ring_bytes_for(local_ranks: int, requested: int) -> int:
+    """Ring capacity: the request (PYDIST_SHM_RING_BYTES), shrunk so all rings of a host stay under 256 MiB."""
     pairs = max(local_ranks * (local_ranks - 1), 1)
     size = min(requested, (256 << 20) // pairs)
     return max(64 << 10, size // 4096 * 4096)

@@ -20,11 +20,11 @@ from collections import deque
 from .._deadline import Deadline
 from .._errors import DistBackendError, PeerFailedError
 from ._abort import abort_payload, aborted_by
-from ._base import MessageKey, Request, Transport, completed_request
+from ._base import MessageKey, Request, Transport
 from ._framing import FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher
+from ._mesh import build_mesh
 from ._receiver import FrameReceiver
-from ._mesh import PeerRecord, build_mesh
 
 log = logging.getLogger("pydist.transport")
 
@@ -223,9 +223,6 @@ class TcpTransport(Transport):
 
     def peer_host(self, peer: int) -> str:
         return self.records[peer].hostname
-
-    def peer_record(self, peer: int) -> PeerRecord:
-        return self.records[peer]
 
     def abort(self, peers: list[int], group: int, error: BaseException) -> None:
         frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, abort_payload(error)))

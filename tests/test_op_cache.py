@@ -1,0 +1,36 @@
+"""The reduce-op check cache: fast for the usual ops, bounded when PREMUL_SUM factors vary."""
+from __future__ import annotations
+
+import numpy as np
+
+import pydist as dist
+from pydist import _collectives
+from pydist._buffers import as_buffer
+from pydist._ops import _make_nccl_premul_sum
+from pydist.testing import run_threads
+
+
+def test_varying_premul_sum_factors_do_not_grow_the_cache():
+    buffer = as_buffer(np.ones(4, dtype=np.float32), "tensor")
+    for step in range(10_000):
+        op = _collectives._reduce_op(_make_nccl_premul_sum(1.0 / (step + 1)), buffer)
+        assert op.factor == 1.0 / (step + 1)
+    assert len(_collectives._CHECKED_OPS) < 100
+
+
+def test_all_reduce_with_a_new_factor_each_step_keeps_the_cache_small():
+    def body(rank: int, size: int) -> float:
+        tensor = np.zeros(1, dtype=np.float64)
+        for step in range(1, 501):
+            tensor[0] = 1.0
+            dist.all_reduce(tensor, op=_make_nccl_premul_sum(float(step)))
+        return float(tensor[0])
+
+    assert run_threads(2, body) == [1000.0, 1000.0]
+    assert len(_collectives._CHECKED_OPS) < 100
+
+
+def test_common_ops_stay_cached():
+    buffer = as_buffer(np.ones(4, dtype=np.int32), "tensor")
+    first = _collectives._reduce_op(dist.ReduceOp.SUM, buffer)
+    assert _collectives._reduce_op(dist.ReduceOp.SUM, buffer) is first
