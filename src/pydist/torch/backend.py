@@ -11,8 +11,8 @@ a TCPStore hosted by rank 0). Every method maps
 torch's call (tensor lists, option objects) onto pydist's operations with ``async_op=True``
 and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping pydist's Work), so
 torch's own async handling, DDP's bucketing and ``wait()`` work unchanged. CUDA tensors are
-rejected with a clear error; torch's functional collectives (used by DTensor/FSDP2) cannot
-be forwarded to a Python process group in torch 2.13 (see README).
+rejected with a clear error. torch's functional collectives (DTensor, FSDP2) reach this
+backend through the same methods.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import pydist
 from .._init import standalone_group, standalone_mpi_group
 from .._ops import RedOpType, ReduceOp
 from .._settings import settings
-from .work import PydistWork, done_work
+from .work import PydistWork
 
 BACKEND_NAME = "pydist"
 ENGINES = ("pydist", "mpi")

@@ -88,8 +88,3 @@ class PydistWork(tdist.Work):
             for work in self._works:
                 work.add_done_callback(one_done)
         return self._future
-
-
-def done_work(outputs: list[Any]) -> PydistWork:
-    """A Work that is already complete."""
-    return PydistWork(None, outputs)
