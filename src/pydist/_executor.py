@@ -3,9 +3,11 @@
 A blocking operation on an idle group runs inline in the caller's thread (the latency
 path). Anything else (async operations, operations issued while others are queued or
 running) goes into a FIFO served by the group's progress thread, started on first need.
-After an operation fails with a DistError (timeout, dead peer) the queue is *broken*:
-queued and later operations fail at once with an error that names the first failure,
-instead of hanging on peers that have moved on.
+
+The queue fires the group's lifecycle events (see _group_state): an operation that fails
+with a DistError (timeout, dead peer) *breaks* the group, and queued and later operations
+fail at once with an error that names that first failure, instead of hanging on peers
+that have moved on; ``close`` *destroys* it, after which submitting raises.
 """
 from __future__ import annotations
 
@@ -14,30 +16,31 @@ from collections import deque
 from typing import Callable
 
 from ._errors import DistBackendError, DistError
+from ._group_state import DESTROYED, GroupState
 from ._work import Work
 
 Operation = Callable[[int], int | None]  # run(seq) -> source rank or None
 
 
 class OpQueue:
-    """FIFO of one group's operations with an inline fast path."""
+    """FIFO of one group's operations with an inline fast path; ``state``: the group's
+    lifecycle (a new one if not given)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, state: GroupState | None = None):
         self.name = name
+        self.state = state if state is not None else GroupState()
         self._lock = threading.Lock()  # taken directly on the latency path (cheaper than the Condition)
         self._cond = threading.Condition(self._lock)
         self._pending: deque[tuple[int, Operation, Work]] = deque()
         self._busy = False
         self._seq = 0
         self._thread: threading.Thread | None = None
-        self._closing = False
-        self.broken: BaseException | None = None
 
     def submit(self, operation: Operation, work: Work, blocking: bool) -> Work:
         """Queue ``operation`` (it receives its sequence number); return its Work."""
         with self._cond:
-            if self._closing:
-                raise DistBackendError(f"process group {self.name} has been destroyed")
+            if self.state.state is DESTROYED:
+                raise self._destroyed_error()
             self._seq += 1
             seq = self._seq
             inline = blocking and not self._busy and not self._pending
@@ -55,21 +58,21 @@ class OpQueue:
         """The latency path: run ``body(seq)`` now in the caller's thread if the group is
         idle (True), else do nothing (False: the caller submits instead). Errors propagate;
         a DistError breaks the queue as in ``submit``."""
+        state = self.state
         with self._lock:
-            if self._closing:
-                raise DistBackendError(f"process group {self.name} has been destroyed")
+            if state.state is DESTROYED:
+                raise self._destroyed_error()
             if self._busy or self._pending:
                 return False
             self._busy = True
             self._seq += 1
             seq = self._seq
         try:
-            if self.broken is not None:
+            if state.failed is not None:
                 raise self._broken_error(seq)
             body(seq)
         except DistError as error:
-            if self.broken is None:
-                self.broken = error
+            state.fail(error)
             raise
         finally:
             with self._lock:
@@ -78,9 +81,12 @@ class OpQueue:
                     self._cond.notify_all()
         return True
 
+    def _destroyed_error(self) -> DistBackendError:
+        return DistBackendError(f"process group {self.name} has been destroyed")
+
     def _broken_error(self, seq: int) -> DistBackendError:
         return DistBackendError(f"process group {self.name} is broken: an earlier operation failed "
-                                f"({self.broken}); operation seq {seq} was not run")
+                                f"({self.state.failed}); operation seq {seq} was not run")
 
     def _start_thread(self) -> None:
         if self._thread is None:
@@ -89,14 +95,14 @@ class OpQueue:
             self._thread.start()
 
     def _execute(self, seq: int, operation: Operation, work: Work) -> None:
-        if self.broken is not None:
+        if self.state.failed is not None:
             work._fail(self._broken_error(seq))
             return
         try:
             source = operation(seq)
         except BaseException as error:  # noqa: BLE001 - delivered through the Work
             if isinstance(error, DistError):
-                self.broken = error
+                self.state.fail(error)
             work._fail(error)
         else:
             work._succeed(source)
@@ -104,7 +110,7 @@ class OpQueue:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and (self._busy or not self._pending):
+                while self.state.state is not DESTROYED and (self._busy or not self._pending):
                     self._cond.wait()
                 if not self._pending:
                     return
@@ -127,10 +133,11 @@ class OpQueue:
             return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Let queued operations finish (up to ``timeout``), then stop the progress thread."""
+        """Let queued operations finish (up to ``timeout``), destroy the group (idempotent),
+        fail what is still queued, then stop the progress thread."""
         self.drain(timeout)
         with self._cond:
-            self._closing = True
+            self.state.destroy()
             self._cond.notify_all()
             leftover = list(self._pending)
             self._pending.clear()

@@ -3,6 +3,9 @@
 ``run(name, body, outputs, async_op)`` is how every collective executes: the body gets an
 OpContext (sequence number, deadline from the group timeout) and runs on the backend in
 issue order (OpQueue); staged output buffers are written back before the Work completes.
+``state`` is the group's lifecycle on this rank (ready, aborted, broken, destroyed; the
+first error; the members known dead): one object, shared with the backend's transport,
+its transitions in _group_state.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from ._buffers import Buffer
 from ._deadline import Deadline
 from ._errors import OpTimeoutError
 from ._executor import OpQueue
+from ._group_state import GroupState
 from ._progress import Progress
 from ._work import Work
 from .debug.recorder import attach as attach_trace
@@ -34,7 +38,8 @@ class ProcessGroup:
         self._backend = backend
         self._timeout = timeout
         self._timeout_text = f" after {timeout:g} s"
-        self._queue = OpQueue(name)
+        self._state = backend.group_state(self._ranks)
+        self._queue = OpQueue(name, self._state)
         self.owned_transport = None  # closed by destroy() when the group has a transport of its own
         self._trace = attach_trace(self, *(world or (global_rank, len(ranks))))  # pydist.debug
         self.progress: Progress | None = None  # set by init: names the ranks behind at a timeout
@@ -60,6 +65,11 @@ class ProcessGroup:
     @property
     def timeout(self) -> float:
         return self._timeout
+
+    @property
+    def state(self) -> GroupState:
+        """The group's lifecycle on this rank (see pydist._group_state)."""
+        return self._state
 
     @property
     def backend(self) -> Backend:
@@ -119,7 +129,8 @@ class ProcessGroup:
         return OpTimeoutError(str(error) + self.progress.explain(self.group_id, seq, self._ranks))
 
     def destroy(self, timeout: float | None = None) -> None:
-        """Finish queued operations (up to ``timeout``), stop the progress thread."""
+        """Finish queued operations (up to ``timeout``), move the state to destroyed, stop
+        the progress thread, release the backend's and (if owned) the transport's resources."""
         self._queue.close(timeout)
         self._trace.destroy()
         self._backend.close()

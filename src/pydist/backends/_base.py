@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._deadline import Deadline
+from .._group_state import GroupState
 from .._ops import ReduceOp
 from ..transport._base import Request
 
@@ -75,3 +76,9 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release what this group's backend owns (the world's transport is closed by the world)."""
+
+    def group_state(self, ranks: list[int]) -> GroupState:
+        """The lifecycle object of the group this backend serves (``ranks``: its world
+        ranks): the one the transport records aborts and dead ranks in, or (default, a
+        backend without such a transport) a new one."""
+        return GroupState(members=ranks)

@@ -25,6 +25,7 @@ import numpy as np
 
 from .._comm import Comm, as_bytes
 from .._errors import DistError, GroupAbortedError
+from .._group_state import GroupState
 from .._ops import ReduceOp, RedOpType, finish, prescale
 from .._settings import settings
 from ..algorithms import (allgather_ring, allgather_shm, allreduce_hierarchical, allreduce_recursive_doubling,
@@ -86,6 +87,7 @@ class NativeBackend(Backend):
         self._arena = None
         self._arena_tried = False
         self._local_arena = None
+        self.state = transport.group_state(group_id, ranks)  # the group's lifecycle (see _group_state)
 
     # -- algorithm choice -----------------------------------------------------------------
     def _arena_for(self, ctx: OpContext, group_ranks: list[int]):
@@ -131,8 +133,11 @@ class NativeBackend(Backend):
         world = self.ranks[member]
         return f"rank {world} ({self.transport.peer_host(world)})"
 
+    def group_state(self, ranks: list[int]) -> GroupState:
+        return self.state
+
     def _alive(self, members: list[int]) -> None:
-        error = self.transport.failure(self.group_id, members)
+        error = self.state.failure(members)
         if error is not None:
             raise error
 

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from .._group_state import GroupState
     from ._matching import Matcher
 
 
@@ -144,6 +145,7 @@ class Transport(ABC):
         message of that operation carrying another call marks the group desynchronised."""
         self.matcher.begin(group, seq, call)
 
-    def failure(self, group: int, peers: list[int]) -> BaseException | None:
-        """The error that ended ``group`` (aborted by a peer) or one of ``peers`` (dead), if any."""
-        return self.matcher.failure(group, peers)
+    def group_state(self, group: int, members: list[int]) -> "GroupState":
+        """The lifecycle of ``group`` (world ranks ``members``) on this rank, as this
+        transport records it: aborts by peers, desyncs and dead members land in it."""
+        return self.matcher.states.register(group, members)

@@ -4,6 +4,10 @@ A message that arrives before its receive is posted is held as *unexpected* from
 its header is seen (so later messages with the same key cannot overtake it) and copied into
 the receive once both exist. Thread-safe: the transport's I/O thread calls ``arrive`` and
 ``unexpected_done``; user and progress threads call ``post`` and ``cancel``.
+
+The matcher keeps this rank's GroupStates (``states``): a group aborted by a peer or found
+desynchronised, and the ranks gone from the transport, are recorded there (under the
+matcher's lock, so a receive posted concurrently either sees them or is failed by them).
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import threading
 from collections import deque
 
 from .._errors import DesyncError, DistBackendError
+from .._group_state import GroupStates
 from ._base import MessageKey, Request
 from ._calls import describe_fingerprint
 
@@ -79,8 +84,8 @@ class Matcher:
         self._posted_any: dict[MessageKey, deque[Request]] = {}
         self._unexpected: dict[tuple[int, MessageKey], deque[Unexpected]] = {}
         self._unexpected_any: dict[MessageKey, deque[Unexpected]] = {}
-        self._dead: dict[int, BaseException] = {}
-        self._aborted: dict[int, BaseException] = {}
+        self.states = GroupStates()  # each group's lifecycle, and the ranks gone
+        self._by_id, self._gone = self.states.by_id, self.states.dead  # read on every post
         self._calls: dict[int, dict[int, int]] = {}  # group -> {seq: call} of this rank's recent operations
 
     def begin(self, group: int, seq: int, call: int) -> None:
@@ -103,7 +108,7 @@ class Matcher:
         """A message from ``source`` for an operation this rank called as ``mine`` carries
         another call: fail the group here (its posted receives and later ones), like an abort."""
         error = call_mismatch(mine, source, key, theirs)
-        self._aborted.setdefault(group, error)
+        self.states.abort(group, error)
         queues = [q for (_, k), q in self._posted.items() if k.group == group]
         queues += [q for k, q in self._posted_any.items() if k.group == group]
         return [(r, error) for q in queues for r in q]
@@ -113,7 +118,9 @@ class Matcher:
         with self._lock:
             message = self._take_unexpected(source, key)
             if message is None:
-                failure = (self._aborted.get(key.group) or (self._dead.get(source) if source is not None else None)
+                state = self._by_id.get(key.group)
+                failure = ((state.aborted if state is not None else None)
+                           or (self._gone.get(source) if source is not None else None)
                            or self._held_for_other_call(request, source, key))
                 if failure is not None:
                     request.complete(failure)
@@ -223,7 +230,7 @@ class Matcher:
     def fail_source(self, source: int, error: BaseException) -> None:
         """``source`` is gone: fail its posted receives now and any posted later."""
         with self._lock:
-            self._dead[source] = error
+            self.states.rank_gone(source, error)
             failed = [r for (src, _), q in self._posted.items() if src == source for r in q]
             for (src, _), queue in self._unexpected.items():
                 if src == source:
@@ -234,19 +241,12 @@ class Matcher:
     def fail_group(self, group: int, error: BaseException) -> None:
         """``group`` was aborted by a peer: fail its posted receives now and any posted later."""
         with self._lock:
-            self._aborted[group] = error
+            self.states.abort(group, error)
             queues = [q for (_, key), q in self._posted.items() if key.group == group]
             queues += [q for key, q in self._posted_any.items() if key.group == group]
             failed = [r for q in queues for r in q]
         for request in failed:
             request.complete(error)
-
-    def failure(self, group: int, sources: list[int]) -> BaseException | None:
-        """Why ``group`` cannot go on: aborted by a peer, or one of ``sources`` gone."""
-        error = self._aborted.get(group)
-        if error is None:
-            error = next((self._dead[s] for s in sources if s in self._dead), None)
-        return error
 
     def pending_receives(self) -> int:
         """Receives posted and not yet matched (for tests and leak checks)."""
