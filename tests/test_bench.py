@@ -17,7 +17,7 @@ import pytest
 
 from pydist.bench import cli, injob
 from pydist.bench.backends import BACKENDS, mpiexec_path
-from pydist.bench.progress import Progress
+from pydist.bench.status_line import StatusLine
 from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
 from pydist.bench.report import BackendResult, Meta, format_table
 from pydist.bench.sizes import format_size, parse_size, parse_sizes
@@ -187,7 +187,7 @@ def test_progress_rewrites_one_line_on_a_terminal():
             return True
 
     stream = Terminal()
-    progress = Progress(stream)
+    progress = StatusLine(stream)
     progress.update("a")
     progress.update("b")
     progress.clear()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pydist.run.rendezvous import NodeRecord, Rendezvous, RendezvousError, RendezvousSettings
+from pydist.run.agent_rendezvous import NodeRecord, Rendezvous, RendezvousError, RendezvousSettings
 from pydist.store import HashStore
 from pydist.testing import free_port
 from test_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture

@@ -16,7 +16,7 @@ from ._group import ProcessGroup
 from ._init import resolve_group, warn_non_member
 from ._ops import RedOpType, as_reduce_op, check_op_dtype
 from ._work import Work
-from .algorithms._segments import block_bounds
+from .algorithms._partition import block_bounds
 
 
 def _group(group: Any, op: str) -> ProcessGroup | None:

@@ -17,17 +17,17 @@ from ._deadline import Deadline
 from ._errors import OpTimeoutError
 from ._executor import OpQueue
 from ._group_state import GroupState
-from ._progress import Progress
+from ._progress import ProgressBoard
 from ._work import Work
 from .debug.recorder import attach as attach_trace
-from .backends._base import Backend, OpContext
+from .backends._base import Engine, OpContext
 
 
 class ProcessGroup:
     """torch's ProcessGroup: ``rank()`` and ``size()`` in the group, plus pydist internals."""
 
     def __init__(self, name: str, group_id: int, ranks: list[int], global_rank: int,
-                 backend: Backend, timeout: float, desc: str = "", world: tuple[int, int] | None = None):
+                 backend: Engine, timeout: float, desc: str = "", world: tuple[int, int] | None = None):
         """``world``: (rank, size) of this process in its whole job, under which the flight
         recorder files the group (default: ``global_rank`` and the group's size)."""
         self.group_name = name
@@ -42,7 +42,7 @@ class ProcessGroup:
         self._queue = OpQueue(name, self._state)
         self.owned_transport = None  # closed by destroy() when the group has a transport of its own
         self._trace = attach_trace(self, *(world or (global_rank, len(ranks))))  # pydist.debug
-        self.progress: Progress | None = None  # set by init: names the ranks behind at a timeout
+        self.progress: ProgressBoard | None = None  # set by init: names the ranks behind at a timeout
 
     # -- torch's ProcessGroup API ---------------------------------------------------------
     def rank(self) -> int:
@@ -72,7 +72,7 @@ class ProcessGroup:
         return self._state
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> Engine:
         return self._backend
 
     def group_rank_of(self, global_rank: int) -> int | None:

@@ -10,7 +10,7 @@ from typing import Any
 from ._comm import Comm
 from ._deadline import DEFAULT_PG_TIMEOUT, Deadline, to_seconds
 from ._group import ProcessGroup
-from ._progress import Progress
+from ._progress import ProgressBoard
 from ._world import World, current, process_world
 from .algorithms.barrier_dissemination import barrier
 from .backends.native import NativeBackend
@@ -215,7 +215,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     transport = progress = None
     try:
         transport = _make_transport(world, rank, world_size, prefixed, deadline)
-        progress = Progress(prefixed, rank)  # writes its first record: before the barrier
+        progress = ProgressBoard(prefixed, rank)  # writes its first record: before the barrier
         _all_ready(transport, rank, world_size, deadline)
     except BaseException:
         for each in (progress, transport, owned):

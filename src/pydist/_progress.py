@@ -1,10 +1,10 @@
 """Which operation each rank last started, published through the store, so that a timeout
 can name the ranks that never reached the operation.
 
-Each rank's :class:`Progress` records (sequence number, name) of the latest operation it
+Each rank's :class:`ProgressBoard` records (sequence number, name) of the latest operation it
 started on each group — a dict assignment per operation — and a ``pydist-progress``
 thread writes the record to the store key ``progress/<rank>`` at most once a second,
-only when it changed. At a timeout, :meth:`Progress.explain` reads every member's record
+only when it changed. At a timeout, :meth:`ProgressBoard.explain` reads every member's record
 (at most ~1 s old) and names those behind.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 PUBLISH_INTERVAL = 1.0
 
 
-class Progress:
+class ProgressBoard:
     """This rank's latest operation per group, and the other ranks' as published."""
 
     def __init__(self, store, rank: int):

@@ -23,7 +23,7 @@ class World:
         self.store = None
         self.owned_store = None
         self.transport = None
-        self.progress = None  # the Progress of this rank, shared by its groups
+        self.progress = None  # the ProgressBoard of this rank, shared by its groups
         self.rank = -1
         self.size = -1
         self.backend_name = ""

@@ -81,12 +81,12 @@ def slow_init_rank(rank, size, delay):
     import numpy as np
     from pydist import _progress
     if rank != 0:
-        publish = _progress.Progress._publish
+        publish = _progress.ProgressBoard._publish
 
         def slow_publish(self):
             time.sleep(delay)
             publish(self)
-        _progress.Progress._publish = slow_publish
+        _progress.ProgressBoard._publish = slow_publish
     os.environ['MASTER_ADDR'] = '127.0.0.1'
     os.environ['MASTER_PORT'] = os.environ.get('SEED_MASTER_PORT', '29500')
     dist.init_process_group("pydist", rank=rank, world_size=size)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from ._segments import segments, tag
+from ._partition import segments, tag
 
 
 def ring_allgather(comm: Comm, blocks: list[np.ndarray], segment_bytes: int, tag_base: int = 0) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from ..transport._calls import fingerprint
-from ._segments import chunks
+from .._fingerprint import fingerprint
+from ._partition import chunks
 
 
 def all_gather(comm: Comm, outputs: list[np.ndarray], input: np.ndarray, segment_bytes: int = 0) -> None:

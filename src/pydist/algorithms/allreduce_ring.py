@@ -12,7 +12,7 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp
-from ._segments import blocks
+from ._partition import blocks
 from .allgather_ring import ring_allgather
 from .reduce_scatter_ring import ring_reduce_scatter
 

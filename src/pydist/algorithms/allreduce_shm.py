@@ -16,7 +16,7 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp, reduce_many
-from ._segments import block_bounds, chunks
+from ._partition import block_bounds, chunks
 
 #: chunks smaller than this are reduced whole by every rank (latency beats splitting)
 SPLIT_MIN_BYTES = 64 * 1024

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from ..transport._calls import fingerprint
-from ._segments import chunks
+from .._fingerprint import fingerprint
+from ._partition import chunks
 from ._shm_sizes import exchange_sizes, mismatch
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from ._segments import segments, tag
+from ._partition import segments, tag
 
 
 def tree(rank: int, root: int, size: int) -> tuple[int | None, list[int]]:

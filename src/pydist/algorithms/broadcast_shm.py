@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from ._segments import chunks
+from ._partition import chunks
 
 
 def broadcast(comm: Comm, buf: np.ndarray, root: int, segment_bytes: int = 0) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp, reduce_into
-from ._segments import segments, tag
+from ._partition import segments, tag
 
 
 def ring_reduce_scatter(comm: Comm, blocks: list[np.ndarray], op: ReduceOp,

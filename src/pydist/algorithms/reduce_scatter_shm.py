@@ -12,8 +12,8 @@ import numpy as np
 
 from .._comm import Comm
 from .._ops import ReduceOp, reduce_many
-from ..transport._calls import fingerprint
-from ._segments import chunks
+from .._fingerprint import fingerprint
+from ._partition import chunks
 
 
 def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp,

@@ -1,4 +1,5 @@
-"""The interface between process groups and backends.
+"""The interface between process groups and their engines (``Engine``: the native one, MPI's).
+torch's backend *names* are another thing: ``pydist.Backend``.
 
 The public API validates arguments and turns tensors into flat numpy arrays; a backend
 then runs each collective synchronously in whatever thread the group's OpQueue chooses,
@@ -26,7 +27,7 @@ class OpContext(NamedTuple):
     timeout_text: str = ""
 
 
-class Backend(ABC):
+class Engine(ABC):
     """A group's communication engine, in group ranks."""
 
     name: str

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _errors
 from .._ops import ReduceOp, RedOpType, finish, prescale
-from ._base import Backend, OpContext
+from ._base import Engine, OpContext
 from ._mpi_buffers import (address, as_bytes, byte_spec, counts_and_displacements, mpi_op, span,
                            typed_spec)
 from ._mpi_requests import ABANDONED, POLLER, MpiRequest, mpi_error, poll_until, spin_seconds
@@ -78,7 +78,7 @@ def _pack(arrays: list[np.ndarray]) -> np.ndarray:
     return flat
 
 
-class MPIBackend(Backend):
+class MPIBackend(Engine):
     """One group's MPI communicator; ``labels[g]`` is how group rank g is reported (its
     global rank) in errors and as the source of a receive."""
 

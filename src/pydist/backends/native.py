@@ -33,8 +33,8 @@ from ..algorithms import (allgather_ring, allgather_shm, allreduce_hierarchical,
                           barrier_shm, broadcast_binomial, broadcast_shm, gather_linear, gather_shm, reduce_binomial,
                           reduce_scatter_ring, reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
 from ..transport._base import MessageKey, Request, Transport
-from ..transport._calls import fingerprint
-from ._base import Backend, OpContext
+from .._fingerprint import fingerprint
+from ._base import Engine, OpContext
 
 #: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
 #: up to this size, the pipelined ring (2(p-1) rounds of 1/p of it) above. Recursive doubling
@@ -65,7 +65,7 @@ def network_all_reduce(nbytes: int, count: int, peers: int) -> str:
     return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < peers else "ring"
 
 
-class NativeBackend(Backend):
+class NativeBackend(Engine):
     """pydist's own engine for one group: its ranks, over the world's transport."""
 
     name = "pydist"

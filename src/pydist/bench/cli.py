@@ -30,7 +30,7 @@ from . import injob
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .launch import BackendFailed, run_backend
 from .ops import DTYPES, OPS
-from .progress import Progress
+from .status_line import StatusLine
 from .report import BackendResult
 from .session import backend_results, make_meta, plan_and_config, recorder, require_plot, write_output
 from .sizes import parse_size, parse_sizes
@@ -109,7 +109,7 @@ def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
 
 
 def _run_one(result: BackendResult, position: str, args: argparse.Namespace, config: dict,
-             progress: Progress) -> None:
+             progress: StatusLine) -> None:
     """Run one backend into ``result``; BackendFailed propagates with the rows so far kept."""
     record = recorder(result, position, args.op, len(config["plan"]), progress)
     # closing(): the workers are stopped at once even if this loop is interrupted
@@ -122,7 +122,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _measure_all(results: list[BackendResult], args: argparse.Namespace, config: dict, progress: Progress) -> int:
+def _measure_all(results: list[BackendResult], args: argparse.Namespace, config: dict, progress: StatusLine) -> int:
     """Run every available backend in turn; 0, or 1 if the main one failed (its error printed).
     SIGTERM is treated like Ctrl-C meanwhile, so the workers are stopped on the way out."""
     main_thread = threading.current_thread() is threading.main_thread()
@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     plan, config = plan_and_config(args)
     meta = make_meta(argv, args)
-    progress = Progress()
+    progress = StatusLine()
     try:
         if _measure_all(results, args, config, progress):
             return 1

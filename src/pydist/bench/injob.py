@@ -45,7 +45,7 @@ import numpy as np
 
 from .backends import BACKENDS
 from .ops import OPS
-from .progress import Progress
+from .status_line import StatusLine
 from .report import BackendResult, Job
 from .session import backend_results, make_meta, plan_and_config, recorder, require_plot, write_output
 from .timing import run_plan
@@ -136,7 +136,7 @@ def deadline(seconds: float, rank: int, label: str) -> Iterator[None]:
 
 
 def run_backend(result: BackendResult, position: str, args: argparse.Namespace, config: dict,
-                progress: Progress, rank: int, on_join: Callable[[Any], None] = lambda comm: None) -> None:
+                progress: StatusLine, rank: int, on_join: Callable[[Any], None] = lambda comm: None) -> None:
     """Join ``result``'s group, call ``on_join(comm)``, run the plan (rank 0 records the rows
     into ``result``) and destroy the group, within ``--timeout``."""
     with deadline(args.timeout, rank, result.label):
@@ -177,7 +177,7 @@ def main(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentPar
         _error(job.rank, f"--backend {args.backend}: {results[0].note}")
         return 1
     plan, config = plan_and_config(args)
-    meta, progress = make_meta(argv, args), Progress()
+    meta, progress = make_meta(argv, args), StatusLine()
     hosts: list[int] = []
 
     def on_main_join(comm: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Callable
 from . import plot
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .ops import iterations, size_plan
-from .progress import Progress
+from .status_line import StatusLine
 from .report import BackendResult, Job, Meta, format_table, to_json
 from .sizes import format_size
 
@@ -49,7 +49,7 @@ def make_meta(argv: list[str], args: argparse.Namespace, job: Job | None = None)
 
 
 def recorder(result: BackendResult, position: str, op: str, total: int,
-             progress: Progress) -> Callable[[dict], None]:
+             progress: StatusLine) -> Callable[[dict], None]:
     """A handler of rank 0's events: ``start`` updates the progress line, ``row`` is kept in ``result``."""
     def record(event: dict) -> None:
         if event["event"] == "start":

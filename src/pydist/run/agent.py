@@ -38,7 +38,7 @@ from .endpoint import EndpointError, open_store
 from .failure import WorkerExit, format_summary
 from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
-from .rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
+from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
 from .workers import Worker, spawn, sweep_groups, watch
 
 #: Signals the launcher catches and forwards to the workers (torchrun's --signals-to-handle default).

@@ -67,7 +67,7 @@ def register() -> None:
     """Register "pydist" with torch.distributed, and the ``mpi://`` rendezvous (idempotent)."""
     if BACKEND_NAME.upper() not in tdist.Backend._plugins:
         tdist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True, devices=["cpu"])
-        from ..backends._mpi_rendezvous import register as register_rendezvous
+        from ..backends._mpi_init_method import register as register_rendezvous
         register_rendezvous()
 
 

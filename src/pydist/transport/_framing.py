@@ -5,7 +5,7 @@ Every frame is a fixed 48-byte header followed by ``nbytes`` of payload::
     magic u16 'PD' | version u8 | kind u8 | flags u32 | group u64 | seq u64 | tag i64 | nbytes u64
     | call u64
 
-(little endian). ``call`` is the sender's call fingerprint (``transport._calls.fingerprint``:
+(little endian). ``call`` is the sender's call fingerprint (``pydist._fingerprint.fingerprint``:
 operation, dtype, count, root, reduce op; 0 for point-to-point), which the receiver
 compares with its own to detect ranks that called different operations.
 ``FrameDecoder.feed(data)`` turns any split of the stream, down to one byte at a time, into

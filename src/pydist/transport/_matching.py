@@ -18,7 +18,7 @@ from collections import deque
 from .._errors import DesyncError, DistBackendError
 from .._group_state import GroupStates
 from ._base import MessageKey, Request
-from ._calls import describe_fingerprint
+from .._fingerprint import describe_fingerprint
 
 
 #: Operations per group whose calls are remembered, to check messages that arrive late.

@@ -23,7 +23,7 @@ import numpy as np
 
 from .._deadline import Deadline
 from .._errors import DesyncError, OpTimeoutError
-from ._calls import describe_fingerprint
+from .._fingerprint import describe_fingerprint
 from ._signal import Signal, WaitTimeout
 
 LINE = 64

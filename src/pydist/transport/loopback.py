@@ -12,7 +12,7 @@ from .._settings import settings
 from ._abort import abort_payload, aborted_by
 from ._base import MessageKey, Request, Transport, completed_request
 from ._matching import Matcher, Unexpected, mismatch
-from ._segment import anonymous
+from ._shm_segment import anonymous
 from .arena import Arena, arena_bytes
 
 

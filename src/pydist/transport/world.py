@@ -19,7 +19,7 @@ from .._settings import Settings, settings
 from ._base import MessageKey, Request, Transport
 from . import _atomics as atomics
 from ._matching import Matcher
-from ._segment import share
+from ._shm_segment import share
 from ._signal import oversubscribed
 from .arena import Arena, arena_bytes
 from .shm import ShmTransport, host_segment_bytes, ring_bytes_for

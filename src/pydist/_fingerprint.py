@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._ops import RedOpType
+from ._ops import RedOpType
 
 OPS = ["barrier", "broadcast", "all_reduce", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
        "all_to_all"]

@@ -5,7 +5,7 @@ import sys
 from typing import TextIO
 
 
-class Progress:
+class StatusLine:
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
