@@ -38,9 +38,12 @@ from ._base import Engine, OpContext
 
 #: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
 #: up to this size, the pipelined ring (2(p-1) rounds of 1/p of it) above. Recursive doubling
-#: wins while a round costs its latency, not its bytes; the ring wins once the buffer's
-#: transfer time dominates. The crossover is where p/(2(p-1))*log2(p) buffers take one
-#: round's latency; 64 KiB is that point at 4 ranks over loopback TCP (docs/algorithms.md).
+#: wins while rounds cost latency, the ring once bytes dominate (it sends 2(p-1)/p buffers per
+#: rank, not log2(p)). Measured with pydist-bench, 4 ranks, PYDIST_SHM=0 (loopback TCP), 2 busy
+#: cores, each algorithm forced: recursive doubling was faster up to 1 MiB (512 KiB: 2.5-3.6 ms
+#: vs 5.3-8.7 ms), about even at 2 MiB, the ring faster from 4 MiB (12-19 ms vs 24-26 ms). So
+#: 64 KiB is conservative on loopback; it stays until the cross-host engine measures real links
+#: (veth, 1 Gbit/s), where the ring's smaller byte count matters sooner.
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
 ALGORITHMS = {
