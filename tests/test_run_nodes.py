@@ -69,6 +69,29 @@ def test_static_rendezvous_checks_node_ranks_and_nproc():
     assert all("mismatched --nproc-per-node across nodes (h1 (x): 2, h2 (y): 3)" in str(e) for e in mismatch)
 
 
+def test_members_of_a_refused_round_leave_it_so_the_store_host_waits_for_them():
+    """Every member refuses a round with mismatched --nproc-per-node and records that it left,
+    so the agent hosting the store can wait for the others before closing it (else a slower
+    member loses the store before it has read why)."""
+    store = HashStore()
+    settings = RendezvousSettings("j", 2, 2, last_call=0.1)
+    refused = [Rendezvous(store, settings, NodeRecord(f"a{i}", f"h{i}", "x", 1 + i, -1)) for i in range(2)]
+    errors: list[RendezvousError] = []
+
+    def join(rdzv: Rendezvous) -> None:
+        with pytest.raises(RendezvousError, match="mismatched --nproc-per-node") as raised:
+            rdzv.join()
+        errors.append(raised.value)
+
+    threads = [threading.Thread(target=join, args=(rdzv,)) for rdzv in refused]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [(e.round_number, e.members) for e in errors] == [(0, 2), (0, 2)]
+    assert refused[0].wait_left(0, 2, timeout=0)
+
+
 def test_rendezvous_too_few_nodes_names_who_came():
     started = time.monotonic()
     [error] = _join_all(RendezvousSettings("j", 2, 2, join_timeout=0.5), [NodeRecord("a", "h1", "x", 1, -1)])

@@ -104,6 +104,8 @@ class Agent:
                 return 128 + self._signals[0]
             except RendezvousError as exc:
                 self._say(str(exc))
+                if hosting and exc.round_number is not None:
+                    rdzv.wait_left(exc.round_number, exc.members, LEAVE_TIMEOUT)
                 return EXIT_WORKER_FAILED
             except (OSError, RuntimeError) as exc:  # the store went away
                 self._say(f"lost the job's store at {self.config.master_addr}:{self.master_port}: {exc}")
@@ -147,7 +149,7 @@ class Agent:
         try:
             rdzv.leave(round_.number)
             if hosting:
-                rdzv.wait_all_left(round_, LEAVE_TIMEOUT)
+                rdzv.wait_left(round_.number, round_.nnodes, LEAVE_TIMEOUT)
         except (OSError, RuntimeError):
             pass  # the store is gone: nobody is left to wait for
 

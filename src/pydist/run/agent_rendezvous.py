@@ -24,14 +24,21 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 #: Seconds between looks at the store while waiting for other agents.
 POLL_S = 0.05
 
 
 class RendezvousError(RuntimeError):
-    """The agents could not form a valid round (timeout, mismatched settings)."""
+    """The agents could not form a valid round (timeout, mismatched settings). A round its
+    ``members`` all refused (their settings disagree) is ``round_number``; this agent has
+    left it (see ``wait_left``)."""
+
+    def __init__(self, message: str, round_number: int | None = None, members: int = 0):
+        super().__init__(message)
+        self.round_number = round_number
+        self.members = members
 
 
 class Interrupted(Exception):
@@ -172,17 +179,27 @@ class Rendezvous:
         return (f"rendezvous '{self.settings.run_id}' timed out after {self.settings.join_timeout:g}s: "
                 f"{joined} of at least {self.settings.min_nodes} nodes joined ({hosts})")
 
+    def _refuse(self, number: int, count: int, message: str) -> NoReturn:
+        """Every member reads the same records and refuses round ``number`` alike: leave it
+        (so the store's host waits for the others before closing the store), then raise."""
+        try:
+            self.leave(number)
+        except (OSError, RuntimeError):
+            pass  # the store is gone: nobody waits for this member
+        raise RendezvousError(message, round_number=number, members=count)
+
     def _round(self, number: int, slot: int, count: int) -> Round:
         records = self._records(number, count)
         nprocs = {record.nproc for record in records}
         if len(nprocs) > 1:
             listing = ", ".join(f"{record.where()}: {record.nproc}" for record in records)
-            raise RendezvousError(f"mismatched --nproc-per-node across nodes ({listing}); every node must use the same")
+            self._refuse(number, count, f"mismatched --nproc-per-node across nodes ({listing}); every node must "
+                         "use the same")
         if self.settings.static:
             ranks = sorted(record.node_rank for record in records)
             if ranks != list(range(count)):
                 listing = ", ".join(f"{record.where()}: {record.node_rank}" for record in records)
-                raise RendezvousError(f"--node-rank values must be 0..{count - 1}, each once; got {listing}")
+                self._refuse(number, count, f"--node-rank values must be 0..{count - 1}, each once; got {listing}")
             order = sorted(records, key=lambda record: record.node_rank)
         else:
             order = sorted(records, key=lambda record: (record.addr, record.host, record.agent_id))
@@ -216,9 +233,12 @@ class Rendezvous:
         """This member is done with the store (the agent is about to exit)."""
         self.store.add(self._key(f"r{number}/left"), 1)
 
-    def wait_all_left(self, round_: Round, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until every member left: the agent hosting the
-        store calls this before it closes the store."""
+    def wait_left(self, number: int, members: int, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until the ``members`` of round ``number`` left: the
+        agent hosting the store calls this before it closes the store. True when they did."""
         deadline = time.monotonic() + timeout
-        while self._int(f"r{round_.number}/left") < round_.nnodes and time.monotonic() < deadline:
+        while self._int(f"r{number}/left") < members:
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(POLL_S)
+        return True
