@@ -22,6 +22,7 @@ from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
 from pydist.bench.report import BackendResult, Meta, format_table
 from pydist.bench.sizes import format_size, parse_size, parse_sizes
 from pydist.testing import free_port
+from pydist.testing.commands import run_command
 
 BENCH = [sys.executable, "-m", "pydist.bench"]
 TINY = ["--sizes", "4:64", "--iters", "2", "--warmup", "1", "--nproc", "2"]
@@ -53,8 +54,7 @@ def no_leftover_workers():
 
 
 def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(BENCH + list(args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    return run_command(BENCH + list(args), timeout=timeout, env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
 
 
 def test_size_specs():

@@ -19,6 +19,7 @@ from pydist._launch_env import LaunchInfo, job_port, launch_info, parse_hostlist
 from pydist.rendezvous import OwningPrefixStore, TorchStore, rendezvous
 from pydist.store import PrefixStore, TCPStore
 from pydist.store._base import StoreTimeoutError
+from pydist.testing.commands import finish, start_command
 from pydist.transport._identity import advertise_address
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,23 +250,13 @@ def run_all(commands: list[tuple[list[str], dict[str, str]]], timeout: float = R
     """Run every (argv, env) at once, each in a session of its own, and return (returncode,
     stdout, stderr) of each. On timeout every session is killed; either way no process of
     theirs is left when this returns."""
-    procs = [subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for argv, env in commands]
-    deadline, results, timed_out = time.monotonic() + timeout, [], False
+    procs = [start_command(argv, env=env, cwd=ROOT) for argv, env in commands]
     try:
-        for proc in procs:
-            try:
-                out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, err = proc.communicate()
-            results.append((proc.returncode, out, err))
+        done = finish(procs, timeout)
     finally:
         for proc in procs:
             _kill_session(proc)
-    assert not timed_out, f"timed out after {timeout} s: {results}"
-    return results
+    return [(c.returncode, c.stdout, c.stderr) for c in done]
 
 
 def _kill_session(proc: subprocess.Popen) -> None:

@@ -23,6 +23,7 @@ from pydist.run import cli
 from pydist.run import output
 from pydist.run.agent import LocalAgent
 from pydist.run.config import LaunchConfig, Placement, worker_command, worker_env
+from pydist.testing.commands import run_command
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 WORKER = str(SCRIPTS / "worker.py")
@@ -66,9 +67,7 @@ def env_for(piddir: Path, **extra: str) -> dict[str, str]:
 def run(args: list[str], piddir: Path, timeout: float = 30, launcher: list[str] = LAUNCHER, **extra: str):
     """Run the launcher to completion; return (CompletedProcess, seconds)."""
     start = time.monotonic()
-    result = subprocess.run(
-        [*launcher, *args], env=env_for(piddir, **extra), capture_output=True, text=True, timeout=timeout
-    )
+    result = run_command([*launcher, *args], env=env_for(piddir, **extra), timeout=timeout)
     return result, time.monotonic() - start
 
 

@@ -17,7 +17,6 @@ import importlib.util
 import json
 import logging
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -33,6 +32,7 @@ from pydist.store import PrefixStore, TCPStore
 from pydist.store._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES, Message, ProtocolError, encode_request as pydist_request
 from pydist.store._protocol import encode_response, hello
 from pydist.store._service import StoreService
+from pydist.testing.commands import run_command
 from pydist.store._torch_protocol import (
     MAX_KEY_COUNT,
     QUERIES,
@@ -296,16 +296,8 @@ def _client(tdist, port: int, seconds: float = 10.0, **kwargs):
 
 
 def _run(command: list[str], timeout: float = 120.0, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``command`` in its own session; on timeout kill the whole session."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{command} timed out:\n{out}\n{err}")
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    """Run ``command`` in its own session; on timeout kill the whole session (run_command)."""
+    return run_command(command, timeout, **kwargs)
 
 
 def _sequence(port: int) -> subprocess.Popen:
