@@ -223,7 +223,8 @@ def test_torch_store_adapter():
     start = time.monotonic()
     with pytest.raises(StoreTimeoutError, match="zz") as error:
         store.wait(["zz"], timedelta(seconds=0.2))
-    assert error.value.keys == ["p/zz"] and time.monotonic() - start < 3
+    # 0.2 s timeout: the bound only catches a wait that ignores it (the store's own timeout is 5 s)
+    assert error.value.keys == ["p/zz"] and time.monotonic() - start < 5
     store.close()
 
 
