@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -22,7 +21,7 @@ from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
 from pydist.bench.report import BackendResult, Meta, format_table
 from pydist.bench.sizes import format_size, parse_size, parse_sizes
 from pydist.testing import free_port
-from pydist.testing.commands import run_command
+from pydist.testing.commands import finish, kill_group, run_command, start_command
 
 BENCH = [sys.executable, "-m", "pydist.bench"]
 TINY = ["--sizes", "4:64", "--iters", "2", "--warmup", "1", "--nproc", "2"]
@@ -225,18 +224,17 @@ def test_timeout_stops_every_worker():
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_every_worker(signum):
-    proc = subprocess.Popen(BENCH + ["--sizes", "64M", "--iters", "5000", "--budget", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    proc = start_command(BENCH + ["--sizes", "64M", "--iters", "5000", "--budget", "0"],
+                         env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
     try:
         deadline = time.monotonic() + 30
         while len(marked_processes()) < 3 and time.monotonic() < deadline:  # the CLI and its 2 workers
             time.sleep(0.05)
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=30)
+        err = finish([proc], 30)[0].stderr
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_group(proc)  # the CLI and its workers, if the test failed before they stopped
+        proc.wait()
     assert proc.returncode == 130 and "interrupted" in err, err
 
 
@@ -247,30 +245,11 @@ IN_JOB = ["-m", "pydist.bench", "--sizes", "4K:64K", "--iters", "3", "--warmup",
 
 
 def run_jobs(*commands: list[str], timeout: float = 60) -> list[tuple[int, str, str]]:
-    """Run the commands side by side, each in a session of its own (output in temporary
-    files, so no pipe fills up); at the timeout every session still running is killed."""
-    procs, files = [], []
+    """Run the commands side by side, each in a session of its own (pydist.testing.commands:
+    every pipe read at once; at the timeout every session still running is killed)."""
     env = {**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER}
-    try:
-        for command in commands:
-            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            files.append((out, err))
-            procs.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
-                                          env=env, start_new_session=True))
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            proc.wait(max(deadline - time.monotonic(), 0.01))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    results = []
-    for proc, (out, err) in zip(procs, files):
-        out.seek(0), err.seek(0)
-        results.append((proc.returncode, out.read(), err.read()))
-        out.close(), err.close()
-    return results
+    done = finish([start_command(command, env=env) for command in commands], timeout)
+    return [(c.returncode, c.stdout, c.stderr) for c in done]
 
 
 def rank_lines(text: str, rank: int) -> list[str]:
@@ -344,12 +323,10 @@ def test_under_mpiexec_pydist_and_mpi_side_by_side():
 
 def test_in_a_job_mpi_backends_need_mpiexec_and_usage_errors_name_the_rank():
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    done = subprocess.run(BENCH + ["--nproc", "3"], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    done = run_command(BENCH + ["--nproc", "3"], timeout=30, env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
     assert done.returncode == 2
     assert "pydist-bench (rank 1): error: --nproc 3 contradicts the launched job's world size (2)" in done.stderr
-    done = subprocess.run(BENCH + ["--backend", "mpi"], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    done = run_command(BENCH + ["--backend", "mpi"], timeout=30, env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("pydist-bench: error: rank 1: --backend mpi: "), done.stderr
 

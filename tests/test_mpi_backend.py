@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -139,7 +138,7 @@ def test_span_joins_only_arrays_back_to_back():
 def test_without_mpi4py_init_names_the_fix():
     code = ("import sys; sys.modules['mpi4py'] = None\nimport pydist\n"
             "try:\n    pydist.init_process_group('mpi')\nexcept RuntimeError as e:\n    print('ERR', e)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_command([sys.executable, "-c", code], timeout=60)
     assert "ERR the MPI backend needs mpi4py" in out.stdout and "pip install mpi4py" in out.stdout, out.stderr
 
 

@@ -23,7 +23,7 @@ from pydist.run import cli
 from pydist.run import output
 from pydist.run.agent import LocalAgent
 from pydist.run.config import LaunchConfig, Placement, worker_command, worker_env
-from pydist.testing.commands import run_command
+from pydist.testing.commands import finish, kill_group, run_command, start_command
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 WORKER = str(SCRIPTS / "worker.py")
@@ -48,7 +48,7 @@ def pids(tmp_path: Path):
     yield piddir, started
     for proc in started:
         if proc.poll() is None:
-            proc.kill()
+            kill_group(proc)
             proc.wait()
     leftovers = [int(p.read_text()) for p in piddir.iterdir() if p.read_text()]
     for pid in leftovers:
@@ -286,9 +286,7 @@ def test_killed_or_exit_code_reported(mode, exitcode, pids):
 
 def start(args: list[str], pids) -> subprocess.Popen:
     piddir, started = pids
-    proc = subprocess.Popen(
-        [*LAUNCHER, *args], env=env_for(piddir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = start_command([*LAUNCHER, *args], env=env_for(piddir))
     started.append(proc)
     return proc
 
@@ -321,7 +319,7 @@ def test_sigterm_ignored_then_sigkill(pids):
 
 def test_two_launchers_at_once_get_different_ports_and_stores(pids):
     procs = [start(["--nproc-per-node", "2", WORKER, "store"], pids) for _ in range(2)]
-    outs = [p.communicate(timeout=30) for p in procs]
+    outs = [(c.stdout, c.stderr) for c in finish(procs, 30)]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
     results = [tagged(out, "STORE") for out, _ in outs]
     assert all(r[0]["values"] == r[1]["values"] == ["value0", "value1"] for r in results)
