@@ -448,6 +448,7 @@ def _all_reduce(rank: int, size: int) -> list[float]:
     return t.tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init, env", [("env", {}), ("file", {"PYDIST_SHM": "0"})], ids=["env-store", "file-store-tcp"])
 def test_a_job_with_a_token_runs(init, env):
     """env://: the store and the mesh authenticate; file://: the mesh takes the token from
@@ -456,6 +457,7 @@ def test_a_job_with_a_token_runs(init, env):
     assert results == [[3.0, 6.0, 9.0, 12.0]] * 3
 
 
+@pytest.mark.slow
 def test_a_rank_with_another_token_is_refused_by_its_peers():
     with pytest.raises(RankFailed, match="authentication failed"):
         run_processes(3, _all_reduce, init="file", env={TOKEN_ENV: "job-token"},

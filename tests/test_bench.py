@@ -116,6 +116,7 @@ def test_table_marks_missing_values_and_notes():
     assert lines[-1].split() == ["8", "2", "200.0", "0.00", "0.00", "-", "-", "-"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_every_op_prints_a_table_row_per_size(op):
     done = run_bench("--op", op, *TINY)
@@ -126,6 +127,7 @@ def test_every_op_prints_a_table_row_per_size(op):
     assert f"{op} pydist 1/1 backends" in done.stderr  # progress lines (plain: stderr is not a tty)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_every_op_produces_rows_with_consistent_bandwidths(op):
     done = run_bench("--op", op, "--json", *TINY)
@@ -142,6 +144,7 @@ def test_every_op_produces_rows_with_consistent_bandwidths(op):
         assert result["busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_table_output_names_the_command_and_has_a_row_per_size():
     done = run_bench("--op", "all_reduce", *TINY)
     assert done.returncode == 0, done.stderr
@@ -152,6 +155,7 @@ def test_table_output_names_the_command_and_has_a_row_per_size():
     assert [int(r[1]) for r in rows] == [1, 2, 4, 8, 16]
 
 
+@pytest.mark.slow
 def test_compare_with_gloo():
     pytest.importorskip("torch")
     done = run_bench("--op", "all_reduce", "--json", "--compare", "gloo", *TINY, timeout=180)
@@ -163,6 +167,7 @@ def test_compare_with_gloo():
         assert row["ratios"]["gloo"] == pytest.approx(ratio, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
 def test_compare_with_mpi():
     done = run_bench("--op", "broadcast", "--json", "--compare", "mpi", *TINY, timeout=180)
@@ -193,6 +198,7 @@ def test_progress_rewrites_one_line_on_a_terminal():
     assert stream.getvalue() == "\r\x1b[Ka\r\x1b[Kb\r\x1b[K"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed")
 def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "bench.png"
@@ -211,12 +217,14 @@ def test_unavailable_compare_backend_is_a_note(monkeypatch, capsys):
     assert len([line for line in out.splitlines() if not line.startswith("#")]) == 5
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2():
     assert run_bench("--sizes", "64:4").returncode == 2
     assert run_bench("--op", "sendrecv", "--nproc", "1").returncode == 2
     assert run_bench("--compare", "nccl").returncode == 2
 
 
+@pytest.mark.slow
 def test_timeout_stops_every_worker():
     done = run_bench("--sizes", "64M", "--iters", "5000", "--budget", "0", "--timeout", "1")  # ~30 s of work
     assert done.returncode == 1 and "timed out after 1 s" in done.stderr, done.stderr
@@ -267,6 +275,7 @@ def table_rows(lines: list[str]) -> list[list[str]]:
     return [line.split() for line in lines if line.strip() and not line.startswith("#")]
 
 
+@pytest.mark.slow
 def test_in_a_launched_job_rank_0_prints_the_table():
     [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + IN_JOB)
     assert code == 0, err
@@ -281,6 +290,7 @@ def test_in_a_launched_job_rank_0_prints_the_table():
     assert silent(out, err, 1)  # the other rank prints nothing
 
 
+@pytest.mark.slow
 def test_in_a_launched_job_compare_runs_gloo_after_pydist():
     pytest.importorskip("torch")
     [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + IN_JOB + ["--compare", "gloo"])
@@ -297,6 +307,7 @@ def test_in_a_launched_job_compare_runs_gloo_after_pydist():
     assert silent(out, err, 1)
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_each_launched_by_its_own_pydist_run():
     port = free_port()
     node = LAUNCH + ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",

@@ -53,6 +53,7 @@ def parameters_only(state: dict) -> dict:
     return {k: v for k, v in state.items() if "running" not in k and "num_batches" not in k}
 
 
+@pytest.mark.slow
 def test_processes_match_single_process_training():
     """Real processes: Linear layers and a BatchNorm (buffers broadcast from rank 0) on 2 ranks."""
     results = run_processes(2, training.train, "bn", steps=4, timeout=90)

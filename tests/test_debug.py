@@ -133,6 +133,7 @@ def _skips_the_last_op(rank: int, size: int) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_timeout_writes_every_rank_and_the_analyzer_names_the_rank_behind(tmp_path):
     outcome = run_processes(3, _skips_the_last_op, pg_timeout=1.0, timeout=90,
                             env={"PYDIST_TRACE_DIR": str(tmp_path)})

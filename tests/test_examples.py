@@ -10,6 +10,8 @@ import pytest
 
 from pydist.testing.commands import run_command
 
+pytestmark = pytest.mark.slow  # the examples run under pydist-run
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = [sys.executable, "-m", "pydist.run"]
 

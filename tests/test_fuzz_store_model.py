@@ -471,6 +471,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert key not in state.data
 
 
+@pytest.mark.slow
 def test_store_service_against_a_model_with_garbage_connections():
     before = COUNTS.copy()
     run_state_machine_as_test(StoreMachine, settings=_fuzz_settings(80, stateful_step_count=60))

@@ -62,6 +62,7 @@ def _random_streams(data):
     assert loop.service.state.data.get("k0") == b"v" and loop.service.state.data.get("k1") == b"5"
 
 
+@pytest.mark.slow
 def test_service_never_raises_on_random_and_mutated_streams():
     before = COUNTS.copy()
     _fuzz_settings(150)(_random_streams)()
@@ -119,6 +120,7 @@ def _malformed_streams(data):
     assert loop.output[2].endswith(_protocol.encode_response(Message("values", ([b"before"],))))
 
 
+@pytest.mark.slow
 def test_streams_that_are_malformed_for_sure_are_dropped_and_others_unaffected():
     before = COUNTS.copy()
     _fuzz_settings(150)(_malformed_streams)()
@@ -196,6 +198,7 @@ def _authenticated_streams(data):
     assert bytes(loop.output[0]).endswith(_protocol.encode_response(Message("values", ([b"mine"],))))
 
 
+@pytest.mark.slow
 def test_with_a_token_garbage_and_replayed_handshakes_can_neither_read_nor_write():
     _auth_api()
     before = COUNTS.copy()

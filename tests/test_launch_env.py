@@ -311,6 +311,7 @@ def test_mpiexec_no_argument_init(n):
     assert new_shm == set()
 
 
+@pytest.mark.slow
 def test_torchrun_no_argument_init():
     """torchrun's agent hosts torch's C++ TCPStore; pydist reaches it through torch's client."""
     pytest.importorskip("torch")
@@ -320,6 +321,7 @@ def test_torchrun_no_argument_init():
     assert all(r["local_rank"] == rank and r["local_world_size"] == 2 for rank, r in results.items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("torch_client", [False, True])
 def test_pydist_run_no_argument_init(torch_client):
     """pydist-run's agent store; with a torchrun marker variable set, pydist talks to it
@@ -347,6 +349,7 @@ def test_simulated_srun_no_argument_init():
                for rank, r in results.items())
 
 
+@pytest.mark.slow
 def test_restarted_attempt_reuses_the_agent_store():
     """Two attempts against one agent store (as after an elastic restart): the second does
     not see the first one's keys (rank addresses of dead processes), so it meets afresh."""

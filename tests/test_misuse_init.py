@@ -25,6 +25,7 @@ def test_init_twice_threads(transport):
     run2(fn, transport)
 
 
+@pytest.mark.slow
 def test_init_twice_process():
     results = run_processes(2, misuse.init_twice, init="env", timeout=60)
     for result in results:

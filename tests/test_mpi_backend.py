@@ -19,6 +19,8 @@ from pydist.bench.backends import mpiexec_path  # noqa: E402
 from pydist.testing.conformance import CASES  # noqa: E402
 from pydist.testing.commands import CommandTimeout, run_command  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test runs mpiexec
+
 SCRIPTS = Path(__file__).parent / "run_scripts"
 MPIEXEC = mpiexec_path() or "mpiexec"  # the venv's (pip install mpich), else PATH's
 

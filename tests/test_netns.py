@@ -14,6 +14,8 @@ from pydist.testing import netns
 from pydist.testing.commands import run_command
 from pydist.testing.netns import Network, Shaping, cleanup_stale, require_netns
 
+pytestmark = pytest.mark.slow  # network namespaces and real processes
+
 # A host's peer: answers each connection with this namespace's inode, on the host's address
 # and on 127.0.0.1 (the same port on both: only separate namespaces let every host bind it).
 PEER = r'''

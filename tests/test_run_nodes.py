@@ -17,6 +17,8 @@ from pydist.store import HashStore
 from pydist.testing import commands, free_port
 from test_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture
 
+pytestmark = pytest.mark.slow  # launchers and their workers
+
 FAST = "join_timeout=20,last_call_timeout=0.5,read_timeout=10"
 
 

@@ -39,6 +39,8 @@ from pydist.testing import free_port, run_processes  # noqa: E402
 from pydist.testing.commands import run_command  # noqa: E402
 from seed_programs import launch, sweep  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test spawns rank processes (or the launcher)
+
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 # Preloaded modules are imported once by the fork server (started by the first

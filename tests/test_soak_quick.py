@@ -10,12 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from pydist.testing import run_processes
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.append(str(SCRIPTS))  # appended: never shadows another module; children inherit sys.path
 import robust_ranks  # noqa: E402
+
+pytestmark = pytest.mark.slow  # 4 real processes for seconds each
 
 
 # =============================================================================================

@@ -93,6 +93,7 @@ def _garbage_payloads(rng: random.Random) -> bytes:
     return hello() + encode_request(Message("set", ("zz", b"v" * 100)))[:20]  # half a message, then gone
 
 
+@pytest.mark.slow
 def test_real_server_keeps_serving_good_clients_while_garbage_sockets_hit_it(caplog):
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
     stop = threading.Event()
@@ -229,6 +230,7 @@ def _raw(port: int, data: bytes = b"", rcvbuf: int | None = None) -> socket.sock
 GOOD_BOUND_S = 2.0
 
 
+@pytest.mark.slow
 def test_silent_half_open_and_trickling_clients_do_not_delay_good_ones(server_process):
     port = server_process.port
     half_set = encode_request(Message("set", ("h", b"v" * (1 << 20))))[:4096]  # a 1 MiB set, 4 KiB of it sent
@@ -294,6 +296,7 @@ def _never_reading_client(port: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow
 def test_a_client_that_never_reads_does_not_delay_good_ones(server_process):
     port = server_process.port
     stuck = _never_reading_client(port)

@@ -304,6 +304,7 @@ def _sequence(port: int) -> subprocess.Popen:
     return start_command([sys.executable, str(SCRIPTS / "torch_store_sequence.py"), "127.0.0.1", str(port)])
 
 
+@pytest.mark.slow
 @needs_torch
 def test_every_method_answers_as_torchs_own_master(tdist, server):
     master = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -438,6 +439,7 @@ def test_garbage_on_a_torch_connection_drops_only_that_connection(tdist, server,
     del client, failing
 
 
+@pytest.mark.slow
 @needs_torch
 def test_init_process_group_gloo_through_the_pydist_server(server):
     procs = [
@@ -451,6 +453,7 @@ def test_init_process_group_gloo_through_the_pydist_server(server):
         assert f"RESULT {rank} 2 [3.0, 3.0, 3.0, 3.0]" in out
 
 
+@pytest.mark.slow
 @needs_torch
 @pytest.mark.parametrize("backend", ["gloo", "pydist"])
 def test_pydist_run_env_rendezvous_with_torch(backend):

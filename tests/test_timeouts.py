@@ -35,6 +35,7 @@ def _ranks_2_and_3_stall(rank: int, size: int, timed_out: threading.Barrier) -> 
         timed_out.wait()
 
 
+@pytest.mark.slow
 def test_a_timeout_names_the_ranks_that_never_reached_the_operation():
     timed_out = threading.Barrier(4, timeout=60)
     with pytest.raises(RankFailed) as failed:
@@ -66,6 +67,7 @@ def test_monitored_barrier_passes_when_everyone_arrives():
                        hosts=HOSTS[:3]) == ["ok"] * 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wait_all, expected", [(False, "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 1 s"),
                                                 (True, "[Rank 0]: Ranks 2, 3 failed to pass monitoredBarrier in 1 s")])
 def test_monitored_barrier_names_the_missing_ranks(wait_all, expected):
@@ -88,6 +90,7 @@ def _behind(rank: int, size: int) -> str:
     return "ok"
 
 
+@pytest.mark.slow
 def test_processes_over_shared_memory_explain_too():
     results = run_processes(3, _behind, timeout=60, pg_timeout=1.5)
     assert "ranks that never reached it: 1 (no operation on this group yet)" in results[0], results
@@ -125,11 +128,13 @@ def test_recv_timeout_threads(transport):
     assert clock.jumps >= 2  # recv and any-source recv timed out by the fake clock
 
 
+@pytest.mark.slow
 def test_recv_timeout_processes():
     results = run_processes(2, misuse.recv_times_out, 1.0, init="file", timeout=60)
     _check_timeouts(results[0], 1.0)
 
 
+@pytest.mark.slow
 def test_collective_timeout_names_op_and_rank(transport):
     """Real time: thread-ranks of one host wait in the shared arena (transport/_signal.py), whose
     futex sleeps do not go through the injectable clock."""
