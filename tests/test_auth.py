@@ -293,6 +293,7 @@ def test_a_replayed_store_handshake_is_refused(master, caplog):
     assert not master.check(["replayed"])
 
 
+@pytest.mark.slow
 def test_torch_clients_are_refused_when_a_token_is_set(master, caplog):
     tdist = pytest.importorskip("torch.distributed")
     with caplog.at_level(logging.WARNING, logger="pydist.store"):
@@ -427,6 +428,7 @@ def test_mesh_rank_refuses_garbage_replays_and_impostors_then_accepts_its_peer(c
     assert caplog.text.count("refused a connection") == 3
 
 
+@pytest.mark.slow
 def test_mesh_connector_with_a_token_refuses_an_acceptor_without_one():
     with socket.create_server(("127.0.0.1", 0)) as listener:
         thread, result = _accept_in_thread(listener, None, seconds=1.0)

@@ -175,6 +175,7 @@ def test_compare_with_mpi():
     assert all(row["results"]["mpi"]["time_us"] > 0 for row in json.loads(done.stdout)["rows"])
 
 
+@pytest.mark.slow
 def test_backend_mpi_runs_or_says_why_not():
     """--backend mpi is pydist's own MPI backend: a clear error until init_process_group("mpi") exists."""
     done = run_bench("--op", "all_reduce", "--backend", "mpi", *TINY)
@@ -207,6 +208,7 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_unavailable_compare_backend_is_a_note(monkeypatch, capsys):
     missing = dataclasses.replace(BACKENDS["mpi"], modules=("pydist_bench_no_such_module",))
     monkeypatch.setitem(BACKENDS, "mpi", missing)
@@ -322,6 +324,7 @@ def test_two_nodes_on_loopback_each_launched_by_its_own_pydist_run():
     assert all(silent(out, err, 1) for _, out, err in results)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
                     reason="mpi4py or mpiexec is missing")
 def test_under_mpiexec_pydist_and_mpi_side_by_side():
@@ -332,6 +335,7 @@ def test_under_mpiexec_pydist_and_mpi_side_by_side():
     assert len(rows) == 5 and all(float(r[5]) > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_in_a_job_mpi_backends_need_mpiexec_and_usage_errors_name_the_rank():
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     done = run_command(BENCH + ["--nproc", "3"], timeout=30, env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
@@ -380,6 +384,7 @@ def test_hosts_are_counted_by_name():
     assert injob.count_hosts(mine) == 2
 
 
+@pytest.mark.slow
 def test_in_a_launched_job_timeout_stops_the_rank_and_names_it():
     slow = ["-m", "pydist.bench", "--sizes", "64M", "--iters", "5000", "--budget", "0", "--timeout", "1"]
     [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + slow)

@@ -9,8 +9,8 @@ from pydist.testing import run_processes, run_threads
 from pydist.testing.conformance import CASES, run_suite
 
 SIZES = range(1, 9)
-#: The largest world of the thread tests that `make test-fast` runs (1, 2, 3: even, odd, power
-#: of two or not); the larger ones, and every process test, are marked slow.
+#: The largest world of the loopback thread tests that `make test-fast` runs (1, 2, 3: even,
+#: odd, power of two or not); the larger ones, the tcp and process tests are marked slow.
 FAST_SIZE = 3
 SMALL_SEGMENTS = "64"  # bytes: every case with more than a few elements runs multi-segment
 
@@ -35,14 +35,15 @@ def test_threads_loopback(case, size, small_segments):
     assert failures(run_threads(size, run_suite, [case], timeout=240)) == []
 
 
-@pytest.mark.parametrize("size", sized(SIZES))
+@pytest.mark.parametrize("size", sized(SIZES, fast_up_to=2))
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_threads_loopback_all_reduce_algorithms(algorithm, size, small_segments, monkeypatch):
     monkeypatch.setenv("PYDIST_ALGO_ALL_REDUCE", algorithm)
     assert failures(run_threads(size, run_suite, ["all_reduce"], timeout=240)) == []
 
 
-@pytest.mark.parametrize("size", sized([2, 3, 4], fast_up_to=2))
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 3, 4])
 def test_threads_tcp(size, small_segments):
     """Thread-ranks over real sockets: the tcp transport without process start-up cost."""
     assert failures(run_threads(size, run_suite, transport="tcp", timeout=240)) == []

@@ -293,6 +293,7 @@ def test_join_uneven_inputs(divide_by_initial):
     assert results[0]["stats"]["allreduces"] == results[1]["stats"]["allreduces"] == 5  # shadowed ones too
 
 
+@pytest.mark.slow
 def test_join_processes_uneven_inputs():
     counts = [3, 5]
     results = run_processes(2, training.train_join, counts, timeout=90)

@@ -292,6 +292,7 @@ def _mpich_shm() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("mpich")}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec next to the interpreter")
 @pytest.mark.parametrize("n", [2, 3])
 def test_mpiexec_no_argument_init(n):
@@ -334,6 +335,7 @@ def test_pydist_run_no_argument_init(torch_client):
     check_allreduce(results, 2, "torchrun")
 
 
+@pytest.mark.slow
 def test_simulated_srun_no_argument_init():
     """srun's variables only (no srun here): rank 0's host is the first of the node list,
     the port comes from the job and step ids."""

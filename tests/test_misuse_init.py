@@ -143,6 +143,7 @@ def test_call_before_init(name):
     quick(BEFORE_INIT[name], ValueError, "init_process_group")
 
 
+@pytest.mark.slow
 def test_env_init_in_child_process_missing_master_addr():
     """A fresh process (no MASTER_ADDR in its environment) gets the ValueError too."""
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}

@@ -348,6 +348,7 @@ def test_workers_reach_the_agents_store(how, pids):
     assert values == {r: ["value0", "value1", "value2"] for r in range(3)}
 
 
+@pytest.mark.slow
 def test_agent_in_process_leaks_nothing(pids):
     """Run the agent inside this process: afterwards no fd (socket, pipe) or thread is left
     and the signal handlers are the previous ones."""

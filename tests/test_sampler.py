@@ -77,6 +77,7 @@ def test_randperm_bit_equal_small_n(seed):
         assert randperm(n, seed) == torch_randperm(n, seed), n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [100, 257, 624, 625, 1000, 4096, 65536, 65537, 65538, 131075, 250_001])
 def test_randperm_bit_equal_larger_n(n):
     for seed in (0, 3, 2**32 + 3, 987654321):
@@ -227,6 +228,7 @@ NO_TORCH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_without_torch():
     cases = [(length, replicas, seed, epoch, drop_last)
              for length, replicas, seed, epoch, drop_last in itertools.product(

@@ -309,6 +309,7 @@ def test_a_client_that_never_reads_does_not_delay_good_ones(server_process):
     assert max(latencies) < GOOD_BOUND_S
 
 
+@pytest.mark.slow
 def test_a_client_that_never_reads_does_not_grow_server_memory_without_bound(server_process):
     port = server_process.port
     baseline = server_process.rss_kib()

@@ -351,6 +351,7 @@ def test_blocking_calls_wake_when_a_pydist_client_sets_the_keys(tdist, server):
     del client
 
 
+@pytest.mark.slow
 @needs_torch
 def test_timeouts_raise_torchs_error_and_keep_the_connection_usable(tdist, server):
     client = _client(tdist, server.port, seconds=0.5)

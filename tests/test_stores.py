@@ -559,6 +559,7 @@ def _file_child(path: str) -> None:
     store.close()
 
 
+@pytest.mark.slow
 def test_filestore_across_processes(tmp_path):
     path = str(tmp_path / "shared")
     store = FileStore(path)
