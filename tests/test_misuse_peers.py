@@ -87,6 +87,7 @@ def test_non_member_all_reduce_warns(transport):
     run2(fn, transport)
 
 
+@pytest.mark.slow
 def test_non_member_calls_warn_process():
     results = run_processes(2, misuse.non_member_calls, init="tcp", timeout=60)
     outside = results[1]
