@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 MPI := mpi4py mpich
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench venv test-venv clean
+.PHONY: demo test test-fast bench venv test-venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: venv
 
 test: test-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The edit-run loop: everything but the tests marked slow (and soak), in well under a minute.
+test-fast: test-venv
+	$(PY) -m pytest -m "not slow and not soak" $(PYTEST_ARGS)
 
 bench: test-venv
 	$(VENV)/bin/pydist-bench --op all_reduce --nproc 2 --sizes 4:256M --compare gloo,mpi

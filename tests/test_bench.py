@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -22,6 +21,7 @@ from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
 from pydist.bench.report import BackendResult, Meta, format_table
 from pydist.bench.sizes import format_size, parse_size, parse_sizes
 from pydist.testing import free_port
+from pydist.testing.commands import finish, kill_group, run_command, start_command
 
 BENCH = [sys.executable, "-m", "pydist.bench"]
 TINY = ["--sizes", "4:64", "--iters", "2", "--warmup", "1", "--nproc", "2"]
@@ -53,8 +53,7 @@ def no_leftover_workers():
 
 
 def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(BENCH + list(args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    return run_command(BENCH + list(args), timeout=timeout, env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
 
 
 def test_size_specs():
@@ -117,6 +116,7 @@ def test_table_marks_missing_values_and_notes():
     assert lines[-1].split() == ["8", "2", "200.0", "0.00", "0.00", "-", "-", "-"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_every_op_prints_a_table_row_per_size(op):
     done = run_bench("--op", op, *TINY)
@@ -127,6 +127,7 @@ def test_every_op_prints_a_table_row_per_size(op):
     assert f"{op} pydist 1/1 backends" in done.stderr  # progress lines (plain: stderr is not a tty)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_every_op_produces_rows_with_consistent_bandwidths(op):
     done = run_bench("--op", op, "--json", *TINY)
@@ -143,6 +144,7 @@ def test_every_op_produces_rows_with_consistent_bandwidths(op):
         assert result["busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_table_output_names_the_command_and_has_a_row_per_size():
     done = run_bench("--op", "all_reduce", *TINY)
     assert done.returncode == 0, done.stderr
@@ -153,6 +155,7 @@ def test_table_output_names_the_command_and_has_a_row_per_size():
     assert [int(r[1]) for r in rows] == [1, 2, 4, 8, 16]
 
 
+@pytest.mark.slow
 def test_compare_with_gloo():
     pytest.importorskip("torch")
     done = run_bench("--op", "all_reduce", "--json", "--compare", "gloo", *TINY, timeout=180)
@@ -164,6 +167,7 @@ def test_compare_with_gloo():
         assert row["ratios"]["gloo"] == pytest.approx(ratio, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
 def test_compare_with_mpi():
     done = run_bench("--op", "broadcast", "--json", "--compare", "mpi", *TINY, timeout=180)
@@ -171,6 +175,7 @@ def test_compare_with_mpi():
     assert all(row["results"]["mpi"]["time_us"] > 0 for row in json.loads(done.stdout)["rows"])
 
 
+@pytest.mark.slow
 def test_backend_mpi_runs_or_says_why_not():
     """--backend mpi is pydist's own MPI backend: it runs, or says what is not installed."""
     done = run_bench("--op", "all_reduce", "--backend", "mpi", *TINY)
@@ -194,6 +199,7 @@ def test_progress_rewrites_one_line_on_a_terminal():
     assert stream.getvalue() == "\r\x1b[Ka\r\x1b[Kb\r\x1b[K"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed")
 def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "bench.png"
@@ -202,6 +208,7 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_unavailable_compare_backend_is_a_note(monkeypatch, capsys):
     missing = dataclasses.replace(BACKENDS["mpi"], modules=("pydist_bench_no_such_module",))
     monkeypatch.setitem(BACKENDS, "mpi", missing)
@@ -212,12 +219,14 @@ def test_unavailable_compare_backend_is_a_note(monkeypatch, capsys):
     assert len([line for line in out.splitlines() if not line.startswith("#")]) == 5
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2():
     assert run_bench("--sizes", "64:4").returncode == 2
     assert run_bench("--op", "sendrecv", "--nproc", "1").returncode == 2
     assert run_bench("--compare", "nccl").returncode == 2
 
 
+@pytest.mark.slow
 def test_timeout_stops_every_worker():
     done = run_bench("--sizes", "64M", "--iters", "5000", "--budget", "0", "--timeout", "1")  # ~30 s of work
     assert done.returncode == 1 and "timed out after 1 s" in done.stderr, done.stderr
@@ -225,18 +234,17 @@ def test_timeout_stops_every_worker():
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_stops_every_worker(signum):
-    proc = subprocess.Popen(BENCH + ["--sizes", "64M", "--iters", "5000", "--budget", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    proc = start_command(BENCH + ["--sizes", "64M", "--iters", "5000", "--budget", "0"],
+                         env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
     try:
         deadline = time.monotonic() + 30
         while len(marked_processes()) < 3 and time.monotonic() < deadline:  # the CLI and its 2 workers
             time.sleep(0.05)
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=30)
+        err = finish([proc], 30)[0].stderr
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_group(proc)  # the CLI and its workers, if the test failed before they stopped
+        proc.wait()
     assert proc.returncode == 130 and "interrupted" in err, err
 
 
@@ -247,30 +255,11 @@ IN_JOB = ["-m", "pydist.bench", "--sizes", "4K:64K", "--iters", "3", "--warmup",
 
 
 def run_jobs(*commands: list[str], timeout: float = 60) -> list[tuple[int, str, str]]:
-    """Run the commands side by side, each in a session of its own (output in temporary
-    files, so no pipe fills up); at the timeout every session still running is killed."""
-    procs, files = [], []
+    """Run the commands side by side, each in a session of its own (pydist.testing.commands:
+    every pipe read at once; at the timeout every session still running is killed)."""
     env = {**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER}
-    try:
-        for command in commands:
-            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            files.append((out, err))
-            procs.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
-                                          env=env, start_new_session=True))
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            proc.wait(max(deadline - time.monotonic(), 0.01))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    results = []
-    for proc, (out, err) in zip(procs, files):
-        out.seek(0), err.seek(0)
-        results.append((proc.returncode, out.read(), err.read()))
-        out.close(), err.close()
-    return results
+    done = finish([start_command(command, env=env) for command in commands], timeout)
+    return [(c.returncode, c.stdout, c.stderr) for c in done]
 
 
 def rank_lines(text: str, rank: int) -> list[str]:
@@ -288,6 +277,7 @@ def table_rows(lines: list[str]) -> list[list[str]]:
     return [line.split() for line in lines if line.strip() and not line.startswith("#")]
 
 
+@pytest.mark.slow
 def test_in_a_launched_job_rank_0_prints_the_table():
     [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + IN_JOB)
     assert code == 0, err
@@ -302,6 +292,7 @@ def test_in_a_launched_job_rank_0_prints_the_table():
     assert silent(out, err, 1)  # the other rank prints nothing
 
 
+@pytest.mark.slow
 def test_in_a_launched_job_compare_runs_gloo_after_pydist():
     pytest.importorskip("torch")
     [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + IN_JOB + ["--compare", "gloo"])
@@ -318,6 +309,7 @@ def test_in_a_launched_job_compare_runs_gloo_after_pydist():
     assert silent(out, err, 1)
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_each_launched_by_its_own_pydist_run():
     port = free_port()
     node = LAUNCH + ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
@@ -332,6 +324,7 @@ def test_two_nodes_on_loopback_each_launched_by_its_own_pydist_run():
     assert all(silent(out, err, 1) for _, out, err in results)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
                     reason="mpi4py or mpiexec is missing")
 def test_under_mpiexec_pydist_and_mpi_side_by_side():
@@ -342,14 +335,13 @@ def test_under_mpiexec_pydist_and_mpi_side_by_side():
     assert len(rows) == 5 and all(float(r[5]) > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_in_a_job_mpi_backends_need_mpiexec_and_usage_errors_name_the_rank():
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    done = subprocess.run(BENCH + ["--nproc", "3"], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    done = run_command(BENCH + ["--nproc", "3"], timeout=30, env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
     assert done.returncode == 2
     assert "pydist-bench (rank 1): error: --nproc 3 contradicts the launched job's world size (2)" in done.stderr
-    done = subprocess.run(BENCH + ["--backend", "mpi"], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    done = run_command(BENCH + ["--backend", "mpi"], timeout=30, env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("pydist-bench: error: rank 1: --backend mpi: "), done.stderr
 
@@ -392,6 +384,7 @@ def test_hosts_are_counted_by_name():
     assert injob.count_hosts(mine) == 2
 
 
+@pytest.mark.slow
 def test_in_a_launched_job_timeout_stops_the_rank_and_names_it():
     slow = ["-m", "pydist.bench", "--sizes", "64M", "--iters", "5000", "--budget", "0", "--timeout", "1"]
     [(code, out, err)] = run_jobs(LAUNCH + ["--nproc-per-node", "2"] + slow)

@@ -9,7 +9,15 @@ from pydist.testing import run_processes, run_threads
 from pydist.testing.conformance import CASES, run_suite
 
 SIZES = range(1, 9)
+#: The largest world of the loopback thread tests that `make test-fast` runs (1, 2, 3: even,
+#: odd, power of two or not); the larger ones, the tcp and process tests are marked slow.
+FAST_SIZE = 3
 SMALL_SEGMENTS = "64"  # bytes: every case with more than a few elements runs multi-segment
+
+
+def sized(sizes, fast_up_to: int = FAST_SIZE) -> list:
+    """``sizes`` as parameters, those above ``fast_up_to`` marked slow."""
+    return [n if n <= fast_up_to else pytest.param(n, marks=pytest.mark.slow) for n in sizes]
 
 
 def failures(results: list[list[str]]) -> list[str]:
@@ -21,25 +29,27 @@ def small_segments(monkeypatch):
     monkeypatch.setenv("PYDIST_SEGMENT_BYTES", SMALL_SEGMENTS)
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", sized(SIZES))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_threads_loopback(case, size, small_segments):
     assert failures(run_threads(size, run_suite, [case], timeout=240)) == []
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", sized(SIZES, fast_up_to=2))
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_threads_loopback_all_reduce_algorithms(algorithm, size, small_segments, monkeypatch):
     monkeypatch.setenv("PYDIST_ALGO_ALL_REDUCE", algorithm)
     assert failures(run_threads(size, run_suite, ["all_reduce"], timeout=240)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_threads_tcp(size, small_segments):
     """Thread-ranks over real sockets: the tcp transport without process start-up cost."""
     assert failures(run_threads(size, run_suite, transport="tcp", timeout=240)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES)
 def test_processes_shared_memory(size):
     """Real processes on one host: shared-memory arenas and rings (up to 8 ranks on 2 cores),
@@ -48,6 +58,7 @@ def test_processes_shared_memory(size):
     assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [2, 3, 5, 8])
 def test_processes_tcp_only(size):
     """Real processes with shared memory off (PYDIST_SHM=0): every byte over tcp; all_reduce
@@ -75,6 +86,7 @@ def test_the_suite_detects_wrong_results(monkeypatch):
     assert found and all("broadcast" in f for f in found)
 
 
+@pytest.mark.slow
 def test_all_reduce_large_buffer_over_tcp_processes():
     """A buffer far beyond the socket buffers: the pipelined ring with direct receives."""
     results = run_processes(3, _large_all_reduce, init="env", timeout=120)

@@ -53,6 +53,7 @@ def parameters_only(state: dict) -> dict:
     return {k: v for k, v in state.items() if "running" not in k and "num_batches" not in k}
 
 
+@pytest.mark.slow
 def test_processes_match_single_process_training():
     """Real processes: Linear layers and a BatchNorm (buffers broadcast from rank 0) on 2 ranks."""
     results = run_processes(2, training.train, "bn", steps=4, timeout=90)
@@ -292,6 +293,7 @@ def test_join_uneven_inputs(divide_by_initial):
     assert results[0]["stats"]["allreduces"] == results[1]["stats"]["allreduces"] == 5  # shadowed ones too
 
 
+@pytest.mark.slow
 def test_join_processes_uneven_inputs():
     counts = [3, 5]
     results = run_processes(2, training.train_join, counts, timeout=90)

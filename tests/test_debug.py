@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -14,6 +13,7 @@ import pytest
 import pydist
 from pydist.debug import analyze, dump_traces, traces
 from pydist.testing import run_processes, run_threads
+from pydist.testing.commands import run_command
 
 F32 = np.float32
 DEBUG_VARS = ("PYDIST_TRACE_DIR", "PYDIST_TIMELINE", "PYDIST_TRACE_BUFFER", "PYDIST_DEBUG")
@@ -27,8 +27,7 @@ def clean_env(monkeypatch):
 
 def analyzer(directory) -> str:
     """``python -m pydist.debug DIR``'s output (it must succeed)."""
-    done = subprocess.run([sys.executable, "-m", "pydist.debug", str(directory)], capture_output=True, text=True,
-                          timeout=60)
+    done = run_command([sys.executable, "-m", "pydist.debug", str(directory)], timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -134,6 +133,7 @@ def _skips_the_last_op(rank: int, size: int) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_timeout_writes_every_rank_and_the_analyzer_names_the_rank_behind(tmp_path):
     outcome = run_processes(3, _skips_the_last_op, pg_timeout=1.0, timeout=90,
                             env={"PYDIST_TRACE_DIR": str(tmp_path)})
@@ -207,8 +207,7 @@ def test_analyzer_from_traces_alone():
 
 
 def test_analyzer_needs_files(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "pydist.debug", str(tmp_path)], capture_output=True, text=True,
-                          timeout=60)
+    done = run_command([sys.executable, "-m", "pydist.debug", str(tmp_path)], timeout=60)
     assert done.returncode == 2 and "no pydist_trace_rank" in done.stderr
 
 

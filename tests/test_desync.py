@@ -96,6 +96,7 @@ def _one_process(rank: int, size: int, case: str) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_processes_on_one_host_raise_through_shared_memory():
     results = run_processes(3, _one_process, "op", timeout=60)
     assert all("ranks called different operations" in r or "aborted the group" in r for r in results), results

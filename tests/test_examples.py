@@ -8,13 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from pydist.testing.commands import run_command
+
+pytestmark = pytest.mark.slow  # the examples run under pydist-run
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = [sys.executable, "-m", "pydist.run"]
 
 
 def launch(*args: str, cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(RUN + list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_command(RUN + list(args), cwd=cwd, timeout=timeout, env=env)
 
 
 def test_collectives_tour_on_four_ranks():

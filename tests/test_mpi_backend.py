@@ -6,8 +6,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +17,9 @@ if importlib.util.find_spec("mpi4py") is None:
 
 from pydist.bench.backends import mpiexec_path  # noqa: E402
 from pydist.testing.conformance import CASES  # noqa: E402
+from pydist.testing.commands import CommandTimeout, run_command  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every test runs mpiexec
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 MPIEXEC = mpiexec_path() or "mpiexec"  # the venv's (pip install mpich), else PATH's
@@ -35,22 +36,15 @@ def run_mpi(n: int, args: list[str], timeout: float = 60, env: dict[str, str] | 
     """Run ``python args...`` under ``mpiexec -n n``; its stdout. On timeout the whole process
     group is killed and MPICH's shared memory left behind by it removed."""
     before = _mpich_segments()
-    proc = subprocess.Popen([MPIEXEC, "-n", str(n), sys.executable, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "", **(env or {})})
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
+        done = run_command([MPIEXEC, "-n", str(n), sys.executable, *args], timeout,
+                           env={**os.environ, "PYTHONUNBUFFERED": "", **(env or {})})
+    except CommandTimeout:
         for name in _mpich_segments() - before:
             Path("/dev/shm", name).unlink(missing_ok=True)
-        pytest.fail(f"mpiexec -n {n} {' '.join(args)} timed out after {timeout} s\n{out}\n{err}")
-    assert proc.returncode == 0, f"mpiexec -n {n} {' '.join(args)} exited with {proc.returncode}\n{out}\n{err}"
-    return out
+        raise
+    assert done.returncode == 0, f"mpiexec -n {n} {' '.join(args)} exited with {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
 
 
 def run_ranks(n: int, args: list[str], tmp_path: Path, **kwargs) -> list[dict]:
@@ -146,7 +140,7 @@ def test_span_joins_only_arrays_back_to_back():
 def test_without_mpi4py_init_names_the_fix():
     code = ("import sys; sys.modules['mpi4py'] = None\nimport pydist\n"
             "try:\n    pydist.init_process_group('mpi')\nexcept RuntimeError as e:\n    print('ERR', e)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_command([sys.executable, "-c", code], timeout=60)
     assert "ERR the MPI backend needs mpi4py" in out.stdout and "pip install mpi4py" in out.stdout, out.stderr
 
 

@@ -17,6 +17,8 @@ import pytest
 from pydist.testing.conformance import CASES
 from pydist.testing.netns import Network, pids_in, require_netns
 
+pytestmark = pytest.mark.slow  # hosts in network namespaces, launchers and real processes
+
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 29400
 FAST = "join_timeout=60,last_call_timeout=1,read_timeout=30"

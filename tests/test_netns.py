@@ -11,7 +11,10 @@ import time
 import pytest
 
 from pydist.testing import netns
+from pydist.testing.commands import run_command
 from pydist.testing.netns import Network, Shaping, cleanup_stale, require_netns
+
+pytestmark = pytest.mark.slow  # network namespaces and real processes
 
 # A host's peer: answers each connection with this namespace's inode, on the host's address
 # and on 127.0.0.1 (the same port on both: only separate namespaces let every host bind it).
@@ -292,7 +295,7 @@ sleeper = net.popen(1, ["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subpro
 print(" ".join([h.name for h in net.hosts] + [net._switch, str(sleeper.pid)]), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 '''
-    out = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=30).stdout.split()
+    out = run_command([sys.executable, "-c", crash], timeout=30).stdout.split()
     names, sleeper = set(out[:-1]), int(out[-1])
     assert len(names) == 3 and names <= _namespaces() and not _gone(sleeper)
     assert names <= set(cleanup_stale())

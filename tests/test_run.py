@@ -23,6 +23,7 @@ from pydist.run import cli
 from pydist.run import output
 from pydist.run.agent import Agent
 from pydist.run.config import LaunchConfig, Placement, worker_command, worker_env
+from pydist.testing.commands import finish, kill_group, run_command, start_command
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 WORKER = str(SCRIPTS / "worker.py")
@@ -47,7 +48,7 @@ def pids(tmp_path: Path):
     yield piddir, started
     for proc in started:
         if proc.poll() is None:
-            proc.kill()
+            kill_group(proc)
             proc.wait()
     leftovers = [int(p.read_text()) for p in piddir.iterdir() if p.read_text()]
     for pid in leftovers:
@@ -66,9 +67,7 @@ def env_for(piddir: Path, **extra: str) -> dict[str, str]:
 def run(args: list[str], piddir: Path, timeout: float = 30, launcher: list[str] = LAUNCHER, **extra: str):
     """Run the launcher to completion; return (CompletedProcess, seconds)."""
     start = time.monotonic()
-    result = subprocess.run(
-        [*launcher, *args], env=env_for(piddir, **extra), capture_output=True, text=True, timeout=timeout
-    )
+    result = run_command([*launcher, *args], env=env_for(piddir, **extra), timeout=timeout)
     return result, time.monotonic() - start
 
 
@@ -150,6 +149,7 @@ def test_parse_spellings_and_passthrough(monkeypatch):
         ([], "required"),
     ],
 )
+@pytest.mark.slow
 def test_bad_command_lines_exit_2(argv, message, pids):
     result, _ = run(argv, pids[0])
     assert result.returncode == 2 and message in result.stderr, result.stderr
@@ -173,6 +173,7 @@ def test_output_pump_prefixes_splits_and_flushes(monkeypatch):
     assert list(tail) == [b"more\n", b"last\n"]
 
 
+@pytest.mark.slow
 def test_store_port_in_use(pids):
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
@@ -183,6 +184,7 @@ def test_store_port_in_use(pids):
 
 # --- launching ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2, 4])
 def test_env_seen_by_workers(nproc, pids):
     result, _ = run(["--nproc-per-node", str(nproc), WORKER, "env"], pids[0])
@@ -204,6 +206,7 @@ def test_env_seen_by_workers(nproc, pids):
     assert ("Setting OMP_NUM_THREADS" in result.stderr) == (nproc > 1)
 
 
+@pytest.mark.slow
 def test_user_settings_reach_workers(pids):
     result, _ = run(
         ["--nproc_per_node=cpu", "--rdzv-id", "job7", "--role", "trainer", WORKER, "env"], pids[0], OMP_NUM_THREADS="3"
@@ -217,6 +220,7 @@ def test_user_settings_reach_workers(pids):
     assert "Setting OMP_NUM_THREADS" not in result.stderr
 
 
+@pytest.mark.slow
 def test_output_prefixed_and_args_passed_through(pids):
     args = ["--nproc-per-node", "x y", "-m", "--", "--master-port=1"]
     result, _ = run(["--nproc-per-node", "2", WORKER, "echo", *args], pids[0])
@@ -230,6 +234,7 @@ def test_output_prefixed_and_args_passed_through(pids):
     ]
 
 
+@pytest.mark.slow
 def test_lines_never_interleave(pids):
     result, _ = run(["--nproc-per-node", "3", WORKER, "spam", "300"], pids[0])
     assert result.returncode == 0, result.stderr
@@ -240,6 +245,7 @@ def test_lines_never_interleave(pids):
         assert line == f"[rank{rank}]:" + rank * 3000
 
 
+@pytest.mark.slow
 def test_module_and_console_script(pids):
     launcher = [str(Path(sys.executable).parent / "pydist-run")]
     result, _ = run(["--nproc-per-node", "2", "-m", "pydist_run_probe", "a", "-b"], pids[0], launcher=launcher)
@@ -262,6 +268,7 @@ def test_missing_executable_is_reported(pids):
 
 # --- failures ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_failing_rank_stops_the_others(pids):
     piddir = pids[0]
     result, seconds = run(["--nproc-per-node", "3", WORKER, "fail", "raise", "1"], piddir)
@@ -275,6 +282,7 @@ def test_failing_rank_stops_the_others(pids):
     assert "<NO_OTHER_FAILURES>" in result.stderr and "ranks 0, 2" in summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, exitcode", [("sigkill", "-9"), ("exit3", "3")])
 def test_killed_or_exit_code_reported(mode, exitcode, pids):
     result, seconds = run(["--nproc-per-node", "2", WORKER, "fail", mode, "0"], pids[0])
@@ -287,13 +295,12 @@ def test_killed_or_exit_code_reported(mode, exitcode, pids):
 
 def start(args: list[str], pids) -> subprocess.Popen:
     piddir, started = pids
-    proc = subprocess.Popen(
-        [*LAUNCHER, *args], env=env_for(piddir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = start_command([*LAUNCHER, *args], env=env_for(piddir))
     started.append(proc)
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_launcher_stops_everything(sig, pids):
     piddir = pids[0]
@@ -308,6 +315,7 @@ def test_signal_to_launcher_stops_everything(sig, pids):
     assert len(all_pids(piddir)) == 4 and not any(map(is_running, all_pids(piddir)))
 
 
+@pytest.mark.slow
 def test_sigterm_ignored_then_sigkill(pids):
     piddir = pids[0]
     proc = start(["--nproc-per-node", "2", "--shutdown-timeout", "1", WORKER, "sleep", "ignore-term"], pids)
@@ -320,9 +328,10 @@ def test_sigterm_ignored_then_sigkill(pids):
     assert not any(map(is_running, all_pids(piddir)))
 
 
+@pytest.mark.slow
 def test_two_launchers_at_once_get_different_ports_and_stores(pids):
     procs = [start(["--nproc-per-node", "2", WORKER, "store"], pids) for _ in range(2)]
-    outs = [p.communicate(timeout=30) for p in procs]
+    outs = [(c.stdout, c.stderr) for c in finish(procs, 30)]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
     results = [tagged(out, "STORE") for out, _ in outs]
     assert all(r[0]["values"] == r[1]["values"] == ["value0", "value1"] for r in results)
@@ -330,6 +339,7 @@ def test_two_launchers_at_once_get_different_ports_and_stores(pids):
     assert all(len(p) == 1 for p in ports) and ports[0] != ports[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["store", "rendezvous"])
 def test_workers_reach_the_agents_store(how, pids):
     result, _ = run(["--nproc-per-node", "3", WORKER, how], pids[0])
@@ -338,6 +348,7 @@ def test_workers_reach_the_agents_store(how, pids):
     assert values == {r: ["value0", "value1", "value2"] for r in range(3)}
 
 
+@pytest.mark.slow
 def test_agent_in_process_leaks_nothing(pids):
     """Run the agent inside this process: afterwards no fd (socket, pipe) or thread is left
     and the signal handlers are the previous ones."""

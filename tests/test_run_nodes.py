@@ -14,8 +14,10 @@ import pytest
 
 from pydist.run.agent_rendezvous import NodeRecord, Rendezvous, RendezvousError, RendezvousSettings
 from pydist.store import HashStore
-from pydist.testing import free_port
+from pydist.testing import commands, free_port
 from test_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture
+
+pytestmark = pytest.mark.slow  # launchers and their workers
 
 FAST = "join_timeout=20,last_call_timeout=0.5,read_timeout=10"
 
@@ -27,8 +29,8 @@ def c10d(port: int, nproc: int = 2, nnodes: str = "2", *extra: str) -> list[str]
 
 
 def finish(procs, timeout: float = 60) -> list[tuple[int, str, str]]:
-    outs = [proc.communicate(timeout=timeout) for proc in procs]
-    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outs)]
+    """(returncode, stdout, stderr) of each launcher (see pydist.testing.commands.finish)."""
+    return [(c.returncode, c.stdout, c.stderr) for c in commands.finish(procs, timeout)]
 
 
 # --- the rendezvous alone, over an in-process store -------------------------------------

@@ -3,19 +3,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-import torch
-import torch.utils.data as tud
 
 import pydist as dist
 import pydist.data.sampler as sampler_module
 from pydist.data import DistributedSampler, randperm
 from pydist.testing import run_threads
+from pydist.testing.commands import run_command
 
 LENGTHS = (0, 1, 2, 7, 10, 100, 1001)
 REPLICAS = (1, 2, 3, 4, 8)
@@ -23,14 +21,26 @@ EPOCHS = (0, 1, 5)
 SEEDS = (0, 7)
 
 
+def _torch():
+    """torch, or skip the calling test: torch is optional, the comparisons with it need it."""
+    return pytest.importorskip("torch")
+
+
+def _tud():
+    _torch()
+    import torch.utils.data
+    return torch.utils.data
+
+
 def torch_randperm(n: int, seed: int) -> list[int]:
+    torch = _torch()
     g = torch.Generator()
     g.manual_seed(seed)
     return torch.randperm(n, generator=g).tolist()
 
 
 def torch_indices(length: int, replicas: int, rank: int, epoch: int = 0, **kwargs) -> list[int]:
-    reference = tud.DistributedSampler(range(length), num_replicas=replicas, rank=rank, **kwargs)
+    reference = _tud().DistributedSampler(range(length), num_replicas=replicas, rank=rank, **kwargs)
     reference.set_epoch(epoch)
     return list(reference)
 
@@ -67,6 +77,7 @@ def test_randperm_bit_equal_small_n(seed):
         assert randperm(n, seed) == torch_randperm(n, seed), n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [100, 257, 624, 625, 1000, 4096, 65536, 65537, 65538, 131075, 250_001])
 def test_randperm_bit_equal_larger_n(n):
     for seed in (0, 3, 2**32 + 3, 987654321):
@@ -81,6 +92,7 @@ def test_randperm_many_seeds():
 
 @pytest.mark.parametrize("seed", [2**64, -2**63 - 1])
 def test_randperm_seed_out_of_range_as_torch(seed):
+    torch = _torch()
     with pytest.raises(ValueError, match="Overflow"):
         torch.Generator().manual_seed(seed)
     with pytest.raises(ValueError, match="Overflow"):
@@ -133,14 +145,17 @@ def test_set_epoch_changes_the_order():
     assert list(DistributedSampler(range(50), 2, 0, seed=2)) == list(sampler)  # seed + epoch
 
 
-@pytest.mark.parametrize("dataset", [np.zeros((10, 3)), list(range(10)), tud.TensorDataset(torch.arange(10))],
+@pytest.mark.parametrize("make_dataset", [lambda: np.zeros((10, 3)), lambda: list(range(10)),
+                                          lambda: _tud().TensorDataset(_torch().arange(10))],
                          ids=["numpy", "list", "torch-dataset"])
-def test_any_sized_dataset(dataset):
+def test_any_sized_dataset(make_dataset):
+    dataset = make_dataset()
     assert list(DistributedSampler(dataset, 3, 2, seed=4)) == torch_indices(10, 3, 2, seed=4)
 
 
 @pytest.mark.parametrize("rank, replicas", [(3, 2), (2, 2), (-1, 2), (0, 0), (0, -1)])
 def test_bad_rank_or_replicas(rank, replicas):
+    tud = _tud()
     with pytest.raises(ValueError) as expected:
         tud.DistributedSampler(range(4), num_replicas=replicas, rank=rank)
     with pytest.raises(ValueError) as got:
@@ -174,6 +189,7 @@ def test_defaults_from_the_process_group():
 
 
 def test_torch_dataloader():
+    torch, tud = _torch(), _tud()
     dataset = tud.TensorDataset(torch.arange(20) * 10)
     ours = DistributedSampler(dataset, num_replicas=3, rank=1, seed=2)
     theirs = tud.DistributedSampler(dataset, num_replicas=3, rank=1, seed=2)
@@ -212,12 +228,12 @@ NO_TORCH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_without_torch():
     cases = [(length, replicas, seed, epoch, drop_last)
              for length, replicas, seed, epoch, drop_last in itertools.product(
                  (0, 1, 7, 100, 1001), (1, 3, 8), (0, 7), (0, 5), (False, True))]
-    run = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps(cases)], capture_output=True, text=True,
-                         timeout=60)
+    run = run_command([sys.executable, "-c", NO_TORCH, json.dumps(cases)], timeout=60)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["torch_modules"] == []

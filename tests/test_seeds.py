@@ -1,4 +1,4 @@
-"""The seeds' examples (/work/shared/seeds/), run the seeds' way, checked against the values they imply.
+"""The seed programs (tests/seed_programs/), run the seeds' way, checked against the values they imply.
 
 The programs live in tests/seed_programs/ and are the seed text with ``import pydist as
 dist``. The ``test_seedNNN_*`` tests launch them as the seeds do: multiprocessing with the
@@ -19,30 +19,44 @@ alive is killed by pid (see seed_programs.launch.spawn); ``no_leftover_children`
 """
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:  # seed_programs must be importable here and in every child
     sys.path.insert(0, str(TESTS))
 
 from pydist.testing import free_port, run_processes  # noqa: E402
-from seed_programs import launch, seed000, seed001  # noqa: E402
-from seed_programs import seed002, seed003, seed004, sweep  # noqa: E402
+from pydist.testing.commands import run_command  # noqa: E402
+from seed_programs import launch, sweep  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every test spawns rank processes (or the launcher)
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 # Preloaded modules are imported once by the fork server (started by the first
 # run_processes); children fork from it, so torch ranks start in milliseconds.
-multiprocessing.get_context("forkserver").set_forkserver_preload(["numpy", "pydist", "torch"])
+multiprocessing.get_context("forkserver").set_forkserver_preload(["numpy", "pydist"] + ["torch"] * HAVE_TORCH)
+
+
+def _torch():
+    """torch, or skip the calling test: torch is optional; the torch variants need it."""
+    return pytest.importorskip("torch")
+
+
+def _seed_program(name: str):
+    """seed_programs.<name> for the seeds that import torch (002, 003, 004); skips without torch."""
+    _torch()
+    return importlib.import_module(f"seed_programs.{name}")
 
 LAUNCH_TIMEOUT = 90.0
 
@@ -53,7 +67,16 @@ class Lib:
     """An array library of the seed programs (SEED_TENSORS in the ranks' environment selects
     it, see seed_programs/tensors.py) and how it prints a tensor."""
 
-    seed000, seed001 = seed000, seed001
+    @property
+    def seed000(self):
+        """Seed 000's module, imported on first use: it imports the library SEED_TENSORS names
+        (set by the ``lib`` fixture), so without torch only the numpy runs import it."""
+        return importlib.import_module("seed_programs.seed000")
+
+    @property
+    def seed001(self):
+        """Seed 001's module, imported on first use (see seed000)."""
+        return importlib.import_module("seed_programs.seed001")
 
     def __init__(self, name: str):
         self.name = name
@@ -62,6 +85,7 @@ class Lib:
 
     def t(self, values, dtype: str = "int64"):
         if self.name == "torch":
+            torch = _torch()
             return torch.tensor(values, dtype=getattr(torch, dtype))
         return np.array(values, dtype=dtype)
 
@@ -74,6 +98,8 @@ LIBS = [Lib("torch"), Lib("numpy")]
 
 @pytest.fixture(params=LIBS, ids=repr)
 def lib(request, monkeypatch) -> Lib:
+    if request.param.name == "torch":
+        _torch()
     monkeypatch.setenv("SEED_TENSORS", request.param.name)
     return request.param
 
@@ -206,6 +232,7 @@ def test_seed001_all_reduce(lib, spawn_seed):
 # -- seed 002: tcp://, file://, env:// initialisation; loss averaging; positional reduce -----
 
 def test_seed002_initialisations(spawn_seed, tmp_path):
+    torch, seed002 = _torch(), _seed_program("seed002")
     shared = tmp_path / "sharedfile"  # must not exist beforehand (seed 002, 2.2)
     out = spawn_seed(4, target=seed002.all_inits, args=(free_port(), str(shared), free_port()))
     per_init = [f"Rank: {r}, mean loss 2.5, reduce {torch.tensor([10.]) if r == 0 else '-'}" for r in range(4)]
@@ -220,9 +247,9 @@ def test_seed002_initialisations(spawn_seed, tmp_path):
 
 # -- seed 003: setup/cleanup, new_group on a subset, init_process_group's full signature -----
 
-@pytest.mark.parametrize("target", [seed003.demo, seed003.demo_full_signature], ids=["setup", "full_signature"])
+@pytest.mark.parametrize("target", ["demo", "demo_full_signature"], ids=["setup", "full_signature"])
 def test_seed003_process_group(spawn_seed, target):
-    out = spawn_seed(3, target=target)
+    out = spawn_seed(3, target=getattr(_seed_program("seed003"), target))
     expected = [f"Rank: {r}, initialized True, backend pydist" for r in range(3)]
     expected += [f"Rank: {r}, initialized after cleanup False" for r in range(3)]
     # group [0, 2]: members sum 1 + 3; rank 1 is outside it (rank and size -1, data unchanged)
@@ -235,6 +262,7 @@ def test_seed003_process_group(spawn_seed, target):
 # -- seed 004: DDP by hand under torch.multiprocessing.spawn; the torchrun snippet -----------
 
 def test_seed004_ddp_setup_mp_spawn(seed_port, capfd):
+    torch, seed004 = _torch(), _seed_program("seed004")
     import torch.multiprocessing as tmp
     world_size = 2
     context = tmp.spawn(seed004.main, args=(world_size,), nprocs=world_size, join=False)
@@ -255,26 +283,23 @@ def test_seed004_ddp_setup_mp_spawn(seed_port, capfd):
 
 
 def test_seed004_torchrun_snippet(tmp_path):
+    torch = _torch()
     piddir = tmp_path / "pids"
     piddir.mkdir()
     env = dict(os.environ, PIDDIR=str(piddir))
     env.pop("RANK", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pydist.run", "--nproc-per-node", "2",
-                             str(TESTS / "seed_programs" / "seed004.py")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+        done = run_command([sys.executable, "-m", "pydist.run", "--nproc-per-node", "2",
+                            str(TESTS / "seed_programs" / "seed004.py")], LAUNCH_TIMEOUT, env=env)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         for pidfile in piddir.iterdir():  # workers outliving the launcher: kill by pid
             pid = int(pidfile.name)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert proc.returncode == 0, err
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, err
     lines = sorted(line for line in out.splitlines() if "Rank:" in line)
     assert lines == [f"[rank{r}]:Rank: {r}, local_rank {r}, world_size 2, has data {torch.tensor([3.])}"
                      for r in range(2)], out + err
@@ -305,6 +330,8 @@ def sweep_expected(rank: int, size: int, kind: str) -> dict:
 @pytest.mark.parametrize("init", ["env", "tcp", "file", "store"])
 @pytest.mark.parametrize("size", range(1, 9))
 def test_sweep(size, init, lib_name):
+    if lib_name == "torch":
+        _torch()
     results = run_processes(size, sweep.run_all, lib_name, init=init, timeout=LAUNCH_TIMEOUT)
     kind = "Tensor" if lib_name == "torch" else "ndarray"
     for rank, result in enumerate(results):

@@ -43,6 +43,7 @@ def test_engine_picks_shm_on_one_host_and_hierarchical_across_hosts():
     assert mixed["broadcast"] == "binomial" and mixed["all_gather"] == "ring"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collective, algorithm",
                          [(c, a) for c, names in ALGORITHMS.items() for a in names])
 def test_every_algorithm_forced(collective, algorithm, monkeypatch):
@@ -64,6 +65,7 @@ def test_forcing_an_impossible_algorithm_is_a_clear_error(monkeypatch):
     run_threads(2, fn, transport="tcp", hosts=["a", "b"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["loopback", "tcp"])
 def test_groups_mixing_hosts_thread_ranks(transport, monkeypatch):
     monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "512")
@@ -71,6 +73,7 @@ def test_groups_mixing_hosts_thread_ranks(transport, monkeypatch):
     assert failures(run_threads(6, run_suite, transport=transport, hosts=hosts, timeout=240)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hosts", [["x", "x", "y", "y"], ["x", "y", "x", "y", "x"]])
 def test_groups_mixing_hosts_processes(hosts):
     """Real processes; PYDIST_HOST_ID makes this machine pose as several hosts."""
@@ -156,6 +159,7 @@ def _loop_until_killed(rank, size, ready):
         dist.broadcast(buf, src=0)
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_no_shared_memory_segment():
     before = _segments()
     from pydist.testing.processes import start_ranks

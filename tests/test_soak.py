@@ -1,4 +1,4 @@
-"""Long robustness runs (issue 6, item 7), behind the ``soak`` marker.
+"""Long robustness runs, behind the ``soak`` marker.
 
 They are skipped unless asked for, so that ``make test`` stays fast:
 
@@ -8,9 +8,10 @@ They are skipped unless asked for, so that ``make test`` stays fast:
   10,000 operations and at the end within a bound, no new threads or descriptors, nothing
   left after destroy_process_group;
 - 100 trials of SIGKILL to a random rank at a random moment: hangs, detection times;
-- the store fuzz tests of tests/test_robustness.py with 20x the examples.
+- the store fuzz tests of tests/test_fuzz_store_*.py with 30x the examples.
 
-The quick versions of all three run in the default suite (tests/test_robustness.py).
+The quick versions of all three run in the default suite (tests/test_soak_quick.py,
+tests/test_fuzz_store_*.py).
 """
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ import os
 
 import pytest
 
-import test_robustness as quick
+import store_fuzz
+import test_fuzz_store_model as fuzz_model
+import test_fuzz_store_streams as fuzz_streams
+import test_soak_quick as quick
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(3600)]
 
@@ -67,25 +71,25 @@ def test_sigkill_100_trials_no_hang_detection_within_two_seconds_naming_the_dead
 
 
 def _scaled(test) -> None:
-    old = quick.SCALE
-    quick.SCALE = old * FUZZ_FACTOR
+    old = store_fuzz.SCALE
+    store_fuzz.SCALE = old * FUZZ_FACTOR
     try:
         test()
     finally:
-        quick.SCALE = old
+        store_fuzz.SCALE = old
 
 
 def test_fuzz_random_and_mutated_streams_long():
-    _scaled(quick.test_service_never_raises_on_random_and_mutated_streams)
+    _scaled(fuzz_streams.test_service_never_raises_on_random_and_mutated_streams)
 
 
 def test_fuzz_malformed_streams_long():
-    _scaled(quick.test_streams_that_are_malformed_for_sure_are_dropped_and_others_unaffected)
+    _scaled(fuzz_streams.test_streams_that_are_malformed_for_sure_are_dropped_and_others_unaffected)
 
 
 def test_fuzz_model_based_long():
-    _scaled(quick.test_store_service_against_a_model_with_garbage_connections)
+    _scaled(fuzz_model.test_store_service_against_a_model_with_garbage_connections)
 
 
 def test_fuzz_authenticated_streams_long():
-    _scaled(quick.test_with_a_token_garbage_and_replayed_handshakes_can_neither_read_nor_write)
+    _scaled(fuzz_streams.test_with_a_token_garbage_and_replayed_handshakes_can_neither_read_nor_write)

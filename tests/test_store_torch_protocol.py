@@ -17,7 +17,6 @@ import importlib.util
 import json
 import logging
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -33,6 +32,7 @@ from pydist.store import PrefixStore, TCPStore
 from pydist.store._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES, Message, ProtocolError, encode_request as pydist_request
 from pydist.store._protocol import encode_response, hello
 from pydist.store._service import StoreService
+from pydist.testing.commands import finish, run_command, start_command
 from pydist.store._torch_protocol import (
     MAX_KEY_COUNT,
     QUERIES,
@@ -296,33 +296,22 @@ def _client(tdist, port: int, seconds: float = 10.0, **kwargs):
 
 
 def _run(command: list[str], timeout: float = 120.0, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``command`` in its own session; on timeout kill the whole session."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{command} timed out:\n{out}\n{err}")
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    """Run ``command`` in its own session; on timeout kill the whole session (run_command)."""
+    return run_command(command, timeout, **kwargs)
 
 
 def _sequence(port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPTS / "torch_store_sequence.py"), "127.0.0.1", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_command([sys.executable, str(SCRIPTS / "torch_store_sequence.py"), "127.0.0.1", str(port)])
 
 
+@pytest.mark.slow
 @needs_torch
 def test_every_method_answers_as_torchs_own_master(tdist, server):
     master = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     try:
         procs = [_sequence(server.port), _sequence(master.port)]
-        results = [proc.communicate(timeout=120) for proc in procs]
+        results = [(c.stdout, c.stderr) for c in finish(procs, 120)]
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
         del master
     for proc, (out, err) in zip(procs, results):
         assert proc.returncode == 0, err
@@ -362,6 +351,7 @@ def test_blocking_calls_wake_when_a_pydist_client_sets_the_keys(tdist, server):
     del client
 
 
+@pytest.mark.slow
 @needs_torch
 def test_timeouts_raise_torchs_error_and_keep_the_connection_usable(tdist, server):
     client = _client(tdist, server.port, seconds=0.5)
@@ -450,25 +440,21 @@ def test_garbage_on_a_torch_connection_drops_only_that_connection(tdist, server,
     del client, failing
 
 
+@pytest.mark.slow
 @needs_torch
 def test_init_process_group_gloo_through_the_pydist_server(server):
     procs = [
-        subprocess.Popen([sys.executable, str(SCRIPTS / "torch_allreduce.py"), "gloo", f"127.0.0.1:{server.port}"],
-                         env=dict(os.environ, RANK=str(rank), WORLD_SIZE="2"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        start_command([sys.executable, str(SCRIPTS / "torch_allreduce.py"), "gloo", f"127.0.0.1:{server.port}"],
+                      env=dict(os.environ, RANK=str(rank), WORLD_SIZE="2"))
         for rank in range(2)
     ]
-    try:
-        results = [proc.communicate(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    results = [(c.stdout, c.stderr) for c in finish(procs, 120)]
     for rank, (proc, (out, err)) in enumerate(zip(procs, results)):
         assert proc.returncode == 0, err
         assert f"RESULT {rank} 2 [3.0, 3.0, 3.0, 3.0]" in out
 
 
+@pytest.mark.slow
 @needs_torch
 @pytest.mark.parametrize("backend", ["gloo", "pydist"])
 def test_pydist_run_env_rendezvous_with_torch(backend):

@@ -18,6 +18,10 @@ from pydist.store import tcp as tcp_module
 from pydist.store._protocol import Message, encode_request, hello
 
 SHORT = timedelta(seconds=0.2)
+#: Upper bound (s) on calls that must end by their short timeout or by an event. It only has to
+#: tell them apart from a call that ignores both and waits out the store's default timeout
+#: (300 s) or blocks for good; a loaded machine can stall a thread for seconds, so it is generous.
+NOT_HUNG = 30.0
 
 
 def _socket_fds() -> int:
@@ -150,7 +154,7 @@ def test_wait_and_check(pair):
     with pytest.raises(DistStoreError, match=r"wait timeout after 200ms, keys: (pre/)?b") as info:
         store.wait(["a", "b"])
     assert "a," not in str(info.value)  # only the missing keys are named
-    assert 0.15 < time.monotonic() - started < 2
+    assert 0.15 < time.monotonic() - started < NOT_HUNG
     with pytest.raises(DistStoreError, match=r"wait timeout after 50ms, keys: (pre/)?x, (pre/)?y"):
         store.wait(["x", "y"], timedelta(milliseconds=50))
 
@@ -159,7 +163,7 @@ def test_get_times_out_naming_the_key(store):
     started = time.monotonic()
     with pytest.raises(DistStoreError, match="wait timeout after 200ms, keys: (pre/)?nokey"):
         store.get("nokey")
-    assert 0.15 < time.monotonic() - started < 2
+    assert 0.15 < time.monotonic() - started < NOT_HUNG
 
 
 def test_zero_timeout_does_not_wait(store):
@@ -178,8 +182,8 @@ def test_blocking_call_released_from_another_thread(pair, writer, write, read):
     store.set_timeout(timedelta(seconds=5))
     thread = _later(0.05, getattr(other if writer == "other" else store, write), "late", "v")
     started = time.monotonic()
-    assert getattr(store, read)("late") == b"v"
-    assert time.monotonic() - started < 2
+    assert getattr(store, read)("late") == b"v"  # released by the write: the 5 s timeout would raise
+    assert time.monotonic() - started < 5
     thread.join()
 
 
@@ -419,8 +423,8 @@ def test_server_closing_raises_a_clear_network_error():
     time.sleep(0.1)
     started = time.monotonic()
     master.close()
-    thread.join(5)
-    assert time.monotonic() - started < 2
+    thread.join(NOT_HUNG)
+    assert time.monotonic() - started < 5  # woken by the close, not by the get's 5 s timeout
     where = f"127.0.0.1:{master.port}"
     assert isinstance(blocked[0], DistNetworkError) and f"store server at {where} closed the connection" in str(blocked[0])
     with pytest.raises(DistNetworkError, match=where):
@@ -445,7 +449,7 @@ def test_a_silent_server_does_not_hang_a_call(monkeypatch):
         started = time.monotonic()
         with pytest.raises(DistNetworkError, match="did not answer set"):
             client.set("k", "v")
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < NOT_HUNG
         client.close()
         done.set()
         thread.join()
@@ -474,7 +478,7 @@ def test_connect_timeout_names_the_address():
     started = time.monotonic()
     with pytest.raises(DistNetworkError, match=rf"127.0.0.1:{port} \(tried for 0.[2-9]s\)"):
         TCPStore("127.0.0.1", port, timeout=timedelta(seconds=0.3))
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < NOT_HUNG
 
 
 def test_wait_for_workers():
@@ -490,7 +494,7 @@ def test_wait_for_workers_timeout_says_how_many_arrived():
     started = time.monotonic()
     with pytest.raises(DistStoreError, match="only 1 of 3 workers connected"):
         TCPStore("127.0.0.1", 0, world_size=3, is_master=True, timeout=timedelta(seconds=0.3))
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < NOT_HUNG
 
 
 def test_multi_tenant_masters_share_one_server():
@@ -555,6 +559,7 @@ def _file_child(path: str) -> None:
     store.close()
 
 
+@pytest.mark.slow
 def test_filestore_across_processes(tmp_path):
     path = str(tmp_path / "shared")
     store = FileStore(path)

@@ -27,6 +27,7 @@ def enough_file_descriptors():
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.slow
 def test_a_thousand_concurrent_clients(enough_file_descriptors):
     timeout = timedelta(seconds=30)
     with TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout) as master:

@@ -1,8 +1,10 @@
 """Timeouts that explain: the error names the operation, its sequence number, the rank
 waited for and the ranks that never reached the operation (from the progress every rank
-publishes in the store). monitored_barrier names the ranks that did not arrive."""
+publishes in the store). monitored_barrier names the ranks that did not arrive. Receives
+that time out, and Work.wait(timeout=...) expiring, raise a DistBackendError naming the peer."""
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -10,24 +12,34 @@ import numpy as np
 import pytest
 
 import pydist
+import pydist as dist
+from misuse_support import misuse, run2, transport  # noqa: F401 - transport is a fixture
 from pydist.testing import run_processes, run_threads
+from pydist.testing.clock import MockClock
 from pydist.testing.threads import RankFailed
 
 HOSTS = ["a", "b", "c", "d"]
 
 
-def _ranks_2_and_3_stall(rank: int, size: int) -> None:
+def _ranks_2_and_3_stall(rank: int, size: int, timed_out: threading.Barrier) -> None:
+    """Ranks 2 and 3 stay away from the second all_reduce until ranks 0 and 1 have timed out
+    in it (all four meet at ``timed_out``)."""
     t = np.ones(8, np.float32)
     pydist.all_reduce(t)
     if rank in (2, 3):
-        time.sleep(4)
+        timed_out.wait()
         return
-    pydist.all_reduce(t)
+    try:
+        pydist.all_reduce(t)
+    finally:
+        timed_out.wait()
 
 
+@pytest.mark.slow
 def test_a_timeout_names_the_ranks_that_never_reached_the_operation():
+    timed_out = threading.Barrier(4, timeout=60)
     with pytest.raises(RankFailed) as failed:
-        run_threads(4, _ranks_2_and_3_stall, transport="tcp", hosts=HOSTS, pg_timeout=2, timeout=60)
+        run_threads(4, _ranks_2_and_3_stall, timed_out, transport="tcp", hosts=HOSTS, pg_timeout=2, timeout=60)
     error = failed.value.__cause__
     assert isinstance(error, pydist.OpTimeoutError)
     text = str(failed.value)
@@ -36,24 +48,31 @@ def test_a_timeout_names_the_ranks_that_never_reached_the_operation():
         in text
 
 
-def _stall_then_barrier(rank: int, size: int, late: list[int], wait_all: bool) -> str:
+def _stall_then_barrier(rank: int, size: int, late: list[int], wait_all: bool, rank0_done: threading.Event) -> str:
+    """The ``late`` ranks enter monitored_barrier only once rank 0 has left it (timed out)."""
     if rank in late:
-        time.sleep(2.5)
+        assert rank0_done.wait(60), "rank 0 never left monitored_barrier"
     try:
         pydist.monitored_barrier(timeout=timedelta(seconds=1), wait_all_ranks=wait_all)
     except pydist.DistBackendError as error:
         return str(error)
+    finally:
+        if rank == 0:
+            rank0_done.set()
     return "ok"
 
 
 def test_monitored_barrier_passes_when_everyone_arrives():
-    assert run_threads(3, _stall_then_barrier, [], False, transport="tcp", hosts=HOSTS[:3]) == ["ok"] * 3
+    assert run_threads(3, _stall_then_barrier, [], False, threading.Event(), transport="tcp",
+                       hosts=HOSTS[:3]) == ["ok"] * 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wait_all, expected", [(False, "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 1 s"),
                                                 (True, "[Rank 0]: Ranks 2, 3 failed to pass monitoredBarrier in 1 s")])
 def test_monitored_barrier_names_the_missing_ranks(wait_all, expected):
-    results = run_threads(4, _stall_then_barrier, [2, 3], wait_all, transport="tcp", hosts=HOSTS, timeout=60)
+    results = run_threads(4, _stall_then_barrier, [2, 3], wait_all, threading.Event(), transport="tcp", hosts=HOSTS,
+                          timeout=60)
     assert results[0] == expected, results
     assert all("got no answer from rank 0" in r for r in results[1:]), results
 
@@ -71,6 +90,79 @@ def _behind(rank: int, size: int) -> str:
     return "ok"
 
 
+@pytest.mark.slow
 def test_processes_over_shared_memory_explain_too():
     results = run_processes(3, _behind, timeout=60, pg_timeout=1.5)
     assert "ranks that never reached it: 1 (no operation on this group yet)" in results[0], results
+
+
+# -- p2p and collective timeouts, Work.wait(timeout=...) (formerly in test_errors.py) --------
+
+def _check_timeouts(observed: dict, short: float) -> None:
+    recv = observed["recv"]
+    assert recv["error"] == "DistBackendError", recv
+    assert "recv" in recv["message"] and "rank 1" in recv["message"], recv
+    assert short * 0.9 <= recv["seconds"] < short + 5, recv
+    wait = observed["wait"]
+    assert wait["error"] == "DistBackendError" and wait["seconds"] < short * 0.9, wait
+    assert "recv" in wait["message"] and "rank 1" in wait["message"], wait
+    assert observed["wait_completed"] is False
+    assert observed["wait_timedelta"]["error"] == "DistBackendError", observed["wait_timedelta"]
+    anyone = observed["any_source"]
+    assert anyone["error"] == "DistBackendError" and "any" in anyone["message"], anyone
+
+
+def _fake_time(ranks: int = 2) -> MockClock:
+    """A MockClock for thread-ranks that all end up blocked: when both are (rank 0 on the
+    operation under test, rank 1 on the receive that releases it) for 0.2 s of real time, the
+    clock jumps to rank 0's deadline. 0.2 s, not less: a peer's message may take that long
+    to land on a loaded machine, and a jump before it lands would time out a healthy wait."""
+    return MockClock(parties=ranks, autojump_threshold=0.2)
+
+
+def test_recv_timeout_threads(transport):
+    """The timeouts under test are fake time (MockClock): 1 s, taken in about 0.2 s."""
+    with _fake_time().installed() as clock:
+        results = run_threads(2, misuse.recv_times_out, 1.0, transport=transport, timeout=60)
+    _check_timeouts(results[0], 1.0)
+    assert clock.jumps >= 2  # recv and any-source recv timed out by the fake clock
+
+
+@pytest.mark.slow
+def test_recv_timeout_processes():
+    results = run_processes(2, misuse.recv_times_out, 1.0, init="file", timeout=60)
+    _check_timeouts(results[0], 1.0)
+
+
+@pytest.mark.slow
+def test_collective_timeout_names_op_and_rank(transport):
+    """Real time: thread-ranks of one host wait in the shared arena (transport/_signal.py), whose
+    futex sleeps do not go through the injectable clock."""
+    results = run_threads(2, misuse.collective_times_out, 1.0, transport=transport, timeout=60)
+    error = results[0]["all_reduce"]
+    # at its 1 s timeout; the upper bound only tells it from the group's 30 s default, generously
+    assert error["error"] == "OpTimeoutError" and 0.9 <= error["seconds"] < 20, error  # a DistBackendError
+    assert "all_reduce" in error["message"] and "rank 1" in error["message"], error
+    assert "ranks that never reached it: 1 (" in error["message"], error
+
+
+def test_work_wait_timeout_on_async_collective(transport):
+    """Work.wait(timeout=...) on an all_reduce that rank 1 has not joined yet raises;
+    once rank 1 joins, the operation completes."""
+
+    def fn(rank, size):
+        tensor = np.ones(2) * (rank + 1)
+        if rank == 0:
+            work = dist.all_reduce(tensor, async_op=True)
+            start = time.monotonic()
+            with pytest.raises(dist.DistBackendError, match="all_reduce"):
+                work.wait(timeout=timedelta(milliseconds=100))
+            assert time.monotonic() - start < 5  # by its 0.1 s timeout, not the group's 10 s
+            dist.send(np.ones(1), dst=1)  # now let rank 1 join
+            work.wait()
+        else:
+            dist.recv(np.zeros(1), src=0)
+            dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    assert run2(fn, transport) == [[3.0, 3.0], [3.0, 3.0]]

@@ -1,6 +1,5 @@
 """pydist as a torch.distributed backend: registration, every call through torch's API,
 torch's DistributedDataParallel over pydist equal to single-process training."""
-import subprocess
 import sys
 
 import numpy as np
@@ -10,12 +9,14 @@ torch = pytest.importorskip("torch")
 import torch.distributed as tdist  # noqa: E402
 
 from pydist.testing import run_processes  # noqa: E402
+from pydist.testing.commands import run_command  # noqa: E402
 
 
+@pytest.mark.slow
 def test_import_torch_registers_the_backend():
     """The torch.backends entry point: no `import pydist` needed."""
     code = "import torch, torch.distributed as d; print('PYDIST' in d.Backend._plugins, d.Backend('pydist'))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_command([sys.executable, "-c", code], timeout=120)
     assert out.stdout.split() == ["True", "pydist"], out.stderr
 
 
@@ -97,6 +98,7 @@ def _every_call(rank, size):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [2, 3])
 def test_every_torch_call_runs_on_pydist(size):
     results = run_processes(size, _every_call, init="torch", timeout=180)
@@ -151,6 +153,7 @@ def _torch_ddp(rank, size, steps):
     return [p.detach().numpy().copy() for p in ddp.module.parameters()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [2, 3])
 def test_torch_ddp_over_pydist_equals_single_process_training(size):
     steps = 5

@@ -70,7 +70,7 @@ class Comm:
 
     def wait(self, request: Request) -> None:
         """Wait for one request within the deadline; raise naming the peer on failure."""
-        if not request.wait(self.deadline.remaining()):
+        if not self.deadline.wait(request.wait):
             peer = request.peer
             host = self.transport.peer_host(peer) if peer is not None else "?"
             raise OpTimeoutError(

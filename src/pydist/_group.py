@@ -9,10 +9,10 @@ its transitions in _group_state.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 from ._buffers import Buffer
+from . import _deadline
 from ._deadline import Deadline
 from ._errors import OpTimeoutError
 from ._executor import OpQueue
@@ -102,7 +102,7 @@ class ProcessGroup:
                 if self.progress is not None:
                     self.progress.started(self.group_id, seq, name)
                 try:
-                    body(OpContext(name, seq, Deadline(time.monotonic() + seconds), timeout_text))
+                    body(OpContext(name, seq, Deadline(_deadline.now() + seconds), timeout_text))
                 except OpTimeoutError as error:
                     raise self._explained(error, seq) from error.__cause__
                 for buffer in staged:

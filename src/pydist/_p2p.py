@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 
 from ._buffers import Buffer, as_buffer
 from ._comm import with_context
+from ._deadline import timed_wait
 from ._errors import DistBackendError, PeerFailedError
 from ._group import ProcessGroup
 from ._init import resolve_group, warn_non_member
@@ -30,7 +31,7 @@ class _Posted(NamedTuple):
 def _wait(posted: _Posted, timeout: float | None = None) -> None:
     """Wait for a posted operation (default: the group's timeout); raise naming the peer."""
     seconds = posted.group.timeout if timeout is None else timeout
-    if not posted.request.wait(seconds):
+    if not timed_wait(posted.request.wait, seconds):
         posted.group.backend.cancel(posted.request)
         peer = "any rank" if posted.peer is None else f"rank {posted.peer}"
         raise DistBackendError(f"{posted.description} timed out after {seconds:g} s waiting for {peer}")

@@ -1,4 +1,4 @@
-"""Rank programs and a harness for tests/test_robustness.py and tests/test_soak.py.
+"""Rank programs and a harness for tests/test_soak_quick.py and tests/test_soak.py.
 
 Imported (not run as a script): the test modules put this directory on sys.path, so that
 forkserver children can unpickle the rank functions by module name.

@@ -1,4 +1,4 @@
-"""A TCPStore server in a process of its own, for tests/test_robustness.py (so that its
+"""A TCPStore server in a process of its own, for tests/test_store_hostile_clients.py (so that its
 memory can be read from /proc/<pid>/status): prints ``PORT <n>``, serves until its stdin
 closes, then closes the store and exits."""
 import sys

@@ -1,4 +1,5 @@
-"""Rank functions for tests/test_errors.py, importable by thread-ranks and process-ranks.
+"""Rank functions for the misuse tests (tests/test_misuse_*.py, test_size_mismatch.py,
+test_timeouts.py), importable by thread-ranks and process-ranks.
 
 Each returns what it observed (plain dicts: error type, whether it is a DistError, the
 message, seconds taken), so the test asserts in the parent process with the same code for
@@ -6,27 +7,28 @@ message, seconds taken), so the test asserts in the parent process with the same
 """
 from __future__ import annotations
 
-import time
 import warnings
 from datetime import timedelta
 
 import numpy as np
 
 import pydist as dist
+from pydist import _deadline
 
 GUARD = 4
 SENTINEL = -7.0
 
 
 def outcome(call) -> dict:
-    """Run ``call()``; report its error (type, DistError or not, message) and duration."""
-    start = time.monotonic()
+    """Run ``call()``; report its error (type, DistError or not, message) and duration (on
+    pydist's clock: a MockClock's fake seconds where one is installed)."""
+    start = _deadline.now()
     try:
         call()
     except Exception as error:  # noqa: BLE001 - reported to the test
         return {"error": type(error).__name__, "dist_error": isinstance(error, dist.DistError),
-                "message": str(error), "seconds": time.monotonic() - start}
-    return {"error": None, "dist_error": False, "message": "", "seconds": time.monotonic() - start}
+                "message": str(error), "seconds": _deadline.now() - start}
+    return {"error": None, "dist_error": False, "message": "", "seconds": _deadline.now() - start}
 
 
 def guarded(count: int, fill: float) -> tuple[np.ndarray, np.ndarray]:

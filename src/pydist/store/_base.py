@@ -15,11 +15,11 @@ whose message names the missing keys and the time waited, as torch words it:
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
+from .. import _deadline
 from .._deadline import DEFAULT_STORE_TIMEOUT, Deadline, to_seconds
 from .._errors import DistStoreError, QueueEmptyError
 from ._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES
@@ -100,7 +100,7 @@ class Backoff:
         self._cap = cap
 
     def __call__(self, left: float) -> None:
-        time.sleep(min(self._delay, left))
+        _deadline.sleep(min(self._delay, left))
         self._delay = min(self._delay * 2, self._cap)
 
 

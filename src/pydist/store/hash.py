@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .. import _deadline
 from ._base import Store, retry_until
 from ._state import KVState
 
@@ -28,6 +29,10 @@ class HashStore(Store):
         with self._cond:
             return self._apply(op, args)
 
+    def _pause(self, seconds: float) -> bool:
+        """Wait for a change (or ``seconds``) on the current clock; the lock is held."""
+        return _deadline.timed_wait(self._cond.wait, seconds)
+
     def _call_blocking(self, op: str, args: tuple[Any, ...], timeout_s: float) -> Any:
         with self._cond:
-            return retry_until(lambda: self._apply(op, args), self._cond.wait, timeout_s, self._where())
+            return retry_until(lambda: self._apply(op, args), self._pause, timeout_s, self._where())
