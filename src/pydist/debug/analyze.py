@@ -121,7 +121,8 @@ def _mismatches(by_rank: dict[int, dict[int, dict]]) -> list[str]:
                          f"{_ranks_text(reference_ranks)} called {call_text(reference)}")
         later = sum(1 for s in set().union(*(c.keys() for c in by_rank.values())) if s > seq)
         if later:
-            lines.append(f"(operations after seq {seq} are not compared: once calls differ, later ones pair up wrongly)")
+            lines.append(f"(operations after seq {seq} are not compared: "
+                         "once calls differ, later ones pair up wrongly)")
         return lines
     return []
 

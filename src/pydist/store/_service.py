@@ -86,7 +86,8 @@ def _codec_for(first: bytes) -> Codec:
         return PydistCodec()
     if first == b"\x00":  # torch's VALIDATE query type
         return TorchCodec()
-    raise ProtocolError(f"bad magic {first!r}: neither a pydist store stream ({WIRE_MAGIC!r}) nor a torch TCPStore client")
+    raise ProtocolError(f"bad magic {first!r}: neither a pydist store stream ({WIRE_MAGIC!r}) "
+                        "nor a torch TCPStore client")
 
 
 class _Conn:
@@ -184,7 +185,8 @@ class StoreService:
                 try:
                     answer = self._run(conn, waiter.op, waiter.args)
                 except NotReady as e:
-                    answer = self._checked(conn, conn.codec.timeout(waiter.op, e.missing, waiter.timeout_ms), "timed out")
+                    timeout = conn.codec.timeout(waiter.op, e.missing, waiter.timeout_ms)
+                    answer = self._checked(conn, timeout, "timed out")
                 self._finish(waiter, answer, now)
         self._settle(now)
 

@@ -117,7 +117,8 @@ def case_reduce_scatter(rank: int, size: int, check: Checker) -> None:
                 keep = [x.copy() for x in ins]
                 out = np.zeros(count, dtype)
                 c.reduce_scatter(out, ins, op=make_op(op))
-                check.equal(f"reduce_scatter {op.name} {dtype} n={count}", out, reduced(size, count, dtype, op, salt=rank))
+                check.equal(f"reduce_scatter {op.name} {dtype} n={count}", out,
+                            reduced(size, count, dtype, op, salt=rank))
                 check.equal(f"reduce_scatter keeps inputs {op.name} {dtype}", np.concatenate(ins), np.concatenate(keep))
                 flat_out = np.zeros(count, dtype)
                 c.reduce_scatter_tensor(flat_out, np.concatenate(ins), op=make_op(op))

@@ -37,11 +37,14 @@ def _load_libraries():
         libc_holding = ctypes.PyDLL(None, use_errno=True)
     except OSError:
         return None
-    for name, args, result in (("__atomic_fetch_add_4", [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int], ctypes.c_uint32),
-                               ("__atomic_exchange_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], ctypes.c_uint64),
-                               ("__atomic_load_8", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint64),
-                               ("__atomic_load_4", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint32),
-                               ("__atomic_store_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], None)):
+    signatures = (
+        ("__atomic_fetch_add_4", [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int], ctypes.c_uint32),
+        ("__atomic_exchange_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], ctypes.c_uint64),
+        ("__atomic_load_8", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint64),
+        ("__atomic_load_4", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint32),
+        ("__atomic_store_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], None),
+    )
+    for name, args, result in signatures:
         function = getattr(atomic, name)
         function.argtypes, function.restype = args, result
     libc.syscall.restype = ctypes.c_long

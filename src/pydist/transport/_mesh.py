@@ -187,7 +187,8 @@ def _tune(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def publish_and_collect(store, rank: int, size: int, record: PeerRecord, deadline: Deadline) -> tuple[list[PeerRecord], str]:
+def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
+                        deadline: Deadline) -> tuple[list[PeerRecord], str]:
     """Publish this rank's record and return every rank's record and the world token."""
     if rank == 0:
         store.set("tcp/token", uuid.uuid4().hex)
