@@ -20,7 +20,7 @@ from .transport._base import MessageKey, Request, Transport
 
 def as_bytes(array: np.ndarray) -> memoryview:
     """A 1-D contiguous array's memory as a writable byte view (no copy)."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data  # memoryview(array): numpy types __buffer__ for 3.12+ only
 
 
 def with_context(error: BaseException, prefix: str) -> BaseException:

@@ -16,6 +16,7 @@ import ctypes.util
 import errno
 import os
 import platform
+from typing import Any
 
 _SEQ_CST, _ACQUIRE, _RELEASE = 5, 2, 3
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -52,7 +53,9 @@ def _load_libraries():
     return atomic, libc, libc_holding
 
 
-_LIBS = _load_libraries() if _SYS_FUTEX is not None else None
+# Any, not Optional: the functions below run only once available() said yes (no None check
+# on the futex/atomic hot path), and a ctypes library's functions are dynamic attributes anyway.
+_LIBS: Any = _load_libraries() if _SYS_FUTEX is not None else None
 
 
 def available() -> bool:

@@ -274,6 +274,7 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
             log.warning("pydist rank %d dropped a connection from %s: %s", rank, where, error)
             sock.close()
             continue
+        assert handshake.peer is not None  # done: it names the connector
         accepted[handshake.peer] = _tune(sock)
     return accepted
 
