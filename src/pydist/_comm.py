@@ -10,6 +10,7 @@ receives still posted, so that no late message lands in a user's buffer after an
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class Comm:
         self.timeout_text = timeout_text
         self.arena = arena
         self.call = call  # the call's fingerprint, carried and checked by every message and arena sync
-        self.hierarchy = None
+        self.hierarchy: tuple[Comm, Comm | None, Callable[..., None]] | None = None
         self._receives: list[Request] = []
 
     def describe(self) -> str:

@@ -43,7 +43,8 @@ from ._base import Engine, OpContext
 #: round's latency; 64 KiB is that point at 4 ranks over loopback TCP (docs/algorithms.md).
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
-ALGORITHMS = {
+#: per collective, its algorithms by name (their signatures differ by collective)
+ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
     "all_reduce": {"shm": allreduce_shm.all_reduce, "hierarchical": allreduce_hierarchical.all_reduce,
                    "recursive_doubling": allreduce_recursive_doubling.all_reduce, "ring": allreduce_ring.all_reduce},
     "broadcast": {"shm": broadcast_shm.broadcast, "binomial": broadcast_binomial.broadcast},
