@@ -156,13 +156,13 @@ def analyze_group(name: str, members: list[int], groups: dict[int, dict], dumped
             if started is not None and started >= furthest:
                 continue
             missed = (started or 0) + 1
-            calls: dict[str, list[int]] = defaultdict(list)
+            callers: dict[str, list[int]] = defaultdict(list)
             for other, seqs in sorted(by_rank.items()):
                 if missed in seqs:
-                    calls[call_text(seqs[missed])].append(other)
-            reached = "; ".join(f"{call} (started by {_ranks_text(ranks)})" for call, ranks in calls.items())
-            last = f"; its last was seq {started} {call_text(by_rank[rank][started])}" if started else ""
-            report.behind.append(f"rank {rank} never reached seq {missed} {reached or '?'}{last}")
+                    callers[call_text(seqs[missed])].append(other)
+            reached = "; ".join(f"{call} (started by {_ranks_text(ranks)})" for call, ranks in callers.items())
+            last_text = f"; its last was seq {started} {call_text(by_rank[rank][started])}" if started else ""
+            report.behind.append(f"rank {rank} never reached seq {missed} {reached or '?'}{last_text}")
     return report
 
 

@@ -28,7 +28,7 @@ import sys
 import time
 import weakref
 from types import FunctionType
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .._buffers import Buffer
 from .._errors import DistError
@@ -231,6 +231,21 @@ class GroupTrace:
         _registry.retire(self)
 
 
+class Trace(Protocol):
+    """The four hooks a ProcessGroup calls (and destroy): each gets back the entry ``queued``
+    returned (an Entry from GroupTrace, None from NullTrace)."""
+
+    def queued(self, name: str, body: Callable, outputs: list, async_op: bool) -> Entry | None: ...
+
+    def started(self, entry: Any, seq: int) -> None: ...
+
+    def completed(self, entry: Any) -> None: ...
+
+    def failed(self, entry: Any, error: BaseException) -> None: ...
+
+    def destroy(self) -> None: ...
+
+
 class NullTrace:
     """The hooks when the recorder is off (PYDIST_TRACE_BUFFER=0, no timeline)."""
 
@@ -253,7 +268,7 @@ class NullTrace:
 NULL_TRACE = NullTrace()
 
 
-def attach(group: Any, rank: int, world_size: int) -> GroupTrace | NullTrace:
+def attach(group: Any, rank: int, world_size: int) -> Trace:
     """The recorder of a new ProcessGroup of global rank ``rank`` in a world of ``world_size``
     (settings read now: env changes after fork count)."""
     found = settings()
