@@ -131,6 +131,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     if posted is None:
         return -1
     _wait(posted)
+    assert posted.buffer is not None  # a receive's
     posted.buffer.finish()
     return posted.request.source
 
