@@ -10,15 +10,18 @@ from ._auth import AuthenticationError
 from ._monitored import monitored_barrier
 from ._collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
                            broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
-from ._errors import (DesyncError, DistBackendError, DistError, OpTimeoutError, DistNetworkError, DistStoreError, GroupAbortedError, PeerFailedError,
-                      QueueEmptyError)
+from ._errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, GroupAbortedError,
+                      OpTimeoutError, PeerFailedError, QueueEmptyError)
 from ._group import ProcessGroup
 from ._init import (Backend, GroupMember, destroy_process_group, get_backend, get_global_rank, get_group_rank,
                     get_process_group_ranks, get_rank, get_world_size, group, init_process_group, is_available,
                     is_initialized, new_group, new_subgroups, new_subgroups_by_enumeration)
 from ._objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list, scatter_object_list,
                        send_object_list)
-from ._ops import ReduceOp, _make_nccl_premul_sum, reduce_op
+# torch.distributed exposes _make_nccl_premul_sum at top level; the redundant alias marks it a re-export
+# without putting a private name in __all__.
+from ._ops import ReduceOp, reduce_op
+from ._ops import _make_nccl_premul_sum as _make_nccl_premul_sum
 from ._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from ._work import Work
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
@@ -35,8 +38,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Backend", "DistBackendError", "DistributedDataParallel", "DistError", "DistNetworkError", "DistStoreError", "FileStore", "GroupMember",
-    "AuthenticationError", "DesyncError", "GroupAbortedError", "OpTimeoutError", "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
+    "Backend", "DistBackendError", "DistributedDataParallel", "DistError", "DistNetworkError", "DistStoreError",
+    "FileStore", "GroupMember", "AuthenticationError", "DesyncError", "GroupAbortedError", "OpTimeoutError",
+    "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
     "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "monitored_barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",

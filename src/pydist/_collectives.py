@@ -182,7 +182,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     _sizes_match(outs, inp.array.size, "gather_list")
     arrays = [b.array for b in outs] if is_root else None
     return target.run("gather", lambda ctx: target.backend.gather(ctx, inp.array, arrays, root), outs, async_op,
-                      results=[list(gather_list)] if is_root else [])
+                      results=[list(gather_list or ())] if is_root else [])  # checked: a list on the root
 
 
 def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,

@@ -10,6 +10,7 @@ receives still posted, so that no late message lands in a user's buffer after an
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from .transport._base import MessageKey, Request, Transport
 
 def as_bytes(array: np.ndarray) -> memoryview:
     """A 1-D contiguous array's memory as a writable byte view (no copy)."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data  # memoryview(array): numpy types __buffer__ for 3.12+ only
 
 
 def with_context(error: BaseException, prefix: str) -> BaseException:
@@ -52,7 +53,7 @@ class Comm:
         self.timeout_text = timeout_text
         self.arena = arena
         self.call = call  # the call's fingerprint, carried and checked by every message and arena sync
-        self.hierarchy = None
+        self.hierarchy: tuple[Comm, Comm | None, Callable[..., None]] | None = None
         self._receives: list[Request] = []
 
     def describe(self) -> str:

@@ -140,7 +140,7 @@ class GroupState:
         """Fire ``event`` (lock held): the one place ``state`` changes."""
         before = self.state
         after = TRANSITIONS[before].get(event)
-        if (before, after) not in ALLOWED:
+        if after is None or (before, after) not in ALLOWED:
             raise IllegalTransition(f"group {self.group:#x}: {event} may not move it from {before} to {after}")
         if before == READY and after != READY and self.error is None:
             self.error = error

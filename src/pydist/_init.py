@@ -92,6 +92,7 @@ def warn_non_member(op: str) -> None:
 
 def _timeout_seconds(timeout: Any) -> float:
     seconds = to_seconds(timeout, DEFAULT_PG_TIMEOUT.total_seconds())
+    assert seconds is not None  # a default was given
     if seconds <= 0:
         raise ValueError(f"timeout: expected a positive duration, got {timeout!r}")
     return seconds
@@ -158,6 +159,7 @@ def _group_backend(world: World, group_id: int, members: list[int]):
     if world.backend_name == Backend.MPI:
         from .backends.mpi import group_backend
         return group_backend(members)
+    assert world.transport is not None  # init_process_group made it before any group
     return NativeBackend(world.transport, group_id, members, members.index(world.rank))
 
 
@@ -320,6 +322,7 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None, 
     group_id, name = world.group_id(members)
     if world.rank not in members:
         return NON_GROUP_MEMBER
+    assert world.default_group is not None  # _default_world() raises before init
     seconds = world.default_group.timeout if timeout is None else _timeout_seconds(timeout)
     created = ProcessGroup(name, group_id, members, world.rank, _group_backend(world, group_id, members),
                            seconds, desc=group_desc or "", world=(world.rank, world.size))

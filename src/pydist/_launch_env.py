@@ -108,7 +108,7 @@ def _split_top_level(text: str) -> list[str]:
 
 def _expand_ranges(spec: str, text: str) -> list[str]:
     """``01-03,7`` as ["01", "02", "03", "7"]."""
-    out = []
+    out: list[str] = []
     for piece in spec.split(","):
         low, dash, high = piece.strip().partition("-")
         high = high if dash else low
@@ -182,7 +182,8 @@ class _Resolver:
     """Resolves one value after another, collecting what is missing."""
 
     def __init__(self, env: Mapping[str, str], launcher: Launcher | None):
-        self.env, self.launcher, self.missing = env, launcher, []
+        self.env, self.launcher = env, launcher
+        self.missing: list[str] = []
 
     def number(self, value: int | None, generic: str, own: tuple[str, ...], optional: bool = False) -> int | None:
         """``value``, else the generic variable, else the launcher's own ones."""
@@ -276,6 +277,8 @@ def launch_info(rank: int | None = None, world_size: int | None = None,
     if find.missing:
         raise ValueError("Error initializing pydist using env:// rendezvous: environment variables expected, "
                          "but not set: " + "; ".join(find.missing))
+    # each of these is found or named in find.missing
+    assert rank is not None and world_size is not None and addr is not None and port is not None
     if env.get("RANK") and env.get("TORCHELASTIC_RUN_ID"):
         name = "torchrun"
     else:

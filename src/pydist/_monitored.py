@@ -17,9 +17,16 @@ from ._deadline import to_seconds
 from ._errors import DistBackendError, DistError
 from ._init import resolve_group
 from ._p2p import irecv, isend
+from ._work import Work
 
 #: The tag of monitored_barrier's tokens (user tags are unlikely to be the most negative int64).
 TOKEN_TAG = -(1 << 63)
+
+
+def _token(work: Work | None) -> Work:
+    """A token send's or receive's Work (None only for a non-member, and this rank is one)."""
+    assert work is not None
+    return work
 
 
 def monitored_barrier(group: Any = None, timeout: timedelta | float | None = None,
@@ -30,17 +37,18 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
     if target is None or target.size() == 1:
         return
     seconds = target.timeout if timeout is None else to_seconds(timeout)
+    assert seconds is not None  # to_seconds keeps only None as None
     ranks, me = target.ranks, target.rank()
     if me != 0:
         try:
-            isend(np.ones(1, np.uint8), group=target, group_dst=0, tag=TOKEN_TAG).wait(timeout=seconds)
-            irecv(np.zeros(1, np.uint8), group=target, group_src=0, tag=TOKEN_TAG).wait(timeout=seconds)
+            _token(isend(np.ones(1, np.uint8), group=target, group_dst=0, tag=TOKEN_TAG)).wait(timeout=seconds)
+            _token(irecv(np.zeros(1, np.uint8), group=target, group_src=0, tag=TOKEN_TAG)).wait(timeout=seconds)
         except DistError as error:
             raise DistBackendError(f"monitored_barrier: rank {ranks[me]} got no answer from rank {ranks[0]} "
                                    f"within {seconds:g} s (rank {ranks[0]} reports the ranks that did not "
                                    f"arrive): {error}") from error
         return
-    tokens = {peer: irecv(np.zeros(1, np.uint8), group=target, group_src=peer, tag=TOKEN_TAG)
+    tokens = {peer: _token(irecv(np.zeros(1, np.uint8), group=target, group_src=peer, tag=TOKEN_TAG))
               for peer in range(1, target.size())}
     deadline, missing = time.monotonic() + seconds, []
     for peer, token in tokens.items():
@@ -54,4 +62,4 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
         which = "Ranks " + ", ".join(map(str, missing)) if len(missing) > 1 else f"Rank {missing[0]}"
         raise DistBackendError(f"[Rank {ranks[0]}]: {which} failed to pass monitoredBarrier in {seconds:g} s")
     for peer in tokens:
-        isend(np.ones(1, np.uint8), group=target, group_dst=peer, tag=TOKEN_TAG).wait()
+        _token(isend(np.ones(1, np.uint8), group=target, group_dst=peer, tag=TOKEN_TAG)).wait()

@@ -71,6 +71,7 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
     parts = [np.empty(int(s), np.uint8) for s in sizes] if is_root else None
     target.run("gather_object", lambda ctx: target.backend.gather(ctx, mine, parts, root), [], False)
     if is_root:
+        assert object_gather_list is not None and parts is not None  # the root's (checked above)
         object_gather_list[:] = [_loads(part) for part in parts]
 
 
@@ -105,10 +106,14 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     n, is_root = target.size(), target.rank() == root
     if is_root and (not isinstance(scatter_object_input_list, list) or len(scatter_object_input_list) != n):
         raise ValueError(f"scatter_object_input_list: expected {n} objects (the group size) on the source rank")
-    payloads = [_dumps(o) for o in scatter_object_input_list] if is_root else None
+    payloads: list[np.ndarray] | None = None
+    sizes: list[np.ndarray] | None = None
+    if is_root:
+        assert scatter_object_input_list is not None  # checked above
+        payloads = [_dumps(o) for o in scatter_object_input_list]
+        sizes = [np.array([p.size], np.int64) for p in payloads]
     size = np.zeros(1, np.int64)
-    coll.scatter(size, [np.array([p.size], np.int64) for p in payloads] if is_root else None,
-                 group=target, group_src=root)
+    coll.scatter(size, sizes, group=target, group_src=root)
     data = np.empty(int(size[0]), np.uint8)
     target.run("scatter_object_list", lambda ctx: target.backend.scatter(ctx, data, payloads, root), [], False)
     scatter_object_output_list[0] = _loads(data)

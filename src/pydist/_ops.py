@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import numbers
+from typing import TypeAlias
 
 import numpy as np
 
@@ -30,7 +31,7 @@ class ReduceOp:
     PREMUL_SUM needs a factor: build it with ``_make_nccl_premul_sum(factor)``.
     """
 
-    RedOpType = RedOpType
+    RedOpType: TypeAlias = RedOpType  # an alias, so the annotations below may name it
     SUM = RedOpType.SUM
     AVG = RedOpType.AVG
     PRODUCT = RedOpType.PRODUCT
@@ -112,9 +113,11 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype, dtype_name: str) -> None:
         raise TypeError(f"op: ReduceOp.{op.op.name} is not defined for complex tensors ({dtype_name})")
     if op.op in (RedOpType.AVG, RedOpType.PREMUL_SUM) and kind == "b":
         raise TypeError(f"op: ReduceOp.{op.op.name} is not defined for bool tensors")
-    if op.op == RedOpType.PREMUL_SUM and kind in "iu" and float(op.factor) != int(op.factor):
-        raise TypeError(f"op: PREMUL_SUM factor {op.factor} is not an integer, "
-                        f"so it cannot scale an integer tensor ({dtype_name})")
+    if op.op == RedOpType.PREMUL_SUM and kind in "iu":
+        assert op.factor is not None  # as_reduce_op rejects a PREMUL_SUM without one
+        if float(op.factor) != int(op.factor):
+            raise TypeError(f"op: PREMUL_SUM factor {op.factor} is not an integer, "
+                            f"so it cannot scale an integer tensor ({dtype_name})")
 
 
 def reduce_into(acc: np.ndarray, incoming: np.ndarray, op: ReduceOp) -> None:
@@ -126,6 +129,7 @@ def reduce_into(acc: np.ndarray, incoming: np.ndarray, op: ReduceOp) -> None:
 def prescale(buf: np.ndarray, op: ReduceOp) -> None:
     """Apply PREMUL_SUM's factor to this rank's contribution, in place (no-op for other ops)."""
     if op.op == RedOpType.PREMUL_SUM and buf.size:
+        assert op.factor is not None  # as_reduce_op rejects a PREMUL_SUM without one
         factor = op.factor if buf.dtype.kind in "fc" else int(op.factor)
         np.multiply(buf, np.asarray(factor).astype(buf.dtype), out=buf)
 

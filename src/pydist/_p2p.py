@@ -66,7 +66,8 @@ class P2PWork(Work):
 def _peer(group: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
     peer = root_rank(group, rank, group_rank, name)
     if peer == group.rank():
-        raise ValueError(f"{name}: rank {group.ranks[peer]} is this rank; it cannot {'send to' if name == 'dst' else 'receive from'} itself")
+        verb = "send to" if name == "dst" else "receive from"
+        raise ValueError(f"{name}: rank {group.ranks[peer]} is this rank; it cannot {verb} itself")
     return peer
 
 
@@ -131,6 +132,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     if posted is None:
         return -1
     _wait(posted)
+    assert posted.buffer is not None  # a receive's
     posted.buffer.finish()
     return posted.request.source
 
@@ -144,7 +146,8 @@ class P2POp:
             raise ValueError("op: expected pydist.isend or pydist.irecv (the functions themselves)")
         if peer is None and group_peer is None:
             raise ValueError("peer: required (or group_peer)")
-        self.op, self.tensor, self.peer, self.group, self.tag, self.group_peer = op, tensor, peer, group, tag, group_peer
+        self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
+        self.tag, self.group_peer = tag, group_peer
 
     def __repr__(self) -> str:
         return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"

@@ -9,9 +9,14 @@ import collections
 import hashlib
 import socket
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ._group import ProcessGroup
+
+if TYPE_CHECKING:
+    from ._progress import ProgressBoard
+    from .store import Store
+    from .transport._base import Transport
 
 
 class World:
@@ -20,10 +25,10 @@ class World:
     def __init__(self) -> None:
         self.default_group: ProcessGroup | None = None
         self.groups: list[ProcessGroup] = []
-        self.store = None
-        self.owned_store = None
-        self.transport = None
-        self.progress = None  # the ProgressBoard of this rank, shared by its groups
+        self.store: Store | None = None
+        self.owned_store: Store | None = None
+        self.transport: Transport | None = None
+        self.progress: ProgressBoard | None = None  # the ProgressBoard of this rank, shared by its groups
         self.rank = -1
         self.size = -1
         self.backend_name = ""

@@ -47,7 +47,7 @@ def _required(name: str, value: int | None, url: str) -> int:
     return value
 
 
-def rendezvous(url: str, rank: int, world_size: int, timeout: timedelta):
+def rendezvous(url: str, rank: int | None, world_size: int | None, timeout: timedelta):
     """(store, rank, world_size) for an init_method URL; the caller owns and closes the store."""
     parsed = urlparse(url)
     query = parse_qs(parsed.query)
@@ -70,6 +70,7 @@ def rendezvous(url: str, rank: int, world_size: int, timeout: timedelta):
         raise ValueError(f"init_method {url!r}: expected file:///absolute/path")
     _check_rank(rank, world_size)
     if scheme == "tcp":
+        assert parsed.hostname and parsed.port is not None  # checked above
         store = TCPStore(parsed.hostname, parsed.port, world_size, is_master=rank == 0, timeout=timeout,
                          multi_tenant=True)
         return store, rank, world_size

@@ -18,13 +18,14 @@ from .._ops import ReduceOp
 from .broadcast_shm import broadcast
 from .reduce_shm import reduce
 
+
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
+    assert comm.hierarchy is not None  # the engine sets it when it picks this algorithm
     local, leaders, inter = comm.hierarchy
-    leader = local.arena.members[0] if local.arena is not None else None
     if local.arena is not None:
-        reduce(local, buf, leader, op)
+        reduce(local, buf, local.arena.members[0], op)  # to the host's leader
     if leaders is not None:
         inter(leaders, buf, op, segment_bytes)
     if local.arena is not None:
-        broadcast(local, buf, leader)
+        broadcast(local, buf, local.arena.members[0])  # from the host's leader

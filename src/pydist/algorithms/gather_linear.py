@@ -16,6 +16,7 @@ def gather(comm: Comm, input: np.ndarray, outputs: list[np.ndarray] | None, root
     if comm.rank != root:
         comm.send(root, input)
         return
+    assert outputs is not None  # the root passes them
     receives = [comm.irecv(peer, outputs[peer]) for peer in range(comm.size) if peer != root]
     outputs[root][...] = input
     comm.wait_all(receives)

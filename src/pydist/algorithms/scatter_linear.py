@@ -16,6 +16,7 @@ def scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray] | None, roo
     if comm.rank != root:
         comm.recv(root, output)
         return
+    assert inputs is not None  # the root passes them
     sends = [comm.isend(peer, inputs[peer]) for peer in range(comm.size) if peer != root]
     output[...] = inputs[root]
     comm.wait_all(sends)

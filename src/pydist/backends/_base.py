@@ -72,10 +72,10 @@ class Engine(ABC):
     def peer_host(self, rank: int) -> str:
         """Host name of group rank ``rank``."""
 
-    def peer_failed(self, error: BaseException) -> None:
+    def peer_failed(self, error: BaseException) -> None:  # noqa: B027 - optional hook, default no-op
         """A point-to-point operation found a dead peer: tell the group (default: nothing)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, default no-op
         """Release what this group's backend owns (the world's transport is closed by the world)."""
 
     def group_state(self, ranks: list[int]) -> GroupState:

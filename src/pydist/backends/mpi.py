@@ -27,7 +27,7 @@ order on it (the group's OpQueue), so every rank issues them in the same order, 
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -101,7 +101,7 @@ class MPIBackend(Engine):
     def _error(self, ctx: OpContext, error: BaseException) -> _errors.DistBackendError:
         return mpi_error(f"{ctx.name} (seq {ctx.seq})", self.labels[self.rank], error)
 
-    def _run(self, ctx: OpContext, start: Callable[[], object], nbytes: int, *keep: object) -> None:
+    def _run(self, ctx: OpContext, start: Callable[[], Any], nbytes: int, *keep: object) -> None:
         """Start one non-blocking MPI operation and poll it until done or the deadline."""
         mpi = self.mpi
         try:
@@ -228,7 +228,7 @@ class MPIBackend(Engine):
         except self.mpi.Exception as error:
             raise mpi_error("", me, error) from error
         label = None if peer is None else self.labels[peer]
-        return MpiRequest(label, memoryview(as_bytes(buf)), request, self.labels, me, receive, keep=buf)
+        return MpiRequest(label, as_bytes(buf).data, request, self.labels, me, receive, keep=buf)
 
     def isend(self, buf: np.ndarray, dst: int, tag: int) -> MpiRequest:
         tag = self._tag(tag)

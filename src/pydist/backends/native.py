@@ -46,7 +46,8 @@ from ._base import Engine, OpContext
 #: (veth, 1 Gbit/s), where the ring's smaller byte count matters sooner.
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
-ALGORITHMS = {
+#: per collective, its algorithms by name (their signatures differ by collective)
+ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
     "all_reduce": {"shm": allreduce_shm.all_reduce, "hierarchical": allreduce_hierarchical.all_reduce,
                    "recursive_doubling": allreduce_recursive_doubling.all_reduce, "ring": allreduce_ring.all_reduce},
     "broadcast": {"shm": broadcast_shm.broadcast, "binomial": broadcast_binomial.broadcast},

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 from .backends import BackendSpec, mpiexec_path
 from .worker import LAUNCHER_ENV, PREFIX
@@ -116,7 +116,7 @@ class _Workers:
         self.stderr.close()
 
 
-def run_backend(spec: BackendSpec, nproc: int, config: dict, timeout: float) -> Iterator[dict]:
+def run_backend(spec: BackendSpec, nproc: int, config: dict, timeout: float) -> Generator[dict, None, None]:
     """Run ``spec``'s workers on ``config``; yield rank 0's start/row events (see module note)."""
     workers = _Workers(spec, nproc, config)
     deadline, done = time.monotonic() + timeout, False

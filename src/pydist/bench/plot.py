@@ -30,7 +30,7 @@ def write_plot(path: str, meta: Meta, plan: list[tuple[int, int]], results: list
     import matplotlib.pyplot as plt
     figure, (bw_axes, time_axes) = plt.subplots(1, 2, figsize=(12, 4.5))
     for result in results:
-        points = [(nbytes, measure(meta, result, nbytes)) for nbytes, _ in plan if nbytes in result.rows]
+        points = [(nbytes, m) for nbytes, _ in plan if (m := measure(meta, result, nbytes)) is not None]
         if not points:
             continue
         sizes = [nbytes for nbytes, _ in points]

@@ -115,12 +115,12 @@ def format_table(meta: Meta, plan: list[tuple[int, int]], results: list[BackendR
     for nbytes, count in plan:
         first = measure(meta, main, nbytes)
         cells = [f"{nbytes:>{widths[0]}}", f"{count:>{widths[1]}}"]
-        values = [(first and first["time_us"], 1), (first and first["algbw_gbps"], 2),
-                  (first and first["busbw_gbps"], 2)]
+        values = [(first["time_us"] if first else None, 1), (first["algbw_gbps"] if first else None, 2),
+                  (first["busbw_gbps"] if first else None, 2)]
         for other in shown:
             measured = measure(meta, other, nbytes)
-            values += [(measured and measured["time_us"], 1), (measured and measured["busbw_gbps"], 2),
-                       (_ratio(first, measured), 2)]
+            values += [(measured["time_us"] if measured else None, 1),
+                       (measured["busbw_gbps"] if measured else None, 2), (_ratio(first, measured), 2)]
         cells += [_cell(value, w, digits) for (value, digits), w in zip(values, widths[2:])]
         lines.append("".join(cells))
     return "\n".join(lines)

@@ -3,7 +3,7 @@ times. Shared by the flight recorder's files (_registry) and the timeline."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, overload
 
 STATE_NAMES = ("queued", "started", "completed", "failed")
 QUEUED, STARTED, COMPLETED, FAILED = range(4)
@@ -17,7 +17,12 @@ def wall(monotonic: float) -> float:
     return _WALL_ANCHOR + monotonic
 
 
+@overload
+def dtype_name(dtype: None) -> None: ...
+@overload
+def dtype_name(dtype: Any) -> str: ...
 def dtype_name(dtype: Any) -> str | None:
+    """A recorded dtype (a name, a numpy dtype, or None) as its name."""
     return None if dtype is None else dtype if isinstance(dtype, str) else str(dtype)
 
 

@@ -150,7 +150,8 @@ def entry_record(entry: Any) -> dict:
     state = entry.state  # a reused entry's older fields are stale until its state reaches them
     started = entry.started if state >= STARTED else None
     finished = entry.finished if state >= COMPLETED else None
-    return {"seq": entry.seq if state >= STARTED else None, "op": entry.op, **call_fields(entry), "async_op": entry.async_op,
+    return {"seq": entry.seq if state >= STARTED else None, "op": entry.op, **call_fields(entry),
+            "async_op": entry.async_op,
             "state": STATE_NAMES[entry.state],
             "time_queued": wall(entry.queued), "time_started": started and wall(started),
             "time_finished": finished and wall(finished),

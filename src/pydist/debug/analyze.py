@@ -121,7 +121,8 @@ def _mismatches(by_rank: dict[int, dict[int, dict]]) -> list[str]:
                          f"{_ranks_text(reference_ranks)} called {call_text(reference)}")
         later = sum(1 for s in set().union(*(c.keys() for c in by_rank.values())) if s > seq)
         if later:
-            lines.append(f"(operations after seq {seq} are not compared: once calls differ, later ones pair up wrongly)")
+            lines.append(f"(operations after seq {seq} are not compared: "
+                         "once calls differ, later ones pair up wrongly)")
         return lines
     return []
 
@@ -155,13 +156,13 @@ def analyze_group(name: str, members: list[int], groups: dict[int, dict], dumped
             if started is not None and started >= furthest:
                 continue
             missed = (started or 0) + 1
-            calls: dict[str, list[int]] = defaultdict(list)
+            callers: dict[str, list[int]] = defaultdict(list)
             for other, seqs in sorted(by_rank.items()):
                 if missed in seqs:
-                    calls[call_text(seqs[missed])].append(other)
-            reached = "; ".join(f"{call} (started by {_ranks_text(ranks)})" for call, ranks in calls.items())
-            last = f"; its last was seq {started} {call_text(by_rank[rank][started])}" if started else ""
-            report.behind.append(f"rank {rank} never reached seq {missed} {reached or '?'}{last}")
+                    callers[call_text(seqs[missed])].append(other)
+            reached = "; ".join(f"{call} (started by {_ranks_text(ranks)})" for call, ranks in callers.items())
+            last_text = f"; its last was seq {started} {call_text(by_rank[rank][started])}" if started else ""
+            report.behind.append(f"rank {rank} never reached seq {missed} {reached or '?'}{last_text}")
     return report
 
 

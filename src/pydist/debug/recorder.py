@@ -28,7 +28,7 @@ import sys
 import time
 import weakref
 from types import FunctionType
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .._buffers import Buffer
 from .._errors import DistError
@@ -52,6 +52,20 @@ class Entry:
 
     __slots__ = ("seq", "op", "dtype", "count", "root", "reduce_op", "async_op", "state", "queued", "started",
                  "finished", "error", "algorithm", "call_site")
+    seq: int
+    op: str
+    dtype: Any  # a dtype name, a numpy dtype, or None
+    count: int
+    root: int
+    reduce_op: Any  # a RedOpType or None
+    async_op: bool
+    state: int
+    queued: float
+    started: float
+    finished: float
+    error: str | None
+    algorithm: str | None
+    call_site: str | None
 
     def __init__(self) -> None:
         self.seq, self.state, self.started, self.finished = 0, QUEUED, 0.0, 0.0
@@ -99,7 +113,7 @@ def _data(value: Any, total: bool) -> tuple[Any, int]:
 
 def describe(entry: Entry, name: str, body: Callable, outputs: list) -> None:
     """Set ``entry``'s dtype, count, root and reduce op from the call whose body is ``body``."""
-    code, cells = getattr(body, "__code__", None), getattr(body, "__closure__", None)
+    code, cells = getattr(body, "__code__", None), getattr(body, "__closure__", None) or ()
     data, total, root, reduce_op = (_LAYOUTS.get(code) or _layout(name, code)) if cells else (-1, False, -1, -1)
     if data >= 0:
         entry.dtype, entry.count = _data(cells[data].cell_contents, total)
@@ -169,8 +183,9 @@ class GroupTrace:
         entry.op, entry.async_op, entry.state, entry.queued = name, async_op, QUEUED, _monotonic()
         layout = _LAYOUTS.get(body.__code__) if type(body) is FunctionType else None
         cells = body.__closure__ if layout is not None and layout[0] >= 0 else None
-        value = cells[layout[0]].cell_contents if cells else None
+        value = cells[layout[0]].cell_contents if cells and layout is not None else None
         if type(value) is Buffer:  # the common case inline: a collective's Buffer
+            assert cells is not None and layout is not None  # value came from them
             entry.dtype, entry.count = value.dtype_name, value.array.size
             entry.root = cells[layout[2]].cell_contents if layout[2] >= 0 else -1
             entry.reduce_op = getattr(cells[layout[3]].cell_contents, "op", None) if layout[3] >= 0 else None
@@ -216,6 +231,21 @@ class GroupTrace:
         _registry.retire(self)
 
 
+class Trace(Protocol):
+    """The four hooks a ProcessGroup calls (and destroy): each gets back the entry ``queued``
+    returned (an Entry from GroupTrace, None from NullTrace)."""
+
+    def queued(self, name: str, body: Callable, outputs: list, async_op: bool) -> Entry | None: ...
+
+    def started(self, entry: Any, seq: int) -> None: ...
+
+    def completed(self, entry: Any) -> None: ...
+
+    def failed(self, entry: Any, error: BaseException) -> None: ...
+
+    def destroy(self) -> None: ...
+
+
 class NullTrace:
     """The hooks when the recorder is off (PYDIST_TRACE_BUFFER=0, no timeline)."""
 
@@ -238,7 +268,7 @@ class NullTrace:
 NULL_TRACE = NullTrace()
 
 
-def attach(group: Any, rank: int, world_size: int) -> GroupTrace | NullTrace:
+def attach(group: Any, rank: int, world_size: int) -> Trace:
     """The recorder of a new ProcessGroup of global rank ``rank`` in a world of ``world_size``
     (settings read now: env changes after fork count)."""
     found = settings()

@@ -129,7 +129,8 @@ class Agent:
             return 0
         if reason == "signal":
             if outcome.get("host") != self._where():
-                self._say(f"the launcher on {outcome.get('host')} got {signal.Signals(outcome['signal']).name}; stopped")
+                name = signal.Signals(outcome["signal"]).name
+                self._say(f"the launcher on {outcome.get('host')} got {name}; stopped")
             return 128 + int(outcome["signal"])
         if reason == "store":
             self._say(outcome["message"])

@@ -162,7 +162,8 @@ class Rendezvous:
             self._pause()
 
     def _wait_newer_round(self, number: int, deadline: float) -> None:
-        while int(self.store.get(self._key("round"))) <= number and not self.store.check([self._key(f"r{number}/stop")]):
+        stop = self._key(f"r{number}/stop")
+        while int(self.store.get(self._key("round"))) <= number and not self.store.check([stop]):
             if time.monotonic() > deadline:
                 raise RendezvousError(f"rendezvous '{self.settings.run_id}': no round admitted {self.me.where()} "
                                       f"within {self.settings.join_timeout:g}s (the job is full: "

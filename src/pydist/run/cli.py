@@ -119,7 +119,7 @@ RDZV_CONF = {"join_timeout": "join_timeout", "timeout": "join_timeout", "last_ca
              "read_timeout": "connect_timeout"}
 
 
-def rdzv_conf_from(text: str) -> dict[str, float]:
+def rdzv_conf_from(text: str) -> dict[str, Any]:  # LaunchConfig keyword arguments (float seconds)
     """``--rdzv-conf k=v,...`` as LaunchConfig fields; ValueError for unknown or bad entries."""
     conf: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):

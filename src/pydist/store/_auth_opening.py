@@ -67,7 +67,8 @@ class _Opening:
         if version == VERSION:
             self._plain_hello()
         if version != VERSION | AUTH_FLAG:
-            raise ProtocolError(f"protocol version {version & ~AUTH_FLAG} is not supported (this side speaks {VERSION})")
+            raise ProtocolError(f"protocol version {version & ~AUTH_FLAG} is not supported "
+                                f"(this side speaks {VERSION})")
         message = self._take(AUTH_HELLO_BYTES)
         if message is not None:
             self._transcript.add(message)

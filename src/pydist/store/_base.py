@@ -227,7 +227,7 @@ class Store(ABC):
         return self._call("list_keys")
 
     # -- lifetime --------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a store owning nothing needs no close
         """Release the store's resources (idempotent)."""
 
     def __enter__(self) -> "Store":

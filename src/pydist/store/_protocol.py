@@ -180,7 +180,10 @@ def _put(out: bytearray, kind: str, value: Any) -> None:
         for item in value:
             _put(out, kind.lower(), item)
     else:
-        data = _checked(value.encode(), MAX_KEY_BYTES, "key") if kind == "s" else _checked(value, MAX_VALUE_BYTES, "value")
+        if kind == "s":
+            data = _checked(value.encode(), MAX_KEY_BYTES, "key")
+        else:
+            data = _checked(value, MAX_VALUE_BYTES, "value")
         out += _U32.pack(len(data))
         out += data
 

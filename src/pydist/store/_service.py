@@ -86,7 +86,8 @@ def _codec_for(first: bytes) -> Codec:
         return PydistCodec()
     if first == b"\x00":  # torch's VALIDATE query type
         return TorchCodec()
-    raise ProtocolError(f"bad magic {first!r}: neither a pydist store stream ({WIRE_MAGIC!r}) nor a torch TCPStore client")
+    raise ProtocolError(f"bad magic {first!r}: neither a pydist store stream ({WIRE_MAGIC!r}) "
+                        "nor a torch TCPStore client")
 
 
 class _Conn:
@@ -142,6 +143,7 @@ class StoreService:
             data = self._open(conn, data)
             if not data:
                 return
+        assert conn.codec is not None  # set by _start
         conn.codec.feed(data)
         self._drain(conn, now)
         self._settle(now)
@@ -181,10 +183,13 @@ class StoreService:
             waiter = heapq.heappop(self._timers)[2]
             if not waiter.done:
                 conn = waiter.conn
+                assert conn.codec is not None  # a parked request was parsed by it
                 try:
                     answer = self._run(conn, waiter.op, waiter.args)
                 except NotReady as e:
-                    answer = self._checked(conn, conn.codec.timeout(waiter.op, e.missing, waiter.timeout_ms), "timed out")
+                    # an expiring timer's timeout is finite (inf ones are not timed): the wire's int
+                    timeout = conn.codec.timeout(waiter.op, e.missing, int(waiter.timeout_ms))
+                    answer = self._checked(conn, timeout, "timed out")
                 self._finish(waiter, answer, now)
         self._settle(now)
 
@@ -234,6 +239,7 @@ class StoreService:
 
     def _open(self, conn: _Conn, data: bytes) -> bytes:
         """Feed the opening; the bytes after it once the client is authenticated."""
+        assert conn.opening is not None  # the caller checked
         try:
             self._send(conn.cid, conn.opening.feed(data))
         except AuthRefused as e:
@@ -258,6 +264,7 @@ class StoreService:
         """Handle the connection's buffered requests until one blocks (a torch connection
         reads on: its CANCEL_WAIT ends the blocked request)."""
         codec = conn.codec
+        assert codec is not None  # only connections past _start are drained
         while ((conn.waiter is None or codec.cancel_op) and conn.cid not in self._dropped
                and len(self._output.get(conn.cid, b"")) < OUTPUT_LIMIT):  # else: resume() later
             try:
@@ -278,6 +285,7 @@ class StoreService:
                 self._handle(conn, msg, now)
 
     def _handle(self, conn: _Conn, msg: Message, now: float) -> None:
+        assert conn.codec is not None  # msg was parsed by it
         args, timeout_ms = conn.codec.split(msg)
         try:
             answer = self._run(conn, msg.name, args)
@@ -295,6 +303,7 @@ class StoreService:
 
     def _run(self, conn: _Conn, op: str, args: tuple[Any, ...]) -> bytes:
         """Run one operation of ``conn`` on the state; its answer. Raises NotReady."""
+        assert conn.codec is not None  # its requests were parsed by it
         try:
             result = getattr(conn.ops, op)(*args)
         except NotReady:

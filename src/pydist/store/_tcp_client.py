@@ -66,7 +66,8 @@ class Connection:
             left = deadline.remaining() or 0.0
             if not retry or left <= 0:
                 raise DistNetworkError(
-                    f"could not connect to store server at {where} (tried for {time.monotonic() - started:.1f}s): {error}"
+                    f"could not connect to store server at {where} "
+                    f"(tried for {time.monotonic() - started:.1f}s): {error}"
                 ) from error
             time.sleep(min(delay, left))
             delay = min(delay * 2, 1.0)
@@ -115,7 +116,8 @@ class Connection:
                         f"authentication with store server at {self._where} failed: the server requires a token "
                         "and this client has none (set PYDIST_AUTH_TOKEN or pass auth_token=)") from None
                 except ProtocolError as e:
-                    raise DistNetworkError(f"store server at {self._where} sent a malformed answer to {what}: {e}") from e
+                    raise DistNetworkError(
+                        f"store server at {self._where} sent a malformed answer to {what}: {e}") from e
                 if msg is not None or (handshake and self._parser.handshaken):
                     return msg
                 self._parser.feed(self._recv(deadline, what))

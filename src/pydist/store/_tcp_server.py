@@ -167,7 +167,7 @@ class Server:
                 self._flush(peer)
 
     @staticmethod
-    def _farewell(peer: _Peer, data: bytes) -> None:
+    def _farewell(peer: _Peer, data: bytes | bytearray) -> None:
         """Best effort: the last bytes to a connection being dropped (a refusal), then EOF."""
         if data:
             try:

@@ -259,7 +259,8 @@ class TorchRequestParser(_StreamParser):
         args = cursor.read_fields(QUERIES[name].fields)
         if name == "validate":
             if args[0] != VALIDATION_MAGIC:
-                raise ProtocolError(f"bad torch TCPStore validation magic {args[0]:#x} (expected {VALIDATION_MAGIC:#x})")
+                raise ProtocolError(f"bad torch TCPStore validation magic {args[0]:#x} "
+                                    f"(expected {VALIDATION_MAGIC:#x})")
             self.validated = True
         return Message(name, args)
 

@@ -45,8 +45,10 @@ def parse_delay(delay: str | float) -> float:
 
 def parse_loss(loss: str | float) -> float:
     """A probability from 0.01 or "1%"."""
-    percent = isinstance(loss, str) and loss.strip().endswith("%")
-    value = _parse(loss.strip()[:-1] if percent else loss, {"": 1.0}, "loss", "") / (100 if percent else 1)
+    if isinstance(loss, str) and loss.strip().endswith("%"):
+        value = _parse(loss.strip()[:-1], {"": 1.0}, "loss", "") / 100
+    else:
+        value = _parse(loss, {"": 1.0}, "loss", "")
     if value > 1:
         raise ValueError(f"loss: expected a probability in [0, 1] or a percentage, got {loss!r}")
     return value

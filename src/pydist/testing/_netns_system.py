@@ -146,7 +146,8 @@ def cleanup_stale(grace: float = 0.5) -> list[str]:
         names = [name for name in os.listdir(NETNS_DIR) if NAME.match(name)]
     except OSError:
         return []
-    stale = [name for name in names if not os.path.exists(f"/proc/{NAME.match(name).group(1)}")]
+    stale = [name for name in names
+             if (owner := NAME.match(name)) and not os.path.exists(f"/proc/{owner.group(1)}")]
     if stale:
         stop([], {ino for ino in map(netns_inode, stale) if ino is not None}, grace)
         for name in stale:

@@ -109,6 +109,7 @@ def _teardown(res: _Resources) -> None:
         inodes = {ino for ino in map(netns_inode, res.namespaces) if ino is not None}
         res.leftovers = stop(res.procs + ([res.relay] if res.relay else []), inodes, res.grace)
         if res.relay is not None:
+            assert res.relay.stdin is not None and res.relay.stdout is not None  # started with pipes
             res.relay.stdin.close()
             res.relay.stdout.close()
         if res.namespaces:  # the veths and the bridge go now, not when the kernel gets round to it
@@ -216,6 +217,8 @@ class Network:
 
     def _relay_call(self, line: str) -> None:
         relay = self._res.relay
+        # _relay_link started it, with pipes
+        assert relay is not None and relay.stdin is not None and relay.stdout is not None
         relay.stdin.write(line + "\n")
         relay.stdin.flush()
         answer = relay.stdout.readline().strip()

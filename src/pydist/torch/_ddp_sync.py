@@ -45,7 +45,7 @@ def verify_same_model(named: list[tuple[str, torch.Tensor]], group: Any) -> None
         if len(by_value) > 1:
             problems.append(f"'{name}': " + "; ".join(f"{value} on ranks {ranks}" for value, ranks in by_value.items()))
     if not problems:  # same tensors, different registration order
-        orders = {tuple(name for name, _, _ in entries): [] for entries in everyone}
+        orders: dict[tuple[str, ...], list[int]] = {tuple(name for name, _, _ in entries): [] for entries in everyone}
         for rank, entries in enumerate(everyone):
             orders[tuple(name for name, _, _ in entries)].append(rank)
         problems = [f"registration order {list(order)[:6]}... on ranks {ranks}" for order, ranks in orders.items()]

@@ -23,9 +23,11 @@ import torch
 import torch.distributed as tdist
 
 import pydist
+from .._group import ProcessGroup
 from .._init import standalone_group, standalone_mpi_group
 from .._ops import RedOpType, ReduceOp
 from .._settings import settings
+from .._work import Work
 from .work import PydistWork
 
 BACKEND_NAME = "pydist"
@@ -99,12 +101,19 @@ def _op(reduce_op: Any) -> ReduceOp:
     return op
 
 
+def _member_work(work: Work | None) -> Work:
+    """An async collective's Work (None only for non-members; this plugin's group holds every rank)."""
+    assert work is not None
+    return work
+
+
 class ProcessGroupPydist(tdist.ProcessGroup):
     """A torch ProcessGroup whose every operation runs on pydist."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, engine: str = "pydist",
                  global_ranks: list[int] | None = None):
         super().__init__(rank, size)
+        self._group: ProcessGroup | None  # None once shut down
         if engine == "mpi":
             self._group = standalone_mpi_group(global_ranks, rank, size, timeout.total_seconds(), "torch")
         else:
@@ -169,14 +178,15 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts=None) -> tdist.Work:
         """``output_lists[rank][j]`` receives ``input_list[j]`` of ``rank`` (torch's layout)."""
-        works = [pydist.all_gather([per_rank[j] for per_rank in output_lists], inp, group=self._group,
-                                   async_op=True)
+        works = [_member_work(pydist.all_gather([per_rank[j] for per_rank in output_lists], inp,
+                                                group=self._group, async_op=True))
                  for j, inp in enumerate(input_list)]
         return PydistWork.all_of(works, output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
-        works = [pydist.all_gather_into_tensor(o, i, group=self._group, async_op=True) for o, i in zip(outputs, inputs)]
+        works = [_member_work(pydist.all_gather_into_tensor(o, i, group=self._group, async_op=True))
+                 for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
@@ -195,7 +205,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
-        works = [pydist.reduce_scatter_tensor(o, i, op=op, group=self._group, async_op=True)
+        works = [_member_work(pydist.reduce_scatter_tensor(o, i, op=op, group=self._group, async_op=True))
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 

@@ -88,10 +88,11 @@ class DistributedDataParallel(torch.nn.Module):
                             f"{type(process_group).__name__}")
         if bucket_cap_mb is not None and not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb: expected a positive size in MiB, got {bucket_cap_mb}")
-        self.process_group = process_group if process_group is not None else dist.group.WORLD
-        if self.process_group is None:
+        group = process_group if process_group is not None else dist.group.WORLD
+        if group is None:
             raise ValueError("Default process group has not been initialized, please make sure to call "
                              "init_process_group.")
+        self.process_group: dist.ProcessGroup = group
         self.module = module
         self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         _check_supported(module)

@@ -16,6 +16,7 @@ import ctypes.util
 import errno
 import os
 import platform
+from typing import Any
 
 _SEQ_CST, _ACQUIRE, _RELEASE = 5, 2, 3
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -37,11 +38,14 @@ def _load_libraries():
         libc_holding = ctypes.PyDLL(None, use_errno=True)
     except OSError:
         return None
-    for name, args, result in (("__atomic_fetch_add_4", [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int], ctypes.c_uint32),
-                               ("__atomic_exchange_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], ctypes.c_uint64),
-                               ("__atomic_load_8", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint64),
-                               ("__atomic_load_4", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint32),
-                               ("__atomic_store_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], None)):
+    signatures = (
+        ("__atomic_fetch_add_4", [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int], ctypes.c_uint32),
+        ("__atomic_exchange_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], ctypes.c_uint64),
+        ("__atomic_load_8", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint64),
+        ("__atomic_load_4", [ctypes.c_void_p, ctypes.c_int], ctypes.c_uint32),
+        ("__atomic_store_8", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int], None),
+    )
+    for name, args, result in signatures:
         function = getattr(atomic, name)
         function.argtypes, function.restype = args, result
     libc.syscall.restype = ctypes.c_long
@@ -49,7 +53,9 @@ def _load_libraries():
     return atomic, libc, libc_holding
 
 
-_LIBS = _load_libraries() if _SYS_FUTEX is not None else None
+# Any, not Optional: the functions below run only once available() said yes (no None check
+# on the futex/atomic hot path), and a ctypes library's functions are dynamic attributes anyway.
+_LIBS: Any = _load_libraries() if _SYS_FUTEX is not None else None
 
 
 def available() -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
+from typing import Any
 
 from .._errors import DesyncError, DistBackendError
 from .._group_state import GroupStates
@@ -126,8 +127,10 @@ class Matcher:
                     request.complete(failure)
                     return
                 request.order = next(self._order)
-                table, index = (self._posted_any, key) if source is None else (self._posted, (source, key))
-                table.setdefault(index, deque()).append(request)
+                if source is None:
+                    self._posted_any.setdefault(key, deque()).append(request)
+                else:
+                    self._posted.setdefault((source, key), deque()).append(request)
                 return
             if not message.complete:
                 message.waiter = request
@@ -137,6 +140,11 @@ class Matcher:
     def _take_unexpected(self, source: int | None, key: MessageKey) -> Unexpected | None:
         """Remove and return the oldest unexpected message for the receive, from both
         indexes (empty queues are dropped, so finished keys leave nothing behind)."""
+        # one index is keyed by (source, key), the other by key: Any covers both key types
+        table: dict[Any, deque[Unexpected]]
+        other_table: dict[Any, deque[Unexpected]]
+        index: Any
+        other_index: Any
         index = (source, key) if source is not None else key
         table = self._unexpected if source is not None else self._unexpected_any
         queue = table.get(index)

@@ -187,7 +187,8 @@ def _tune(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def publish_and_collect(store, rank: int, size: int, record: PeerRecord, deadline: Deadline) -> tuple[list[PeerRecord], str]:
+def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
+                        deadline: Deadline) -> tuple[list[PeerRecord], str]:
     """Publish this rank's record and return every rank's record and the world token."""
     if rank == 0:
         store.set("tcp/token", uuid.uuid4().hex)
@@ -273,6 +274,7 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
             log.warning("pydist rank %d dropped a connection from %s: %s", rank, where, error)
             sock.close()
             continue
+        assert handshake.peer is not None  # done: it names the connector
         accepted[handshake.peer] = _tune(sock)
     return accepted
 

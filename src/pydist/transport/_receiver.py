@@ -84,10 +84,12 @@ class FrameReceiver:
 
     def _finish(self) -> None:
         header, target = self._header, self._target
+        assert header is not None  # _finish ends the frame _start began
         self._header, self._target, self._dest = None, None, None
         if isinstance(target, Request):
             target.complete(source=self.peer)
         elif isinstance(target, Unexpected):
             self.matcher.unexpected_done(target)
         elif header.kind in (Kind.BYE, Kind.ABORT):
+            assert isinstance(target, bytearray)  # _start gave control frames a bytearray
             self.on_control(header, bytes(target))

@@ -11,8 +11,17 @@ from __future__ import annotations
 import mmap
 import os
 import uuid
+from typing import Protocol
 
 import numpy as np
+
+
+class Keepalive(Protocol):
+    """What a user of a segment's memory releases when it closes (a :class:`Segment`)."""
+
+    def unlink(self) -> None: ...
+
+    def close(self) -> None: ...
 
 PREFIX = "pydist-"
 SHM_DIR = "/dev/shm"
@@ -87,7 +96,7 @@ class Segment:
 
     def close(self) -> None:
         """Unmap (once no view into it is alive; otherwise when the last view goes)."""
-        self.array = None
+        self.array = None  # type: ignore[assignment]  # closed: dropped so the map can go, never read again
         try:
             self._map.close()
         except BufferError:

@@ -119,7 +119,8 @@ class Signal:
                 remaining = deadline.remaining()
                 if remaining == 0:
                     raise WaitTimeout
-                atomics.futex_wait(self._doorbell, bell, SLEEP_SLICE if remaining is None else min(remaining, SLEEP_SLICE))
+                nap = SLEEP_SLICE if remaining is None else min(remaining, SLEEP_SLICE)
+                atomics.futex_wait(self._doorbell, bell, nap)
         finally:
             atomics.fetch_add_u32(self._sleepers, -1)
 

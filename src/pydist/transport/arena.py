@@ -17,16 +17,24 @@ makes the others raise OpTimeoutError naming it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from .._deadline import Deadline
 from .._errors import DesyncError, OpTimeoutError
 from .._fingerprint import describe_fingerprint
+from ._shm_segment import Keepalive
 from ._signal import Signal, WaitTimeout
 
 LINE = 64
+
+
+class _Operation(Protocol):
+    """What the arena needs of the running operation (a Comm) to word a timeout."""
+    timeout_text: str
+
+    def describe(self) -> str: ...
 
 
 def arena_bytes(members: int, slot_bytes: int) -> int:
@@ -42,15 +50,15 @@ class Arena:
     """One member's handle on a shared arena (each member has its own object)."""
 
     def __init__(self, memory: np.ndarray, base: int, members: list[int], index: int, slot_bytes: int,
-                 oversubscribed: bool, describe: Callable[[int], str] = str, keepalive: object = None):
+                 oversubscribed: bool, describe: Callable[[int], str] = str, keepalive: Keepalive | None = None):
         self.members = members  # group ranks of the members, in arena order
         self.size = len(members)
         self.rank = index
         self.slot_bytes = slot_bytes
         self._keepalive = keepalive  # the segment that owns ``memory``
         self._describe = describe
-        self._signal = Signal(memoryview(memory), base, 0, oversubscribed)
-        self._words = memoryview(memory).cast("Q")
+        self._signal = Signal(memory.data, base, 0, oversubscribed)  # .data: memoryview(memory)
+        self._words = memory.data.cast("Q")
         self._line = [(LINE * (1 + m)) // 8 for m in range(self.size)]
         start = _data_offset(self.size)
         self._slots = [[memory[start + (p * (self.size + 1) + m) * slot_bytes:
@@ -61,12 +69,13 @@ class Arena:
         self.phase = self._words[self._line[index]]
         self._uses = 0
         self.alive: Callable[[], None] | None = None
-        self.op: object = None  # the running operation's Comm, for error messages
+        self.op: _Operation | None = None  # the running operation's Comm, for error messages
 
     def release(self) -> None:
         """Give the memory back: unlink the segment if nobody did yet (a member never
         attached), drop this handle's views into it and unmap it."""
-        self._signal = self._words = self._slots = None
+        # released: dropped so that the segment unmaps, never read again
+        self._signal = self._words = self._slots = None  # type: ignore[assignment]
         self._typed, self._slot_cache = {}, {}
         self.op = self.alive = None
         if self._keepalive is not None:

@@ -23,6 +23,7 @@ from . import _atomics as atomics
 from ._base import MessageKey, Request
 from ._framing import Kind, encode_header
 from ._matching import Matcher
+from ._shm_segment import Keepalive
 from ._receiver import FrameReceiver
 from ._signal import SLEEP_SLICE, Signal
 
@@ -55,7 +56,7 @@ class _Ring:
         self.want_word = self.head_word + 1
         self.base = base
         start = _rings_offset(local_ranks) + index * capacity
-        self.data = memoryview(memory[start:start + capacity])
+        self.data = memory[start:start + capacity].data  # a memoryview (the stubs lack ndarray.__buffer__ on 3.11)
         self.capacity = capacity
 
 
@@ -73,16 +74,16 @@ class ShmTransport:
     """Shared-memory channels of one rank to the other ranks of its host (world ranks)."""
 
     def __init__(self, rank: int, local_ranks: list[int], memory: np.ndarray, base: int, ring_bytes: int,
-                 matcher: Matcher, oversubscribed: bool, keepalive: object = None):
+                 matcher: Matcher, oversubscribed: bool, keepalive: Keepalive | None = None):
         self.rank = rank
         self.local = local_ranks
         self.matcher = matcher
         self._keepalive = keepalive
         self._gone: dict[int, BaseException] = {}
         count, me = len(local_ranks), local_ranks.index(rank)
-        self._words = memoryview(memory).cast("Q")
+        self._words = memory.data.cast("Q")
         self._base = base
-        self._signals = [Signal(memoryview(memory), base, LINE * (1 + i), oversubscribed) for i in range(count)]
+        self._signals = [Signal(memory.data, base, LINE * (1 + i), oversubscribed) for i in range(count)]
         self._index = {peer: i for i, peer in enumerate(local_ranks)}
         self._writers = {peer: _Writer(_Ring(memory, base, count, me, i, ring_bytes))
                          for peer, i in self._index.items() if peer != rank}
@@ -271,7 +272,8 @@ class ShmTransport:
         for peer in self._writers:
             self.fail_peer(peer, gone)
         if not self._thread.is_alive():  # drop the views into the segment, so that it unmaps now
-            self._words = self._signals = None
+            # closed: dropped so that the segment unmaps, never read again
+            self._words = self._signals = None  # type: ignore[assignment]
             self._readers, self._writers = {}, {}
         if self._keepalive is not None:
             self._keepalive.unlink()  # in case a local rank never attached

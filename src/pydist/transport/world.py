@@ -69,6 +69,7 @@ class WorldTransport(Transport):
     # -- Transport ------------------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer in self._local_set and peer != self.rank:
+            assert self.shm is not None  # _local_set holds other ranks only with shared memory
             return self.shm.isend(peer, data, key, call)
         return self.tcp.isend(peer, data, key, call)
 
