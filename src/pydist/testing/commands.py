@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 __all__ = ["CommandTimeout", "finish", "kill_group", "run_command", "start_command"]
 
@@ -23,11 +23,11 @@ class CommandTimeout(AssertionError):
     """Commands did not finish in time; the message holds what each printed before it was killed."""
 
 
-def start_command(argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+def start_command(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
     """Start ``argv`` in a new session, stdin from /dev/null, stdout and stderr captured as text
     (any of these can be overridden through ``popen_kwargs``, e.g. ``env``, ``cwd``)."""
-    options = dict(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                   start_new_session=True)
+    options: dict[str, Any] = dict(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
     options.update(popen_kwargs)
     return subprocess.Popen(list(argv), **options)
 
