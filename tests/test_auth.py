@@ -216,7 +216,8 @@ def test_store_with_the_right_token_works(master, monkeypatch):
 def test_store_refuses_a_client_without_the_token_at_once(master, caplog, token, words):
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="pydist.store"):
-        with pytest.raises(AuthenticationError, match="authentication with store server at 127.0.0.1:.* failed") as info:
+        with pytest.raises(AuthenticationError,
+                           match="authentication with store server at 127.0.0.1:.* failed") as info:
             TCPStore("127.0.0.1", master.port, timeout=timedelta(seconds=30), auth_token=token)
         assert time.monotonic() - started < FAST  # not retried until the timeout
         _wait_for(caplog, "authentication failed")

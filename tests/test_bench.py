@@ -338,10 +338,12 @@ def test_under_mpiexec_pydist_and_mpi_side_by_side():
 @pytest.mark.slow
 def test_in_a_job_mpi_backends_need_mpiexec_and_usage_errors_name_the_rank():
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    done = run_command(BENCH + ["--nproc", "3"], timeout=30, env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    done = run_command(BENCH + ["--nproc", "3"], timeout=30,
+                       env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
     assert done.returncode == 2
     assert "pydist-bench (rank 1): error: --nproc 3 contradicts the launched job's world size (2)" in done.stderr
-    done = run_command(BENCH + ["--backend", "mpi"], timeout=30, env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
+    done = run_command(BENCH + ["--backend", "mpi"], timeout=30,
+                       env={**os.environ, **env, "PYDIST_BENCH_TEST_MARKER": MARKER})
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("pydist-bench: error: rank 1: --backend mpi: "), done.stderr
 

@@ -93,7 +93,7 @@ def test_torch_tensors_through_collectives(transport):
     size = 3
     results = run_threads(size, _torch_ops, transport=transport)
     total = sum(range(1, size + 1))
-    for rank, out in enumerate(results):
+    for _rank, out in enumerate(results):
         assert out["bf16"] == [1.5 * total, -2.0 * total, 3.0 * total]
         assert out["strided"] == [[0.0, float(total), 0.0]] * 4
         assert out["result_is_tensor"] and out["max"] == [size - 1 + i for i in range(4)]

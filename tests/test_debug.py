@@ -191,7 +191,8 @@ def test_analyzer_from_traces_alone():
     assert "MISMATCH: rank 1 called all_gather(float32, 8) at seq 2 while rank 0 called " \
            "all_reduce(float32, 8, SUM)" in report, report
     assert ("BEHIND: rank 2 never reached seq 2 all_reduce(float32, 8, SUM) (started by rank 0); "
-            "all_gather(float32, 8) (started by rank 1); its last was seq 1 all_reduce(float32, 8, SUM)") in report, report
+            "all_gather(float32, 8) (started by rank 1); "
+            "its last was seq 1 all_reduce(float32, 8, SUM)") in report, report
     assert "STUCK: rank 1 is in seq 2 all_gather(float32, 8), started 1.0 s before its trace was written" in report
     assert "FAILED: rank 0 seq 2 all_reduce(float32, 8, SUM): DistBackendError: timed out" in report
     consistent = [_trace(r, ok, members=(0, 1)) for r in range(2)]

@@ -93,7 +93,8 @@ def _malformed_torch() -> st.SearchStrategy[bytes]:
     """torch streams that are malformed for sure."""
     codes = {q.code for q in QUERIES.values()}
     return st.one_of(
-        st.integers(0, (1 << 32) - 1).filter(lambda m: m != VALIDATION_MAGIC).map(lambda m: b"\x00" + struct.pack("<I", m)),
+        st.integers(0, (1 << 32) - 1).filter(lambda m: m != VALIDATION_MAGIC).map(
+            lambda m: b"\x00" + struct.pack("<I", m)),
         st.integers(0, 255).filter(lambda c: c not in codes).map(lambda c: _TORCH_VALIDATE + bytes([c])),
         st.sampled_from(["get", "set", "add", "delete_key", "queue_push"]).map(
             lambda name: _TORCH_VALIDATE + bytes([QUERIES[name].code]) + struct.pack("<Q", MAX_KEY_BYTES + 1)),

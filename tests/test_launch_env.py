@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pydist import DistStoreError
 from pydist._launch_env import LaunchInfo, job_port, launch_info, parse_hostlist, parse_tasks_per_node
 from pydist.rendezvous import OwningPrefixStore, TorchStore, rendezvous
 from pydist.store import PrefixStore, TCPStore
@@ -207,7 +208,7 @@ def test_agent_store_is_prefixed_by_attempt_and_owned(env):
         assert advertise_address(PrefixStore("pydist/1", store)) == "127.0.0.1"
         client = store.underlying_store
         store.close()
-        with pytest.raises(Exception):
+        with pytest.raises(DistStoreError):  # pydist's TCPStore client: "<host:port> is closed"
             client.set("x", b"1")  # closed with the OwningPrefixStore
     finally:
         agent.close()
@@ -283,7 +284,7 @@ def results_of(outputs: Outputs) -> dict[int, dict]:
 def check_allreduce(results: dict[int, dict], n: int, launcher: str) -> None:
     assert sorted(results) == list(range(n))
     total = n * (n + 1) / 2
-    for rank, r in results.items():
+    for _rank, r in results.items():
         assert (r["size"], r["sum"], r["launcher"]) == (n, [total, n], launcher), r
     assert len({r["port"] for r in results.values()}) == 1
 

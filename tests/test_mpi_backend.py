@@ -43,7 +43,8 @@ def run_mpi(n: int, args: list[str], timeout: float = 60, env: dict[str, str] | 
         for name in _mpich_segments() - before:
             Path("/dev/shm", name).unlink(missing_ok=True)
         raise
-    assert done.returncode == 0, f"mpiexec -n {n} {' '.join(args)} exited with {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, (f"mpiexec -n {n} {' '.join(args)} exited with {done.returncode}\n"
+                                  f"{done.stdout}\n{done.stderr}")
     return done.stdout
 
 

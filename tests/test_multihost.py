@@ -105,7 +105,8 @@ def test_worker_killed_on_host_2_restarts_the_job_once_from_its_snapshot(net3, t
     assert [code for code, _, _ in results] == [0, 0, 0], [err[-3000:] for _, _, err in results]
     err = results[0][2]
     host2 = net3.hosts[2].addr
-    assert f"host      : vm ({host2})".replace("vm", os.uname().nodename) in err and f"(pid: {killed}) (SIGKILL)" in err, err
+    assert (f"host      : vm ({host2})".replace("vm", os.uname().nodename) in err
+            and f"(pid: {killed}) (SIGKILL)" in err), err
     assert re.search(r"rank      : [45] \(local_rank: [01]\)", err), err
     assert "restarting the job (1 of 1 restarts)" in err
     out = "".join(out for _, out, _ in results)

@@ -107,7 +107,8 @@ def test_worker_env_is_torchruns():
         "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1",
     }
     assert "OMP_NUM_THREADS" not in worker_env(LaunchConfig(1, ["x"], base_env={}), Placement(), 0)
-    assert worker_env(LaunchConfig(2, ["x"], base_env={"OMP_NUM_THREADS": "7"}), Placement(), 0)["OMP_NUM_THREADS"] == "7"
+    assert worker_env(LaunchConfig(2, ["x"], base_env={"OMP_NUM_THREADS": "7"}), Placement(),
+                      0)["OMP_NUM_THREADS"] == "7"
 
 
 def test_worker_command():

@@ -43,9 +43,11 @@ def check_soak(results: list[dict], mark: int, rss_bound_kib: int) -> list[str]:
             problems.append(f"rank {rank}: descriptors changed: {sorted(p['start']['fds'].values())} -> "
                             f"{sorted(p['end']['fds'].values())}")
         if r["after_destroy"]["pydist_threads"]:
-            problems.append(f"rank {rank}: threads after destroy_process_group: {r['after_destroy']['pydist_threads']}")
+            problems.append(f"rank {rank}: threads after destroy_process_group: "
+                            f"{r['after_destroy']['pydist_threads']}")
         if r["sockets_after_destroy"]:
-            problems.append(f"rank {rank}: sockets still open after destroy_process_group: {r['sockets_after_destroy']}")
+            problems.append(f"rank {rank}: sockets still open after destroy_process_group: "
+                            f"{r['sockets_after_destroy']}")
         if robust_ranks.shm_fds(r["after_destroy"]):
             problems.append(f"rank {rank}: shared memory still open after destroy_process_group: "
                             f"{robust_ranks.shm_fds(r['after_destroy'])}")
@@ -54,17 +56,21 @@ def check_soak(results: list[dict], mark: int, rss_bound_kib: int) -> list[str]:
 
 def soak_report(results: list[dict], n: int, seconds: float) -> str:
     lines = [f"SOAK {n} ops on {len(results)} processes in {seconds:.1f} s "
-             f"({n / max(r['elapsed'] for r in results):.0f} ops/s per rank); checked {results[0]['checked']} per rank; "
+             f"({n / max(r['elapsed'] for r in results):.0f} ops/s per rank); "
+             f"checked {results[0]['checked']} per rank; "
              f"ops by kind {results[0]['kinds']}"]
     for rank, r in enumerate(results):
         p = r["probes"]
         lines.append(f"  rank {rank}: RSS KiB start {p['start']['rss_kib']} mark {p['mark']['rss_kib']} "
                      f"end {p['end']['rss_kib']} (end-mark {p['end']['rss_kib'] - p['mark']['rss_kib']:+d}) "
                      f"after destroy {r['after_destroy']['rss_kib']} after gc {r['after_gc']['rss_kib']}; "
-                     f"threads {p['start']['os_threads']}->{p['end']['os_threads']}->{r['after_destroy']['os_threads']}; "
+                     f"threads {p['start']['os_threads']}->{p['end']['os_threads']}"
+                     f"->{r['after_destroy']['os_threads']}; "
                      f"fds {len(p['start']['fds'])}->{len(p['end']['fds'])}->{len(r['after_destroy']['fds'])}"
-                     f"->{len(r['after_gc']['fds'])}; shm fds after destroy {len(robust_ranks.shm_fds(r['after_destroy']))}")
-        lines.append(f"    RSS KiB every {r['series'][0][0] if r['series'] else '-'} ops: {[kib for _, kib in r['series']]}")
+                     f"->{len(r['after_gc']['fds'])}; "
+                     f"shm fds after destroy {len(robust_ranks.shm_fds(r['after_destroy']))}")
+        lines.append(f"    RSS KiB every {r['series'][0][0] if r['series'] else '-'} ops: "
+                     f"{[kib for _, kib in r['series']]}")
     return "\n".join(lines)
 
 

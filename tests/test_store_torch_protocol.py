@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from pydist.store import PrefixStore, TCPStore
-from pydist.store._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES, Message, ProtocolError, encode_request as pydist_request
+from pydist.store._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES, Message, ProtocolError
+from pydist.store._protocol import encode_request as pydist_request
 from pydist.store._protocol import encode_response, hello
 from pydist.store._service import StoreService
 from pydist.testing.commands import finish, run_command, start_command
@@ -313,7 +314,7 @@ def test_every_method_answers_as_torchs_own_master(tdist, server):
         results = [(c.stdout, c.stderr) for c in finish(procs, 120)]
     finally:
         del master
-    for proc, (out, err) in zip(procs, results):
+    for proc, (_out, err) in zip(procs, results):
         assert proc.returncode == 0, err
     ours, theirs = (dict(json.loads(out)) for out, _ in results)
     assert ours == theirs
@@ -331,10 +332,12 @@ def test_blocking_calls_wake_when_a_pydist_client_sets_the_keys(tdist, server):
     client = _client(tdist, server.port)
     results: dict[str, object] = {}
 
+    # The test ends with `del client` (drops the torch client on purpose); ruff then takes
+    # `client` in these closures for an undefined name.
     def block() -> None:
-        results["get"] = client.get("late")
-        client.wait(["w1", "w2"])
-        results["popped"] = client.queue_pop("q")
+        results["get"] = client.get("late")  # noqa: F821 - false positive: `del client` below
+        client.wait(["w1", "w2"])  # noqa: F821 - false positive: `del client` below
+        results["popped"] = client.queue_pop("q")  # noqa: F821 - false positive: `del client` below
 
     thread = threading.Thread(target=block)
     thread.start()
@@ -422,7 +425,9 @@ def test_many_torch_clients_at_once(tdist, server):
 def test_garbage_on_a_torch_connection_drops_only_that_connection(tdist, server, caplog):
     client = _client(tdist, server.port)
     results: list[bytes] = []
-    waiter = threading.Thread(target=lambda: results.append(client.get("later")))
+    # `del client` at the end drops the torch client on purpose; ruff then flags the closure.
+    waiter = threading.Thread(
+        target=lambda: results.append(client.get("later")))  # noqa: F821 - false positive: `del client` below
     waiter.start()  # a parked torch wait must survive the garbage
     with caplog.at_level(logging.WARNING, logger="pydist.store"):
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as bad:

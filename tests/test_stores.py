@@ -426,7 +426,8 @@ def test_server_closing_raises_a_clear_network_error():
     thread.join(NOT_HUNG)
     assert time.monotonic() - started < 5  # woken by the close, not by the get's 5 s timeout
     where = f"127.0.0.1:{master.port}"
-    assert isinstance(blocked[0], DistNetworkError) and f"store server at {where} closed the connection" in str(blocked[0])
+    assert (isinstance(blocked[0], DistNetworkError)
+            and f"store server at {where} closed the connection" in str(blocked[0]))
     with pytest.raises(DistNetworkError, match=where):
         client.set("k", "v2")
     client.close()
@@ -483,7 +484,8 @@ def test_connect_timeout_names_the_address():
 
 def test_wait_for_workers():
     port = _free_port()
-    worker = threading.Thread(target=lambda: TCPStore("127.0.0.1", port, world_size=2, timeout=timedelta(seconds=5)).close())
+    worker = threading.Thread(
+        target=lambda: TCPStore("127.0.0.1", port, world_size=2, timeout=timedelta(seconds=5)).close())
     worker.start()
     with TCPStore("127.0.0.1", port, world_size=2, is_master=True, timeout=timedelta(seconds=5)) as master:
         worker.join(5)

@@ -169,8 +169,8 @@ def soak_rank(rank: int, size: int, n: int, seed: int, mark: int, check_every: i
     """Run operations 0..n-1 of sequence ``seed``; check every ``check_every``-th one.
 
     Returns probes taken after a 100-operation warm-up ("start"), after ``mark`` operations
-    and at the end, the RSS every ``mark`` operations, the number of operations checked, the first wrong result (if any), the
-    operation counts by kind, and what is left after ``destroy_process_group`` (pydist
+    and at the end, the RSS every ``mark`` operations, the number of operations checked, the
+    first wrong result (if any), the operation counts by kind, and what is left after ``destroy_process_group`` (pydist
     threads, sockets). A single-rank world is initialised again at the end so that the
     harness's own ``destroy_process_group`` has something to destroy."""
     probes: dict[str, Any] = {}
@@ -258,7 +258,8 @@ def kill_trial(trial: int, size: int = 4, max_delay_s: float = 0.4, hang_s: floa
     victim, delay = rng.randrange(size), rng.uniform(0.0, max_delay_s)
     reports = _CONTEXT.Queue()
     port = free_port()
-    procs = [_CONTEXT.Process(target=kill_trial_rank, args=(r, size, port, trial, reports, kinds), name=f"pydist-kill-{r}")
+    procs = [_CONTEXT.Process(target=kill_trial_rank, args=(r, size, port, trial, reports, kinds),
+                              name=f"pydist-kill-{r}")
              for r in range(size)]
     for proc in procs:
         proc.start()
@@ -316,7 +317,7 @@ def violations(result: dict[str, Any], detect_bound_s: float = 2.0) -> list[str]
             problems.append(f"rank {s.rank} raised {s.error_type} (not a DistNetworkError): {s.message[:300]}")
         if not re.search(rf"\brank {victim}\b", s.message):
             problems.append(f"rank {s.rank}'s {s.error_type} does not name the dead rank {victim}: {s.message[:300]}")
-    for rank, (seconds, problem) in result["destroy"].items():
+    for rank, (_seconds, problem) in result["destroy"].items():
         if problem is not None:
             problems.append(f"rank {rank}: destroy_process_group after the failure raised {problem[:300]}")
     problems += [f"rank {r}: destroy_process_group did not return in time" for r in result["destroy_unfinished"]]

@@ -13,7 +13,6 @@ runs the seed's torchrun snippet: ``init_process_group`` only if not initialised
 WORLD_SIZE and LOCAL_RANK from the environment.
 """
 import os
-import sys
 
 import torch
 
