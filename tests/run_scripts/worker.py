@@ -7,6 +7,9 @@ the test can check that no worker outlives the launcher.
 - echo ARGS...: print ``ARGS <json argv>``, a stderr line, and a partial stdout line.
 - spam N: print N long lines made of the rank digit (interleaving check).
 - fail MODE RANK: rank RANK fails after 0.5 s (MODE raise | sigkill | exit3); others sleep 60 s.
+- group-fail MODE: every rank joins a pydist group; rank 1 fails at once (MODE raise: a
+  RuntimeError "boom"; exit3: sys.exit(3)); rank 0 calls all_reduce 0.5 s later, so it fails
+  too, as an echo of rank 1's failure.
 - sleep [ignore-term] [grandchild]: sleep 60 s; optionally ignore SIGTERM / start a grandchild
   whose pid goes to ``$PIDDIR/<rank>.child``.
 - store: set/get a key in the agent's TCPStore through MASTER_ADDR/MASTER_PORT.
@@ -56,6 +59,19 @@ def main() -> None:
             if mode == "exit3":
                 sys.exit(3)
             raise ValueError(f"boom from rank {rank}")
+        time.sleep(60)
+    elif action == "group-fail":
+        import numpy as np
+
+        import pydist as dist
+
+        dist.init_process_group("pydist")
+        if rank == 1:
+            if args[0] == "exit3":
+                sys.exit(3)
+            raise RuntimeError("boom")
+        time.sleep(0.5)
+        dist.all_reduce(np.ones(4, np.float32))
         time.sleep(60)
     elif action == "sleep":
         if "ignore-term" in args:

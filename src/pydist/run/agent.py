@@ -324,13 +324,16 @@ class RoundRun:
         return {"reason": "done"}
 
     def _report(self, outcome: dict[str, Any]) -> None:
-        """Print the root-cause summary: the round's first failure, and this node's other
-        failures that happened before stopping began."""
-        root = WorkerExit.from_json(outcome["exit"])
+        """Print the root-cause summary: the first failure by the time it happened (a worker's
+        recorded exception or failing exit, else its exit), whichever node reported it; this
+        node's other failures (before stopping began, or recorded by the worker itself); the
+        workers the launcher stopped."""
+        reported = WorkerExit.from_json(outcome["exit"])
         stop = self._stopping_since if self._stopping_since is not None else float("inf")
         exits = [w.exit for w in self.workers if w.exit is not None]
-        others = sorted((e for e in exits if e.failed and e.monotonic_time <= stop and e != root),
-                        key=lambda e: e.monotonic_time)
-        stopped = sorted(e.rank for e in exits if e.monotonic_time > stop)
+        own = [e for e in exits if e.failed and (e.monotonic_time <= stop or e.recorded_at)]
+        failures = sorted({(e.host, e.rank): e for e in [reported, *own]}.values(), key=lambda e: e.failed_at)
+        root, others = failures[0], failures[1:]
+        stopped = sorted(e.rank for e in exits if e.monotonic_time > stop and not e.recorded_at)
         name = self.config.entrypoint or self.config.command[0]
         write_bytes(self.agent._stderr, (format_summary(name, root, others, stopped) + "\n").encode())

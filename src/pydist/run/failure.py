@@ -31,6 +31,12 @@ class WorkerExit:
     host: str = ""
     error: str = ""  # "Type: message" of the uncaught exception, if recorded
     traceback: str = ""  # its traceback, else the tail of stderr
+    recorded_at: float = 0.0  # wall time the worker recorded its failure (error file), 0 if none
+
+    @property
+    def failed_at(self) -> float:
+        """When the worker failed, by its own clock: the recorded time, else its exit."""
+        return self.recorded_at or self.wall_time
 
     @property
     def failed(self) -> bool:
@@ -58,7 +64,9 @@ class WorkerExit:
             with open(error_file or "", encoding="utf-8") as f:
                 message = json.load(f)["message"]
             self.error = str(message["message"])
-            self.traceback = str(message.get("extraInfo", {}).get("py_callstack", ""))
+            extra = message.get("extraInfo", {})
+            self.traceback = str(extra.get("py_callstack", ""))
+            self.recorded_at = float(extra.get("pydist_wall_time") or extra.get("timestamp") or 0.0)
         except (OSError, ValueError, KeyError, TypeError):
             self.traceback = b"".join(stderr_tail).decode("utf-8", "replace")
 

@@ -1,8 +1,10 @@
 """Loaded first by every Python worker pydist-run starts (this directory leads PYTHONPATH).
 
-Records an uncaught exception in $TORCHELASTIC_ERROR_FILE in the format of torch's
-``@record`` (so the launcher reports its type, message and traceback without any
-decorator in user code), then imports the sitecustomize this one shadows, if any.
+Records an uncaught exception, or a ``sys.exit`` with a failing status, in
+$TORCHELASTIC_ERROR_FILE in the format of torch's ``@record`` (so the launcher reports its
+type, message and traceback without any decorator in user code) at the moment it happens,
+with that time (``pydist_wall_time``): the launcher names the first failure by when it
+happened, not by when its process ended. Then imports the sitecustomize this one shadows.
 """
 import json
 import os
@@ -11,22 +13,33 @@ import time
 import traceback
 
 
+def _write(path: str, message: str, callstack: str) -> None:
+    """Write the error file unless it exists (torch's @record may have written it already)."""
+    try:
+        if not os.path.exists(path):
+            now = time.time()
+            data = {"message": {"message": message, "extraInfo": {
+                "py_callstack": callstack, "timestamp": str(int(now)), "pydist_wall_time": now}}}
+            with open(path, "w") as out:
+                json.dump(data, out)
+    except Exception:  # the report is best effort; the failure itself goes on
+        pass
+
+
 def _record_uncaught_exceptions(path: str) -> None:
-    previous = sys.excepthook
+    previous_hook, previous_exit = sys.excepthook, sys.exit
 
     def hook(kind, value, tb):
-        try:
-            if not os.path.exists(path):  # torch's @record may have written it already
-                data = {"message": {"message": f"{kind.__name__}: {value}", "extraInfo": {
-                    "py_callstack": "".join(traceback.format_exception(kind, value, tb)),
-                    "timestamp": str(int(time.time()))}}}
-                with open(path, "w") as out:
-                    json.dump(data, out)
-        except Exception:  # the report is best effort; the exception itself goes on
-            pass
-        previous(kind, value, tb)
+        _write(path, f"{kind.__name__}: {value}", "".join(traceback.format_exception(kind, value, tb)))
+        previous_hook(kind, value, tb)
+
+    def exit(status=None):  # noqa: A001 - replaces sys.exit
+        if status not in (None, 0):
+            _write(path, f"SystemExit: {status}", "".join(traceback.format_stack()[:-1]))
+        previous_exit(status)
 
     sys.excepthook = hook
+    sys.exit = exit
 
 
 def _chain_next_sitecustomize() -> None:
