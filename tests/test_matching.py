@@ -180,3 +180,68 @@ def test_aborted_group_fails_its_receives_only():
     later = recv_request(1)
     matcher.post(later, None, MessageKey(KEY.group, 3, 0))
     assert isinstance(later.error, GroupAbortedError)
+
+
+def test_a_receive_on_an_aborted_group_fails_even_if_its_message_is_already_here():
+    """A peer's message arrived before its group was aborted: a receive posted afterwards
+    fails with the abort instead of completing the operation as if nothing happened."""
+    from pydist._errors import GroupAbortedError
+    matcher = Matcher()
+    deliver(matcher, 1, KEY, b"x")
+    matcher.fail_group(KEY.group, GroupAbortedError("rank 2 aborted", rank=2))
+    late = recv_request(1, 1)
+    matcher.post(late, 1, KEY)
+    assert isinstance(late.error, GroupAbortedError)
+
+
+def test_a_receive_waiting_on_a_message_still_arriving_fails_when_its_sender_dies():
+    """The message's header came before the receive was posted, then the sender died in the
+    middle of its payload: the receive fails naming it instead of waiting for ever."""
+    matcher = Matcher()
+    partial = matcher.arrive(0, KEY, 8)
+    assert isinstance(partial, Unexpected)
+    waiting = recv_request(8, 0)
+    matcher.post(waiting, 0, KEY)
+    assert not waiting.done()
+    matcher.fail_source(0, PeerFailedError("rank 0 died", rank=0))
+    assert isinstance(waiting.error, PeerFailedError)
+
+
+def test_a_receive_waiting_on_a_message_still_arriving_fails_when_the_group_is_aborted():
+    from pydist._errors import GroupAbortedError
+    matcher = Matcher()
+    matcher.arrive(0, KEY, 8)
+    waiting = recv_request(8, 0)
+    matcher.post(waiting, 0, KEY)
+    matcher.fail_group(KEY.group, GroupAbortedError("rank 1 aborted", rank=1))
+    assert isinstance(waiting.error, GroupAbortedError)
+
+
+def test_a_message_cut_off_fails_the_receive_posted_after_it_was_cut():
+    matcher = Matcher()
+    partial = matcher.arrive(0, KEY, 8)
+    matcher.fail_source(0, PeerFailedError("rank 0 died", rank=0))
+    late = recv_request(8, 0)
+    matcher.post(late, 0, KEY)
+    assert isinstance(late.error, PeerFailedError) and not partial.complete
+
+
+def test_held_bytes_count_every_unexpected_message_once():
+    """Empty messages (barriers) and full ones: held bytes go back to nothing once taken."""
+    matcher = Matcher()
+    for payload in (b"", b"", b"abcd", b""):
+        deliver(matcher, 2, KEY, payload)
+    assert matcher.throttle.held == {2: 4}
+    for nbytes in (0, 0, 4, 0):
+        matcher.post(recv_request(nbytes, 2), 2, KEY)
+    assert matcher.throttle.held == {}
+
+
+def test_an_abort_fails_the_groups_unfinished_sends():
+    from pydist._errors import GroupAbortedError
+    matcher = Matcher()
+    sending, other = recv_request(4, 1), recv_request(4, 1)
+    matcher.track_send(KEY.group, sending)
+    matcher.track_send(KEY.group + 1, other)
+    matcher.fail_group(KEY.group, GroupAbortedError("rank 2 aborted", rank=2))
+    assert isinstance(sending.error, GroupAbortedError) and not other.done()

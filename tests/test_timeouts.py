@@ -166,3 +166,79 @@ def test_work_wait_timeout_on_async_collective(transport):
         return tensor.tolist()
 
     assert run2(fn, transport) == [[3.0, 3.0], [3.0, 3.0]]
+
+
+class _StoreThatNeverAnswers:
+    """A store whose host stopped answering (SIGSTOP, partition): every call blocks."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def set(self, key, value) -> None:
+        if not self.released.wait(60):
+            raise TimeoutError("store")
+
+    def multi_get(self, keys):
+        self.set(None, None)
+        return []
+
+
+def test_explaining_a_timeout_is_bounded_when_the_store_does_not_answer():
+    """The timeout error must not wait for the store's own timeout to name the ranks behind:
+    past its budget it says that it could not find out."""
+    from pydist._progress import ProgressBoard
+    store = _StoreThatNeverAnswers()
+    board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
+    board._store, board._rank, board._latest, board._changed = store, 0, {}, False
+    try:
+        text = board.explain(1, 2, [0, 1], budget=0.2)
+    finally:
+        store.released.set()
+    assert "the store did not answer within 0.2 s" in text, text
+
+
+def _late_first_shm_collective(rank: int, size: int, rank1_done: threading.Event) -> str:
+    """Rank 0 comes to the group's first (shared-memory) collective only after rank 1 has
+    given up on it."""
+    t = np.ones(8, np.float32)
+    if rank == 0:
+        assert rank1_done.wait(60)
+        return "late"
+    try:
+        pydist.all_reduce(t)
+    except Exception as error:  # noqa: BLE001 - what it raises is the point
+        return f"{type(error).__name__}: {error}"
+    finally:
+        rank1_done.set()
+    return "ok"
+
+
+def test_a_late_creator_of_shared_memory_is_named_in_an_op_timeout():
+    """The group's first shared-memory collective waits for the rank that creates the arena:
+    at the timeout that is an OpTimeoutError naming it, not a store error about a key."""
+    _late, error = run_threads(2, _late_first_shm_collective, threading.Event(), transport="tcp", pg_timeout=2,
+                               timeout=60)
+    assert error.startswith("OpTimeoutError: all_reduce (seq 1) on rank 1 timed out after 2 s waiting for rank 0"), \
+        error
+    assert "shared memory" in error and "Store" not in error, error
+
+
+def _creator_leaves(rank: int, size: int) -> str:
+    """Rank 0, which creates the arena, shuts down instead of coming to the first collective."""
+    if rank == 0:
+        pydist.destroy_process_group()
+        pydist.init_process_group(store=pydist.HashStore(), rank=0, world_size=1)  # for the harness's destroy
+        return "left"
+    started = time.monotonic()
+    try:
+        pydist.all_reduce(np.ones(8, np.float32))
+    except Exception as error:  # noqa: BLE001 - what it raises is the point
+        return f"{type(error).__name__} after {time.monotonic() - started:.1f} s: {error}"
+    return "ok"
+
+
+def test_a_creator_of_shared_memory_that_leaves_is_named_at_once():
+    _left, error = run_threads(2, _creator_leaves, transport="tcp", pg_timeout=30, timeout=60)
+    assert error.startswith("PeerFailedError") and "rank 0" in error, error
+    seconds = float(error.split(" after ")[1].split(" s")[0])
+    assert seconds < 15, f"waited {seconds} s: the 30 s timeout, not the departure, ended the wait"

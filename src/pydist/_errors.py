@@ -44,17 +44,25 @@ class DesyncError(DistBackendError):
 
 
 class GroupAbortedError(DistBackendError):
-    """Another rank of the group failed an operation and told this rank; ``rank`` names it."""
+    """Another rank of the group failed an operation and told this rank; ``rank`` (on
+    ``host``) names the first to fail, ``reason`` is its own account of the failure."""
 
-    def __init__(self, message: str, rank: int | None = None):
-        super().__init__(message)
-        self.rank = rank
-
-
-class PeerFailedError(DistNetworkError):
-    """A peer rank died or its connection broke; ``rank`` and ``host`` name it."""
-
-    def __init__(self, message: str, rank: int | None = None, host: str | None = None):
+    def __init__(self, message: str, rank: int | None = None, host: str | None = None,
+                 reason: str | None = None):
         super().__init__(message)
         self.rank = rank
         self.host = host
+        self.reason = message if reason is None else reason
+
+
+class PeerFailedError(DistNetworkError):
+    """A peer rank died or its connection broke; ``rank`` and ``host`` name it. ``reason`` is
+    the first-hand account (of the rank that saw it, ``witness`` when that was another rank)."""
+
+    def __init__(self, message: str, rank: int | None = None, host: str | None = None,
+                 reason: str | None = None, witness: tuple[int, str] | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.host = host
+        self.reason = message if reason is None else reason
+        self.witness = witness

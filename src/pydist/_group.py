@@ -17,7 +17,7 @@ from ._deadline import Deadline
 from ._errors import OpTimeoutError
 from ._executor import OpQueue
 from ._group_state import GroupState
-from ._progress import ProgressBoard
+from ._progress import EXPLAIN_BUDGET, ProgressBoard
 from ._work import Work
 from .debug.recorder import attach as attach_trace
 from .backends._base import Engine, OpContext
@@ -126,7 +126,8 @@ class ProcessGroup:
         """``error`` with the ranks that never reached operation ``seq`` appended."""
         if self.progress is None:
             return error
-        return OpTimeoutError(str(error) + self.progress.explain(self.group_id, seq, self._ranks))
+        budget = min(EXPLAIN_BUDGET, 0.1 * self._timeout)
+        return OpTimeoutError(str(error) + self.progress.explain(self.group_id, seq, self._ranks, budget))
 
     def destroy(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to ``timeout``), move the state to destroyed, stop

@@ -14,6 +14,9 @@ import threading
 
 #: Seconds between publications (when something changed).
 PUBLISH_INTERVAL = 1.0
+#: Seconds a timed-out operation spends at most asking the store which ranks are behind
+#: (10 % of the timeout when that is less), so the error comes at the deadline.
+EXPLAIN_BUDGET = 2.0
 
 
 class ProgressBoard:
@@ -50,9 +53,21 @@ class ProgressBoard:
         self._stop.set()
         self._thread.join()
 
-    def explain(self, group_id: int, seq: int, ranks: list[int]) -> str:
+    def explain(self, group_id: int, seq: int, ranks: list[int], budget: float = EXPLAIN_BUDGET) -> str:
         """Which of ``ranks`` (world ranks) had not started operation ``seq`` of the group,
-        as last published; "" if that cannot be found out."""
+        as last published; a note instead when the store does not answer within ``budget``
+        seconds (its host stopped or unreachable: the timeout error must not wait for the
+        store's own timeout); "" if the store failed."""
+        answer: list[str] = []
+        asking = threading.Thread(target=lambda: answer.append(self._ask(group_id, seq, ranks)),
+                                  name=f"pydist-explain-{self._rank}", daemon=True)
+        asking.start()
+        asking.join(budget)
+        if not answer:
+            return f"; which ranks never reached it is unknown: the store did not answer within {budget:g} s"
+        return answer[0]
+
+    def _ask(self, group_id: int, seq: int, ranks: list[int]) -> str:
         try:
             self._publish()
             raw = self._store.multi_get([f"progress/{r}" for r in ranks]) if ranks else []

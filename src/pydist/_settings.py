@@ -87,6 +87,10 @@ class Settings:
     shm_slot_bytes: int = _setting(
         "PYDIST_SHM_SLOT_BYTES", 512 << 10, _count(64, 64), "bytes, multiple of 64, >= 64",
         "Each rank's slot in a group's shared-memory arena (larger collectives go in rounds).")
+    max_unexpected_bytes: int = _setting(
+        "PYDIST_MAX_UNEXPECTED_BYTES", 64 << 20, _count(1), "bytes, >= 1",
+        "Data a rank holds from one peer before posting receives for it; past that it stops "
+        "reading from that peer over TCP (the sender then blocks) until a receive wants it.")
     segment_bytes: int = _setting(
         "PYDIST_SEGMENT_BYTES", 1 << 20, _count(1), "bytes, >= 1",
         "Pipeline segment of the network algorithms (small values exercise multi-segment paths).")

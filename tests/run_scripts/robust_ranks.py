@@ -54,13 +54,15 @@ class Spec(NamedTuple):
     shift: int      # sendrecv: rank r sends to r + shift, receives from r - shift
 
 
-def plan(seed: int, i: int, size: int, kinds: tuple[str, ...] = KINDS) -> Spec:
+def plan(seed: int, i: int, size: int, kinds: tuple[str, ...] = KINDS, max_bytes: int = MAX_BYTES,
+         min_bytes: int = 1) -> Spec:
     """Operation ``i`` of sequence ``seed`` (the same on every rank): a kind (of ``kinds``), a
-    dtype, a size log-uniform in 1 B .. 64 KiB, a reduce op valid for the dtype, a root, a shift."""
+    dtype, a size log-uniform in ``min_bytes`` .. ``max_bytes``, a reduce op valid for the
+    dtype, a root, a shift."""
     rng = random.Random(seed * 1_000_003 + i)
     kind = rng.choice(kinds)
     dtype = rng.choice(DTYPES)
-    nbytes = min(MAX_BYTES, int(2 ** rng.uniform(0, 16)))
+    nbytes = min(max_bytes, int(2 ** rng.uniform(np.log2(min_bytes), np.log2(max_bytes))))
     count = max(1, nbytes // np.dtype(dtype).itemsize)
     op = rng.choice([op for op in OPS if supports(op, dtype)])
     return Spec(kind, dtype, count, op, rng.randrange(size), 1 + rng.randrange(max(1, size - 1)))
@@ -213,14 +215,19 @@ def shm_fds(snapshot: dict[str, Any]) -> list[str]:
 
 
 # -- SIGKILL trials -------------------------------------------------------------------------------
-def kill_trial_rank(rank: int, size: int, port: int, seed: int, reports: Any, kinds: tuple[str, ...] = KINDS) -> None:
-    """Loop over the random sequence until something raises; report when and what."""
+def kill_trial_rank(rank: int, size: int, port: int, seed: int, reports: Any, kinds: tuple[str, ...] = KINDS,
+                    max_bytes: int = MAX_BYTES, env: dict[str, str] | None = None,
+                    root: int | None = None, min_bytes: int = 1) -> None:
+    """Loop over the random sequence until something raises; report when and what. ``env``
+    is set first ({rank} in a value is replaced by the rank); ``root`` fixes broadcast's source."""
+    os.environ.update({name: text.replace("{rank}", str(rank)) for name, text in (env or {}).items()})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
     dist.init_process_group("pydist", timeout=timedelta(seconds=30))
     i = 0
     try:
         while True:
-            run_op(rank, size, plan(seed, i, size, kinds), i)
+            spec = plan(seed, i, size, kinds, max_bytes, min_bytes)
+            run_op(rank, size, spec if root is None else spec._replace(root=root), i)
             if i == 2:
                 reports.put(("ready", rank, os.getpid(), time.monotonic()))
             i += 1
@@ -248,17 +255,23 @@ class Survivor(NamedTuple):
 
 
 def kill_trial(trial: int, size: int = 4, max_delay_s: float = 0.4, hang_s: float = 10.0,
-               start_timeout_s: float = 60.0, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
-    """One trial: ``size`` ranks (env:// rendezvous, the default tcp+shm transport) loop over
-    random collectives; after all of them are in the loop, wait a random 0..``max_delay_s``
-    and SIGKILL a random rank. Survivors that have not raised ``hang_s`` after the kill are
-    hangs (and are killed). Every process is joined or killed by pid before returning.
-    ``kinds`` restricts the operations (default: all of KINDS)."""
+               start_timeout_s: float = 60.0, kinds: tuple[str, ...] = KINDS, victim: int | None = None,
+               max_bytes: int = MAX_BYTES, env: dict[str, str] | None = None,
+               root: int | None = None, min_bytes: int = 1) -> dict[str, Any]:
+    """One trial: ``size`` ranks (env:// rendezvous, the default tcp+shm transport, ``env``
+    set in each) loop over random collectives of up to ``max_bytes``; after all of them are
+    in the loop, wait a random 0..``max_delay_s`` and SIGKILL ``victim`` (default: a random
+    rank). Survivors that have not raised ``hang_s`` after the kill are hangs (and are
+    killed). Every process is joined or killed by pid before returning. ``kinds`` restricts
+    the operations (default: all of KINDS); ``root`` fixes broadcast's source; sizes are
+    log-uniform in ``min_bytes`` .. ``max_bytes``."""
     rng = random.Random(trial)
-    victim, delay = rng.randrange(size), rng.uniform(0.0, max_delay_s)
+    drawn, delay = rng.randrange(size), rng.uniform(0.0, max_delay_s)
+    victim = drawn if victim is None else victim
     reports = _CONTEXT.Queue()
     port = free_port()
-    procs = [_CONTEXT.Process(target=kill_trial_rank, args=(r, size, port, trial, reports, kinds),
+    procs = [_CONTEXT.Process(target=kill_trial_rank,
+                              args=(r, size, port, trial, reports, kinds, max_bytes, env, root, min_bytes),
                               name=f"pydist-kill-{r}")
              for r in range(size)]
     for proc in procs:

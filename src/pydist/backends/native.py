@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from .._comm import Comm, as_bytes
-from .._errors import DistError, GroupAbortedError
+from .._errors import DistError, GroupAbortedError, OpTimeoutError
 from .._group_state import GroupState
 from .._ops import ReduceOp, RedOpType, finish, prescale
 from .._settings import settings
@@ -100,7 +100,15 @@ class NativeBackend(Engine):
         member of the group: a rank on another host may leave once it is done)."""
         index = group_ranks.index(self.rank)
         members = [self.ranks[g] for g in group_ranks]
-        arena = self.transport.arena(self.group_id, members, group_ranks, index, ctx.deadline, self._describe)
+        try:
+            arena = self.transport.arena(self.group_id, members, group_ranks, index, ctx.deadline, self._describe,
+                                         alive=lambda: self._alive(members))
+        except OpTimeoutError as error:  # the member that creates it never came
+            creator = min(members)
+            raise OpTimeoutError(f"{ctx.name} (seq {ctx.seq}) on rank {self.ranks[self.rank]} timed out"
+                                 f"{ctx.timeout_text} waiting for rank {creator} "
+                                 f"({self.transport.peer_host(creator)}) to set up the group's shared memory; "
+                                 "that rank has not reached this operation or is stuck") from error
         if arena is not None:
             arena.alive = lambda: self._alive(members)
         return arena

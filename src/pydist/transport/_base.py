@@ -134,10 +134,12 @@ class Transport(ABC):
         """Host identity of world rank ``peer``: ranks with equal identities share memory."""
         return "local"
 
-    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe):
+    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe,
+              alive=None):
         """A shared-memory arena for ``members`` (world ranks on this host), known to
         algorithms by ``labels`` (their group ranks); this rank is member ``index``. None
-        when the transport has no shared memory for them."""
+        when the transport has no shared memory for them. While waiting for another member
+        to create it, ``alive()`` (if given) is called now and then and may raise."""
         return None
 
     def begin(self, group: int, seq: int, call: int) -> None:

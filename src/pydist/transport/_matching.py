@@ -8,6 +8,8 @@ the receive once both exist. Thread-safe: the transport's I/O thread calls ``arr
 The matcher keeps this rank's GroupStates (``states``): a group aborted by a peer or found
 desynchronised, and the ranks gone from the transport, are recorded there (under the
 matcher's lock, so a receive posted concurrently either sees them or is failed by them).
+The bytes held as unexpected per peer are bounded for transports that can stop reading a
+peer (``should_pause``, see _flow).
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ from typing import Any
 
 from .._errors import DesyncError, DistBackendError
 from .._group_state import GroupStates
-from ._base import MessageKey, Request
 from .._fingerprint import describe_fingerprint
+from ._base import MessageKey, Request
+from ._flow import ReadThrottle
 
 
 #: Operations per group whose calls are remembered, to check messages that arrive late.
@@ -29,7 +32,7 @@ RECENT_CALLS = 64
 class Unexpected:
     """A message held until its receive is posted."""
 
-    __slots__ = ("source", "key", "call", "data", "complete", "waiter")
+    __slots__ = ("source", "key", "call", "data", "complete", "waiter", "error")
 
     def __init__(self, source: int, key: MessageKey, nbytes: int, call: int = 0):
         self.source = source
@@ -38,6 +41,7 @@ class Unexpected:
         self.data = bytearray(nbytes)
         self.complete = False
         self.waiter: Request | None = None
+        self.error: BaseException | None = None  # its sender died before the payload was all in
 
 
 def size_mismatch(request: Request, source: int, key: MessageKey, nbytes: int) -> DistBackendError:
@@ -67,6 +71,8 @@ def mismatch(request: Request, source: int, key: MessageKey, nbytes: int, call: 
 
 
 def _deliver(request: Request, message: Unexpected) -> None:
+    if request.done():  # failed meanwhile (abort, dead source): its buffer is the caller's again
+        return
     error = mismatch(request, message.source, message.key, len(message.data), message.call)
     if error is not None:
         request.complete(error)
@@ -78,8 +84,11 @@ def _deliver(request: Request, message: Unexpected) -> None:
 class Matcher:
     """Posted receives and unexpected messages of one rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, held_limit: int = 64 << 20) -> None:
+        """``held_limit``: bytes of unexpected messages from one peer past which ``should_pause``
+        says to stop reading from it (PYDIST_MAX_UNEXPECTED_BYTES)."""
         self._lock = threading.Lock()
+        self.throttle = ReadThrottle(held_limit)
         self._order = itertools.count(1)
         self._posted: dict[tuple[int, MessageKey], deque[Request]] = {}
         self._posted_any: dict[MessageKey, deque[Request]] = {}
@@ -88,6 +97,8 @@ class Matcher:
         self.states = GroupStates()  # each group's lifecycle, and the ranks gone
         self._by_id, self._gone = self.states.by_id, self.states.dead  # read on every post
         self._calls: dict[int, dict[int, int]] = {}  # group -> {seq: call} of this rank's recent operations
+        self._filling: set[Unexpected] = set()  # taken by a receive (its waiter), payload still arriving
+        self._sending: dict[int, list[Request]] = {}  # group -> sends the transport has not finished
 
     def begin(self, group: int, seq: int, call: int) -> None:
         """This rank starts operation ``seq`` of ``group`` as ``call``; see ``_desync``."""
@@ -115,13 +126,18 @@ class Matcher:
         return [(r, error) for q in queues for r in q]
 
     def post(self, request: Request, source: int | None, key: MessageKey) -> None:
-        """Post a receive: match an unexpected message, else queue (or fail: dead source)."""
+        """Post a receive: fail it if its group was aborted (even when its message is already
+        here: an operation on an aborted group must not succeed), else match an unexpected
+        message, else queue (or fail: dead source, desynchronised call)."""
         with self._lock:
+            state = self._by_id.get(key.group)
+            aborted = state.aborted if state is not None else None
+            if aborted is not None:
+                request.complete(aborted)
+                return
             message = self._take_unexpected(source, key)
             if message is None:
-                state = self._by_id.get(key.group)
-                failure = ((state.aborted if state is not None else None)
-                           or (self._gone.get(source) if source is not None else None)
+                failure = ((self._gone.get(source) if source is not None else None)
                            or self._held_for_other_call(request, source, key))
                 if failure is not None:
                     request.complete(failure)
@@ -131,11 +147,45 @@ class Matcher:
                     self._posted_any.setdefault(key, deque()).append(request)
                 else:
                     self._posted.setdefault((source, key), deque()).append(request)
-                return
-            if not message.complete:
-                message.waiter = request
-                return
-        _deliver(request, message)
+                resume = self.throttle.wanted(source) if self.throttle.paused else None
+            else:
+                resume = self.throttle.remove(message.source, len(message.data))
+                if message.error is not None:
+                    request.complete(message.error)
+                    message = None
+                elif not message.complete:
+                    message.waiter = request
+                    self._filling.add(message)
+                    message = None
+        if resume:
+            self.throttle.notify(resume)
+        if message is not None:
+            _deliver(request, message)
+
+    def aborted(self, group: int) -> BaseException | None:
+        """The abort ``group`` failed with, if a peer aborted it (a send on it then fails)."""
+        state = self._by_id.get(group)
+        return state.aborted if state is not None else None
+
+    def known_dead(self, group: int) -> list[int]:
+        """The members of ``group`` this rank knows are dead."""
+        state = self._by_id.get(group)
+        return sorted(state.dead) if state is not None else []
+
+    def should_pause(self, source: int) -> bool:
+        """Between two frames from ``source``: True (and ``source`` is now paused) when this
+        rank holds too many bytes of its unexpected messages and no posted receive wants its
+        data; the transport then stops reading from it until ``throttle.resume(source)``."""
+        with self._lock:
+            if not self.throttle.over(source) or self._wants(source):
+                return False
+            self.throttle.paused.add(source)
+            return True
+
+    def _wants(self, source: int) -> bool:
+        """A live receive is posted for ``source``'s data (from it, or from any source)."""
+        queues = [q for (src, _), q in self._posted.items() if src == source] + list(self._posted_any.values())
+        return any(not r.done() for q in queues for r in q)
 
     def _take_unexpected(self, source: int | None, key: MessageKey) -> Unexpected | None:
         """Remove and return the oldest unexpected message for the receive, from both
@@ -197,6 +247,7 @@ class Matcher:
                 if not failed and _differ(mine, call):
                     failed = self._desync(key.group, mine, source, key, call)
             message = Unexpected(source, key, nbytes, call)
+            self.throttle.add(source, nbytes)
             self._unexpected.setdefault((source, key), deque()).append(message)
             self._unexpected_any.setdefault(key, deque()).append(message)
         for request, error in failed:
@@ -227,6 +278,7 @@ class Matcher:
         with self._lock:
             message.complete = True
             waiter = message.waiter
+            self._filling.discard(message)
         if waiter is not None:
             _deliver(waiter, message)
 
@@ -242,17 +294,39 @@ class Matcher:
             failed = [r for (src, _), q in self._posted.items() if src == source for r in q]
             for (src, _), queue in self._unexpected.items():
                 if src == source:
-                    failed += [m.waiter for m in queue if m.waiter is not None and not m.complete]
+                    for message in queue:
+                        if not message.complete:
+                            message.error = error  # cut off: fails the receive that takes it
+            failed += self._stop_filling(lambda message: message.source == source)
         for request in failed:
             request.complete(error)
 
+    def _stop_filling(self, which) -> list[Request]:
+        """The receives waiting on messages still arriving that ``which(message)`` selects,
+        no longer waiting (the caller fails them)."""
+        stopped = [message for message in self._filling if which(message)]
+        self._filling.difference_update(stopped)
+        return [message.waiter for message in stopped if message.waiter is not None]
+
+    def track_send(self, group: int, request: Request) -> None:
+        """A send of ``group`` that the transport has not finished yet: an abort of the group
+        fails it (a broadcast root only sends: without this it would learn of the abort only
+        when the peer's socket closes, and name that peer instead of the dead one)."""
+        with self._lock:
+            sends = self._sending.setdefault(group, [])
+            if len(sends) >= 32:
+                sends[:] = [r for r in sends if not r.done()]
+            sends.append(request)
+
     def fail_group(self, group: int, error: BaseException) -> None:
-        """``group`` was aborted by a peer: fail its posted receives now and any posted later."""
+        """``group`` was aborted by a peer: fail its posted receives now and any posted later,
+        and its unfinished sends."""
         with self._lock:
             self.states.abort(group, error)
             queues = [q for (_, key), q in self._posted.items() if key.group == group]
             queues += [q for key, q in self._posted_any.items() if key.group == group]
-            failed = [r for q in queues for r in q]
+            failed = [r for q in queues for r in q] + self._sending.pop(group, [])
+            failed += self._stop_filling(lambda message: message.key.group == group)
         for request in failed:
             request.complete(error)
 

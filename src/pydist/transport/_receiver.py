@@ -48,6 +48,10 @@ class FrameReceiver:
         if self.decoder.payload_left == 0:
             self._finish()
 
+    def between_frames(self) -> bool:
+        """No frame is being received (its header seen, its payload not all in)."""
+        return self._header is None
+
     def abandon(self, error: BaseException) -> None:
         """The stream broke: fail the receive being filled, if any."""
         if isinstance(self._target, Request):

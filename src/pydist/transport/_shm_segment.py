@@ -11,9 +11,13 @@ from __future__ import annotations
 import mmap
 import os
 import uuid
-from typing import Protocol
+from datetime import timedelta
+from typing import Callable, Protocol
 
 import numpy as np
+
+from .._deadline import Deadline
+from .._errors import DistStoreError, OpTimeoutError
 
 
 class Keepalive(Protocol):
@@ -109,17 +113,40 @@ def anonymous(size: int) -> tuple[np.ndarray, int]:
     return array, array.ctypes.data
 
 
+#: Seconds between two looks at the members' liveness while waiting for a segment's name.
+ALIVE_POLL_SECONDS = 0.1
+
+
 def share(store, key: str, members: list[int], rank: int, size: int, token: str, purpose: str,
-          timeout) -> Segment:
+          deadline: Deadline, alive: Callable[[], None] | None = None) -> Segment:
     """Create (lowest rank of ``members``) or attach the segment named under ``key`` in the
-    store; the last rank to attach unlinks it."""
-    if rank == min(members):
+    store; the last rank to attach unlinks it. Waiting for the creator ends with
+    OpTimeoutError naming it at ``deadline``, or with whatever ``alive()`` raises (a member
+    is dead, the group was aborted), checked every ALIVE_POLL_SECONDS."""
+    creator = min(members)
+    if rank == creator:
         remove_stale()
         segment = Segment(segment_name(token, purpose), size, create=True)
         store.set(f"{key}/name", segment.name)
     else:
-        store.wait([f"{key}/name"], timeout)
+        _wait_for_name(store, f"{key}/name", creator, deadline, alive)
         segment = Segment(store.get(f"{key}/name").decode(), size, create=False)
     if store.add(f"{key}/attached", 1) == len(members):
         segment.unlink()
     return segment
+
+
+def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Callable[[], None] | None) -> None:
+    while True:
+        left = deadline.remaining()  # None: no deadline
+        if alive is not None:
+            left = ALIVE_POLL_SECONDS if left is None else min(ALIVE_POLL_SECONDS, left)
+        try:
+            store.wait([key], timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001)))
+            return
+        except DistStoreError:
+            if alive is not None:
+                alive()
+            if deadline.expired():
+                raise OpTimeoutError(f"rank {creator} never created the shared memory (it has not reached this "
+                                     "operation or is stuck)") from None

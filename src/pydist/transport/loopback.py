@@ -49,6 +49,9 @@ class LoopbackTransport(Transport):
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer in self.fabric.closed:
             return completed_request(peer, data, self._gone(peer))
+        aborted = self.matcher.aborted(key.group)
+        if aborted is not None:
+            return completed_request(peer, data, aborted)
         target = self.fabric.matchers[peer].arrive(self.rank, key, data.nbytes, call)
         if isinstance(target, Unexpected):
             target.data[:] = data
@@ -69,9 +72,10 @@ class LoopbackTransport(Transport):
         self.fabric.matchers[self.rank].cancel(request, DistBackendError("receive cancelled"))
 
     def abort(self, peers: list[int], group: int, error: BaseException) -> None:
+        payload = abort_payload(error, self.matcher.known_dead(group))
         for peer in peers:
             if peer != self.rank:
-                self.fabric.matchers[peer].fail_group(group, aborted_by(self.rank, "local", abort_payload(error)))
+                self.fabric.matchers[peer].fail_group(group, aborted_by(self.rank, "local", payload))
 
     def peer_host(self, peer: int) -> str:
         return self.fabric.hosts[peer]
@@ -83,7 +87,8 @@ class LoopbackTransport(Transport):
     def matcher(self) -> Matcher:  # type: ignore[override]  # base declares an attribute; nobody assigns this one
         return self.fabric.matchers[self.rank]
 
-    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe):
+    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe,
+              alive=None):
         """An arena in memory shared by the thread-ranks (same code as the shared-memory one)."""
         if len({self.fabric.hosts[m] for m in members}) > 1:
             return None

@@ -4,9 +4,11 @@ Sends are tried at once from the caller's thread (small messages never wait for 
 thread); whatever the kernel does not take is queued and finished by the I/O thread. The
 I/O thread reads every connection: a frame whose receive is already posted lands straight
 in the destination buffer (large payloads with no intermediate copy); others are held as
-unexpected until matched. A peer that disconnects fails every receive and send involving
-it with PeerFailedError naming its rank and host; a clean shutdown is announced by a BYE
-frame so the error can say so.
+unexpected until matched. Past PYDIST_MAX_UNEXPECTED_BYTES held from one peer, and with no
+receive wanting its data, the I/O thread stops reading that peer (between two frames) until
+a receive wants it, so TCP's flow control blocks a sender that runs ahead (see _flow). A
+peer that disconnects fails every receive and send involving it with PeerFailedError naming
+its rank and host; a clean shutdown is announced by a BYE frame so the error can say so.
 """
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ class _Connection:
         self.send_lock = threading.Lock()
         self.queue: deque[_Outgoing] = deque()
         self.want_write = False
+        self.write_armed = False  # the I/O thread waits for the socket to be writable
+        self.reading = True  # False while paused (too much unexpected data held from this peer)
         self.bye_received = False
         self.error: BaseException | None = None
 
@@ -138,9 +142,11 @@ class _Connection:
                 raise EOFError
             if direct is not None:
                 receiver.direct_done(n)
-                continue
-            receiver.feed(self.staging_view[:n])
-            if n < STAGING_BYTES:
+            else:
+                receiver.feed(self.staging_view[:n])
+            if receiver.between_frames() and self.transport._should_pause(self):
+                return
+            if direct is None and n < STAGING_BYTES:
                 return
 
     def _control(self, header: Header, payload: bytes) -> None:
@@ -198,6 +204,8 @@ class TcpTransport(Transport):
             self._selector.register(conn.sock, selectors.EVENT_READ, conn)
         self._pending_lock = threading.Lock()
         self._pending_write: list[_Connection] = []
+        self._pending_resume: list[_Connection] = []
+        self.matcher.throttle.resume = self._resume_reading
         self._pending_fail: list[tuple[_Connection, BaseException]] = []
         self._stopping = False
         self._closed = False
@@ -211,6 +219,8 @@ class TcpTransport(Transport):
         request = Request(peer, data)
         header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
         self._conns[peer].send([header, data], request)
+        if not request.done():
+            self.matcher.track_send(key.group, request)
         return request
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
@@ -225,7 +235,8 @@ class TcpTransport(Transport):
         return self.records[peer].hostname
 
     def abort(self, peers: list[int], group: int, error: BaseException) -> None:
-        frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, abort_payload(error)))
+        payload = abort_payload(error, self.matcher.known_dead(group))
+        frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, payload))
         for peer in peers:
             if peer != self.rank:
                 self._conns[peer].send([frame], None)
@@ -243,6 +254,7 @@ class TcpTransport(Transport):
             conn.send([bye], None)
         self._wait_until(lambda: all(c.idle() for c in self._conns.values()), deadline)
         for conn in self._conns.values():
+            self._resume_reading(conn.peer)  # read to every peer's EOF, paused or not
             try:
                 conn.sock.shutdown(socket.SHUT_WR)
             except OSError:
@@ -278,6 +290,38 @@ class TcpTransport(Transport):
             self._pending_write.append(conn)
         self._wake()
 
+    def _resume_reading(self, peer: int) -> None:
+        """Any thread: read from ``peer`` again (a receive wants its data; see _flow)."""
+        conn = self._conns.get(peer)
+        if conn is None:
+            return  # a peer of another transport (shared memory shares the matcher)
+        with self._pending_lock:
+            self._pending_resume.append(conn)
+        self._wake()
+
+    def _should_pause(self, conn: _Connection) -> bool:
+        """I/O thread, between frames: stop reading ``conn`` (the matcher holds too much of
+        its unexpected data and nothing wants it)."""
+        if self._closed or not self.matcher.should_pause(conn.peer):
+            return False
+        conn.reading = False
+        self._arm(conn, conn.write_armed)
+        return True
+
+    def _arm(self, conn: _Connection, write: bool) -> None:
+        """I/O thread: wait for ``conn``'s socket to be readable (unless paused) and, if
+        ``write``, writable."""
+        conn.write_armed = write
+        events = (selectors.EVENT_READ if conn.reading else 0) | (selectors.EVENT_WRITE if write else 0)
+        registered = conn.sock in self._selector.get_map()
+        if not events:
+            if registered:
+                self._selector.unregister(conn.sock)
+        elif registered:
+            self._selector.modify(conn.sock, events, conn)
+        else:
+            self._selector.register(conn.sock, events, conn)
+
     def _fail_later(self, conn: _Connection, error: BaseException) -> None:
         with self._pending_lock:
             self._pending_fail.append((conn, error))
@@ -295,11 +339,16 @@ class TcpTransport(Transport):
         with self._pending_lock:
             writes, self._pending_write = self._pending_write, []
             fails, self._pending_fail = self._pending_fail, []
+            resumes, self._pending_resume = self._pending_resume, []
         for conn, error in fails:
             self._drop(conn, error)
         for conn in writes:
             if conn.error is None and not conn.flush():
-                self._selector.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+                self._arm(conn, True)
+        for conn in resumes:
+            if conn.error is None and not conn.reading:
+                conn.reading = True
+                self._arm(conn, conn.write_armed)
 
     def _drop(self, conn: _Connection, cause: BaseException | None) -> None:
         conn.fail(cause)
@@ -320,8 +369,8 @@ class TcpTransport(Transport):
                 try:
                     if mask & selectors.EVENT_READ:
                         conn.on_readable()
-                    if mask & selectors.EVENT_WRITE and conn.flush():
-                        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+                    if mask & selectors.EVENT_WRITE and conn.error is None and conn.flush():
+                        self._arm(conn, False)
                 except (OSError, EOFError, FramingError) as error:
                     if isinstance(error, FramingError):
                         log.warning("pydist rank %d: garbage from rank %d: %s", self.rank, conn.peer, error)

@@ -12,11 +12,11 @@ machine lacks what it needs (see _atomics.available).
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
+from typing import Callable
 
 from .._deadline import Deadline
 from .._settings import Settings, settings
-from ._base import MessageKey, Request, Transport
+from ._base import MessageKey, Request, Transport, completed_request
 from . import _atomics as atomics
 from ._matching import Matcher
 from ._shm_segment import share
@@ -24,11 +24,6 @@ from ._signal import oversubscribed
 from .arena import Arena, arena_bytes
 from .shm import ShmTransport, host_segment_bytes, ring_bytes_for
 from .tcp import TcpTransport
-
-
-def _timeout(deadline: Deadline) -> timedelta:
-    left = deadline.remaining()
-    return timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001))
 
 
 class WorldTransport(Transport):
@@ -40,7 +35,7 @@ class WorldTransport(Transport):
         never spin (spinning holds the GIL the awaited rank needs)."""
         self.rank, self.size, self.store = rank, size, store
         self.settings: Settings = settings()
-        self.matcher = Matcher()
+        self.matcher = Matcher(self.settings.max_unexpected_bytes)
         self.shm: ShmTransport | None = None
         self._local_set = {rank}
         self.tcp = TcpTransport(rank, size, store, deadline, address, hostname, host_id, self.matcher,
@@ -56,7 +51,7 @@ class WorldTransport(Transport):
         ring = ring_bytes_for(len(self.local), self.settings.shm_ring_bytes)
         key = "shm/host/" + hashlib.blake2b(host_id.encode(), digest_size=8).hexdigest()
         segment = share(self.store, key, self.local, self.rank, host_segment_bytes(len(self.local), ring),
-                        self.tcp.token, "host", _timeout(deadline))
+                        self.tcp.token, "host", deadline)
         return ShmTransport(self.rank, self.local, segment.array, segment.base, ring, self.matcher,
                             self.oversubscribed, keepalive=segment)
 
@@ -68,6 +63,9 @@ class WorldTransport(Transport):
 
     # -- Transport ------------------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        aborted = self.matcher.aborted(key.group)
+        if aborted is not None:  # the peers have moved on: sending would block or mislead
+            return completed_request(peer, data, aborted)
         if peer in self._local_set and peer != self.rank:
             assert self.shm is not None  # _local_set holds other ranks only with shared memory
             return self.shm.isend(peer, data, key, call)
@@ -94,12 +92,12 @@ class WorldTransport(Transport):
         return self.hosts[peer]
 
     def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline: Deadline,
-              describe) -> Arena | None:
+              describe, alive: Callable[[], None] | None = None) -> Arena | None:
         if self.shm is None or any(m not in self._local_set for m in members):
             return None
         slot = self.settings.shm_slot_bytes
         segment = share(self.store, f"shm/arena/{group_id:x}/{','.join(map(str, members))}", members,
-                        self.rank, arena_bytes(len(members), slot), self.tcp.token, "arena", _timeout(deadline))
+                        self.rank, arena_bytes(len(members), slot), self.tcp.token, "arena", deadline, alive)
         return Arena(segment.array, segment.base, labels, index, slot, self.oversubscribed, describe,
                      keepalive=segment)
 

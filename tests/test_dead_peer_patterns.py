@@ -1,0 +1,46 @@
+"""A rank SIGKILLed in every communication pattern (tree, ring, pairwise, point-to-point), over
+tcp (shared memory off, or 4 ranks posing as 4 hosts) and shared memory, with buffers up to
+16 MiB (broadcasts: always 16 MiB, so the root runs ahead): every survivor raises a
+DistNetworkError naming the dead rank within 2 s, and destroy_process_group then returns
+(the harness: tests/run_scripts/robust_ranks.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "run_scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.append(str(SCRIPTS))
+import robust_ranks  # noqa: E402
+
+pytestmark = pytest.mark.slow  # 4 real processes moving megabytes, several trials each
+
+TCP = {"PYDIST_SHM": "0"}
+FOUR_HOSTS = {"PYDIST_HOST_ID": "host{rank}"}
+SHM: dict[str, str] = {}
+BIG = 16 << 20
+
+#: (name, kinds, victim, fixed broadcast root, environment)
+PATTERNS = [
+    ("broadcast root, tcp", ("broadcast",), 0, 0, TCP),
+    ("broadcast root, 4 hosts", ("broadcast",), 0, 0, FOUR_HOSTS),
+    ("broadcast root, shm", ("broadcast",), 0, 0, SHM),
+    ("broadcast inner node, tcp", ("broadcast",), 2, 0, TCP),
+    ("broadcast leaf, tcp", ("broadcast",), 3, 0, TCP),
+    ("all_reduce ring, tcp", ("all_reduce",), 2, None, TCP),
+    ("all_gather and reduce_scatter rings, tcp", ("all_gather", "reduce_scatter"), 1, None, TCP),
+    ("all_to_all and p2p, tcp", ("all_to_all", "sendrecv"), 3, None, TCP),
+    ("every kind, 4 hosts", robust_ranks.KINDS, 1, None, FOUR_HOSTS),
+]
+
+
+@pytest.mark.parametrize("name, kinds, victim, root, env", PATTERNS, ids=[p[0] for p in PATTERNS])
+def test_every_survivor_names_the_dead_rank_within_two_seconds(name, kinds, victim, root, env):
+    results = [robust_ranks.kill_trial(trial, kinds=kinds, victim=victim, root=root, env=env, max_bytes=BIG,
+                                       min_bytes=BIG if root is not None else 1, max_delay_s=1.5)
+               for trial in range(3)]
+    problems = [f"trial {r['trial']} (kill after {r['delay_s']:.2f} s): {p}"
+                for r in results for p in robust_ranks.violations(r)]
+    assert not problems, f"{name}:\n" + "\n".join(problems)
