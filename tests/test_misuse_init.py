@@ -154,3 +154,12 @@ def test_env_init_in_child_process_missing_master_addr():
             "    print('ValueError', e)\n")
     out = run_command([sys.executable, "-c", code], env=env, timeout=60)
     assert out.stdout.startswith("ValueError") and "MASTER_ADDR" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_rank_that_never_registers_is_named(clean_process_world):
+    """Rank 1 of 2 never comes: init's error names it, not only the store key it waited for."""
+    from datetime import timedelta
+    from pydist.store import HashStore
+    with pytest.raises(dist.DistStoreError) as raised:
+        dist.init_process_group(store=HashStore(), rank=0, world_size=2, timeout=timedelta(seconds=1))
+    assert "ranks [1] never registered" in str(raised.value), str(raised.value)

@@ -147,6 +147,7 @@ def test_parse_spellings_and_passthrough(monkeypatch):
         (["--rdzv-conf", "bogus=1", "s.py"], "--rdzv-conf"),
         (["-r", "5", "s.py"], "expected 0, 1, 2 or 3"),
         (["--nproc-per-node", "0", "s.py"], "at least 1"),
+        (["--master-port", "99999", "s.py"], "expected a port number 0..65535"),
         ([], "required"),
     ],
 )

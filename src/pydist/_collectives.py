@@ -97,7 +97,13 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     if target is None:
         return None
     root = root_rank(target, src, group_src, "src")
-    buf = as_buffer(tensor, "tensor")
+    try:
+        buf = as_buffer(tensor, "tensor")
+    except ValueError:
+        if target.rank() == root and as_buffer(tensor, "tensor", writable=False):  # read-only: word it for the root
+            raise ValueError("tensor: broadcast takes a writable tensor on every rank (the others receive into "
+                             "theirs); the source's is read-only") from None
+        raise
     return target.run("broadcast", lambda ctx: target.backend.broadcast(ctx, buf.array, root), [buf], async_op)
 
 

@@ -47,6 +47,17 @@ def _flag_default(dest: str) -> bool:
     return bool(int(os.environ.get(f"PET_{dest.upper()}", "0")))
 
 
+def _port(text: str) -> int:
+    """A TCP port number (0: a free one), for argparse: a usage error otherwise."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; flag names, spellings and meanings are torchrun's."""
     parser = argparse.ArgumentParser(prog="pydist-run", description="Launch a pydist job's workers on this node.",
@@ -61,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--nnodes", default="1", help="number of nodes: N, or MIN:MAX (c10d rendezvous)")
     add("--node-rank", type=int, default=0, help="rank of this node (static rendezvous)")
     add("--master-addr", default="127.0.0.1", help="static rendezvous: address of node 0, which hosts the store")
-    add("--master-port", type=int, default=None,
+    add("--master-port", type=_port, default=None,
         help="static rendezvous: port of the store (default: a free port for one node, 29500 for several)")
     add("--rdzv-backend", default="static", choices=["static", "c10d"], help="rendezvous backend (default static)")
     add("--rdzv-endpoint", default="", help="c10d rendezvous: HOST[:PORT] of the store (port 29400 by default)")

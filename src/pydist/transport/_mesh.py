@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .._auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce, token_of
 from .._deadline import Deadline
 from .._errors import DistNetworkError
+from ..store._base import StoreTimeoutError
 from ._framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
 
 log = logging.getLogger("pydist.transport")
@@ -194,7 +195,13 @@ def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
         store.set("tcp/token", uuid.uuid4().hex)
     store.set(f"tcp/{rank}", json.dumps(record.__dict__))
     keys = ["tcp/token"] + [f"tcp/{r}" for r in range(size)]
-    store.wait(keys, _remaining_timedelta(deadline))
+    try:
+        store.wait(keys, _remaining_timedelta(deadline))
+    except StoreTimeoutError as error:
+        missing = [r for r in range(size) if not store.check([f"tcp/{r}"])]
+        raise StoreTimeoutError(f"rank {rank}: ranks {missing} never registered their address in the store "
+                                f"(their processes did not start, died, or cannot reach the store): {error}",
+                                error.keys) from error
     values = store.multi_get(keys)
     token = values[0].decode()
     return [PeerRecord(**json.loads(v)) for v in values[1:]], token
