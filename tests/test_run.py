@@ -310,6 +310,25 @@ def test_the_first_failure_is_the_root_cause_not_its_echo(mode, error, pids):
         assert "rank      : 0 (local_rank: 0)" in failures or "ranks 0" in summary, result.stderr
 
 
+def _segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("pydist-")}
+
+
+@pytest.mark.slow
+def test_a_job_stopped_during_its_first_collective_leaves_no_shared_memory(pids):
+    """Rank 0 created the group's arena, rank 1 never mapped it (so nobody unlinked it), and
+    the launcher is told to stop: after it exits, /dev/shm holds nothing of the job."""
+    before = _segments()
+    proc = start(["--nproc-per-node", "2", WORKER, "late-collective"], pids)
+    deadline = time.monotonic() + 60
+    while not any("-arena-" in name for name in _segments() - before):
+        assert time.monotonic() < deadline and proc.poll() is None, "the arena never appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    assert _segments() - before == set()
+
+
 def start(args: list[str], pids) -> subprocess.Popen:
     piddir, started = pids
     proc = start_command([*LAUNCHER, *args], env=env_for(piddir))

@@ -10,6 +10,8 @@ the test can check that no worker outlives the launcher.
 - group-fail MODE: every rank joins a pydist group; rank 1 fails at once (MODE raise: a
   RuntimeError "boom"; exit3: sys.exit(3)); rank 0 calls all_reduce 0.5 s later, so it fails
   too, as an echo of rank 1's failure.
+- late-collective: every rank joins a pydist group; rank 0 enters the first all_reduce (it
+  creates the group's shared memory), rank 1 sleeps 60 s instead (never maps it).
 - sleep [ignore-term] [grandchild]: sleep 60 s; optionally ignore SIGTERM / start a grandchild
   whose pid goes to ``$PIDDIR/<rank>.child``.
 - store: set/get a key in the agent's TCPStore through MASTER_ADDR/MASTER_PORT.
@@ -72,6 +74,15 @@ def main() -> None:
             raise RuntimeError("boom")
         time.sleep(0.5)
         dist.all_reduce(np.ones(4, np.float32))
+        time.sleep(60)
+    elif action == "late-collective":
+        import numpy as np
+
+        import pydist as dist
+
+        dist.init_process_group("pydist")
+        if rank == 0:
+            dist.all_reduce(np.ones(4, np.float32))
         time.sleep(60)
     elif action == "sleep":
         if "ignore-term" in args:

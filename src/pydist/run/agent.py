@@ -40,6 +40,7 @@ from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
 from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
 from .workers import Worker, spawn, sweep_groups, watch
+from ..transport._shm_segment import remove_stale
 
 #: Signals the launcher catches and forwards to the workers (torchrun's --signals-to-handle default).
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -199,6 +200,7 @@ class RoundRun:
                     worker.signal_group(signal.SIGKILL)
                     worker.proc.wait()
             sweep_groups(self.workers, self.config.shutdown_timeout)
+            _remove_dead_workers_segments()
             if not pump.wait(PIPE_DRAIN_TIMEOUT):
                 pump.stop()
             for file in self._files:
@@ -337,3 +339,14 @@ class RoundRun:
         stopped = sorted(e.rank for e in exits if e.monotonic_time > stop and not e.recorded_at)
         name = self.config.entrypoint or self.config.command[0]
         write_bytes(self.agent._stderr, (format_summary(name, root, others, stopped) + "\n").encode())
+
+
+def _remove_dead_workers_segments() -> None:
+    """Unlink the shared-memory segments whose creators are gone: a segment is unlinked by the
+    last member to map it, so workers stopped (or killed) before all members mapped one leave
+    it behind; the launcher sweeps them once its workers have exited."""
+    try:
+        remove_stale()
+    except OSError:  # no /dev/shm here: no segments either
+        pass
+
