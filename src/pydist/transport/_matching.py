@@ -176,6 +176,8 @@ class Matcher:
         """Between two frames from ``source``: True (and ``source`` is now paused) when this
         rank holds too many bytes of its unexpected messages and no posted receive wants its
         data; the transport then stops reading from it until ``throttle.resume(source)``."""
+        if not self.throttle.over(source):  # the common case, without the lock (a dict read)
+            return False
         with self._lock:
             if not self.throttle.over(source) or self._wants(source):
                 return False
