@@ -57,9 +57,11 @@ def test_size_mismatch_collectives(op, n, transport):
     assert all(r["intact"] for r in results), "memory outside the tensors was written:\n" + report
     if op in SYMMETRIC:
         assert all(r["dist_error"] for r in results), report
-    for r in results:  # after the failure no rank's next call may succeed on a desynchronised group ...
-        assert r["follow_up"]["error"] is None or r["follow_up"]["dist_error"], report
-    assert any(r["follow_up"]["dist_error"] for r in results), report
+    # A root may return from its eager send before any receiver has checked the size (as an MPI
+    # sender does); the receiver that detects it aborts the group, so the root's next call fails.
+    for r in results:
+        learnt = r["dist_error"] or (r["follow_up"]["dist_error"] and r["follow_up"]["seconds"] < PG_TIMEOUT)
+        assert learnt, "a rank learnt of it late or never:\n" + report
 
 
 def test_size_mismatch_processes():
