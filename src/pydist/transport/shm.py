@@ -205,6 +205,7 @@ class ShmTransport:
             for peer in list(self._gone):  # after the drain: what the peer wrote before leaving counts
                 error = self._gone.pop(peer)
                 self.fail_peer(peer, error)
+                self._readers[peer][1].abandon(error)  # a message it left half-written
                 self.matcher.fail_source(peer, error)
             return busy
         finally:
@@ -261,7 +262,9 @@ class ShmTransport:
         return all(not w.pending or w.error is not None for w in self._writers.values())
 
     def close(self, deadline: Deadline) -> None:
-        """Let pending sends drain (until ``deadline``), then stop the progress thread."""
+        """Let pending sends drain (until ``deadline``), then stop the progress thread (once)."""
+        if self._stopping:
+            return
         while not self.idle() and not deadline.expired():
             self._signals[self._me].ring()
             threading.Event().wait(0.001)

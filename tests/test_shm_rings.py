@@ -1,0 +1,42 @@
+"""The shared-memory rings of one host, two ranks of one process (no store, no tcp)."""
+from __future__ import annotations
+
+import numpy as np
+
+from pydist._deadline import Deadline
+from pydist._errors import PeerFailedError
+from pydist.transport._base import MessageKey, Request
+from pydist.transport._matching import Matcher
+from pydist.transport._shm_segment import anonymous
+from pydist.transport.shm import ShmTransport, host_segment_bytes, ring_bytes_for
+
+KEY = MessageKey(7, 1, 0)
+
+
+def _pair() -> tuple[ShmTransport, ShmTransport]:
+    ring = ring_bytes_for(2, 64 << 10)
+    memory, base = anonymous(host_segment_bytes(2, ring))
+    return tuple(ShmTransport(rank, [0, 1], memory, base, ring, Matcher(), oversubscribed=True)  # type: ignore[return-value]
+                 for rank in (0, 1))
+
+
+def test_a_receive_half_filled_when_its_sender_goes_fails_naming_the_sender():
+    """Rank 0 sends 1 MiB through a 64 KiB ring and stops (its progress thread ends, as if
+    killed); rank 1 has taken part of it when it learns that rank 0 is gone: the receive
+    fails with that error instead of waiting for the rest until the operation's timeout."""
+    sender, receiver = _pair()
+    try:
+        data = np.arange(1 << 18, dtype=np.float32)
+        into = np.zeros_like(data)
+        request = Request(0, memoryview(into).cast("B"))
+        receiver.matcher.post(request, 0, KEY)
+        sender.isend(1, memoryview(data).cast("B"), KEY)
+        sender.close(Deadline.after(0))  # pending bytes are never written
+        assert not request.wait(0.2), "the whole message went through a ring smaller than it"
+        gone = PeerFailedError("rank 0 closed its connection to rank 1", rank=0)
+        receiver.peer_gone(0, gone)
+        assert request.wait(30), "the half-filled receive still waits after its sender left"
+        assert request.error is gone
+    finally:
+        sender.close(Deadline.after(0))
+        receiver.close(Deadline.after(0))
