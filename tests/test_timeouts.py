@@ -173,8 +173,10 @@ class _StoreThatNeverAnswers:
 
     def __init__(self) -> None:
         self.released = threading.Event()
+        self.asked = threading.Event()
 
     def set(self, key, value) -> None:
+        self.asked.set()
         if not self.released.wait(60):
             raise TimeoutError("store")
 
@@ -189,12 +191,65 @@ def test_explaining_a_timeout_is_bounded_when_the_store_does_not_answer():
     from pydist._progress import ProgressBoard
     store = _StoreThatNeverAnswers()
     board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
-    board._store, board._rank, board._latest, board._changed = store, 0, {}, False
+    board._store, board._rank, board._latest = store, 0, {}
     try:
         text = board.explain(1, 2, [0, 1], budget=0.2)
     finally:
         store.released.set()
     assert "the store did not answer within 0.2 s" in text, text
+
+
+def test_progress_is_published_once_settled_or_once_a_second_while_it_changes():
+    """A rank waiting inside an operation (its record no longer changing) is published at the
+    next tick, not up to a second later; one running operations back to back, once a second;
+    an idle one once a second too (its record's time says it is still heard from)."""
+    from pydist._progress import PUBLISH_INTERVAL, publication_due
+    assert not publication_due(version=5, seen=5, published=5, since_publication=0.3)  # nothing new
+    assert publication_due(version=6, seen=6, published=5, since_publication=0.1)  # settled
+    assert not publication_due(version=7, seen=6, published=5, since_publication=0.3)  # still changing
+    assert publication_due(version=9, seen=8, published=5, since_publication=PUBLISH_INTERVAL)
+    assert publication_due(version=5, seen=5, published=5, since_publication=PUBLISH_INTERVAL)  # heartbeat
+
+
+def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
+    """Rank 2 could not publish for 7 s (cut off from the store): its record may be stale, and
+    the explanation says how old it is; rank 1's fresh record is given as it is."""
+    import json
+    import time as clock
+    from pydist._progress import ProgressBoard
+
+    class Store:
+        def set(self, key, value):
+            pass
+
+        def multi_get(self, keys):
+            now = clock.time()
+            return [json.dumps({"5": [3, "all_reduce"], "at": now - age}).encode() for age in (0.3, 7.0)]
+
+    board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
+    board._store, board._rank, board._latest = Store(), 0, {}
+    text = board._ask(5, 4, [1, 2])
+    assert "1 (last started all_reduce, seq 3), 2 (last started all_reduce, seq 3, as of 7." in text, text
+
+
+def test_destroy_does_not_wait_for_a_store_that_does_not_answer():
+    """The progress thread is inside a store call that never returns (its host is stopped or
+    partitioned away): closing the board returns anyway (it used to join the thread)."""
+    from pydist._progress import ProgressBoard
+    store = _StoreThatNeverAnswers()
+    store.released.set()  # the first record (written by the constructor) goes through
+    board = ProgressBoard(store, 0)
+    store.released.clear()
+    store.asked.clear()
+    try:
+        board.started(1, 1, "all_reduce")  # the thread publishes it soon and blocks there
+        assert store.asked.wait(30)
+        closed = threading.Thread(target=board.close)
+        closed.start()
+        closed.join(30)  # generous: close waits 0.5 s; without the bound it would wait for the store
+        assert not closed.is_alive(), "closing the progress board waited for the store"
+    finally:
+        store.released.set()
 
 
 def _late_first_shm_collective(rank: int, size: int, rank1_done: threading.Event) -> str:

@@ -2,21 +2,41 @@
 can name the ranks that never reached the operation.
 
 Each rank's :class:`ProgressBoard` records (sequence number, name) of the latest operation it
-started on each group — a dict assignment per operation — and a ``pydist-progress``
-thread writes the record to the store key ``progress/<rank>`` at most once a second,
-only when it changed. At a timeout, :meth:`ProgressBoard.explain` reads every member's record
-(at most ~1 s old) and names those behind.
+started on each group — a dict assignment per operation — and a ``pydist-progress`` thread
+writes the record, with its wall-clock time, to the store key ``progress/<rank>``: once a
+second, and at once (within ``SETTLE_SECONDS``) when the record has stopped changing, so a
+rank waiting inside an operation is seen there ~0.2 s after it started it. At a timeout,
+:meth:`ProgressBoard.explain` reads every member's record and names those behind, with the
+record's age when it is older than STALE_SECONDS (a rank cut off from the store keeps its
+last record).
 """
 from __future__ import annotations
 
 import json
 import threading
+import time
 
-#: Seconds between publications (when something changed).
+#: Seconds between publications while the record keeps changing.
 PUBLISH_INTERVAL = 1.0
+#: Seconds without a change after which a changed record is published (the thread's tick).
+SETTLE_SECONDS = 0.1
 #: Seconds a timed-out operation spends at most asking the store which ranks are behind
 #: (10 % of the timeout when that is less), so the error comes at the deadline.
 EXPLAIN_BUDGET = 2.0
+#: A record older than this is given with its age: its rank has not been heard from (a
+#: partition, a stopped process), so it may have moved on since.
+STALE_SECONDS = 2 * PUBLISH_INTERVAL
+#: Seconds close() waits for a publication in flight (a store that does not answer must not
+#: hold up destroy_process_group; the thread is a daemon and ends when the store closes).
+CLOSE_WAIT = 0.5
+
+
+def publication_due(version: int, seen: int, published: int, since_publication: float) -> bool:
+    """At a tick: publish record ``version`` (``seen`` at the previous tick, ``published``
+    last written ``since_publication`` seconds ago)? Yes if it changed and has settled (no
+    change since the last tick), and once every PUBLISH_INTERVAL in any case (the record's
+    time then tells readers the rank is still heard from)."""
+    return since_publication >= PUBLISH_INTERVAL or (version != published and version == seen)
 
 
 class ProgressBoard:
@@ -26,7 +46,7 @@ class ProgressBoard:
         self._store = store
         self._rank = rank
         self._latest: dict[str, tuple[int, str]] = {}
-        self._changed = False
+        self._version = 0  # bumped by every started()
         self._stop = threading.Event()
         self._publish()  # the key exists from the start: readers never block on it
         self._thread = threading.Thread(target=self._run, name=f"pydist-progress-{rank}", daemon=True)
@@ -35,23 +55,31 @@ class ProgressBoard:
     def started(self, group_id: int, seq: int, name: str) -> None:
         """This rank starts operation ``seq`` (``name``) of group ``group_id``."""
         self._latest[str(group_id)] = (seq, name)
-        self._changed = True
+        self._version += 1
 
     def _publish(self) -> None:
-        self._changed = False
-        self._store.set(f"progress/{self._rank}", json.dumps(self._latest))
+        latest: dict = dict(self._latest)  # one atomic copy: started() may add a group meanwhile
+        latest["at"] = time.time()  # wall clock: a reader says how old the record is
+        self._store.set(f"progress/{self._rank}", json.dumps(latest))
 
     def _run(self) -> None:
-        while not self._stop.wait(PUBLISH_INTERVAL):
-            if self._changed:
+        published = seen = self._version
+        since = 0.0
+        while not self._stop.wait(SETTLE_SECONDS):
+            since += SETTLE_SECONDS
+            version = self._version
+            if publication_due(version, seen, published, since):
                 try:
                     self._publish()
                 except Exception:  # the store is gone (shutdown, failure): the op errors say why
                     return
+                published, since = version, 0.0
+            seen = version
 
     def close(self) -> None:
+        """Stop publishing; wait at most CLOSE_WAIT for a publication in flight."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(CLOSE_WAIT)
 
     def explain(self, group_id: int, seq: int, ranks: list[int], budget: float = EXPLAIN_BUDGET) -> str:
         """Which of ``ranks`` (world ranks) had not started operation ``seq`` of the group,
@@ -73,13 +101,16 @@ class ProgressBoard:
             raw = self._store.multi_get([f"progress/{r}" for r in ranks]) if ranks else []
         except Exception:  # noqa: BLE001 - the explanation is best effort
             return ""
-        behind = []
+        behind, now = [], time.time()
         for rank, data in zip(ranks, raw):
-            entry = json.loads(data).get(str(group_id))
+            record = json.loads(data)
+            entry = record.get(str(group_id))
+            age = now - record.get("at", now)
+            as_of = f", as of {age:.1f} s before" if age >= STALE_SECONDS else ""
             if entry is None:
-                behind.append(f"{rank} (no operation on this group yet)")
+                behind.append(f"{rank} (no operation on this group yet{as_of})")
             elif entry[0] < seq:
-                behind.append(f"{rank} (last started {entry[1]}, seq {entry[0]})")
+                behind.append(f"{rank} (last started {entry[1]}, seq {entry[0]}{as_of})")
         if not behind:
             return "; every rank had started it (one may be stuck inside it)"
         return f"; ranks that never reached it: {', '.join(behind)}"

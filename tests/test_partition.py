@@ -1,0 +1,67 @@
+"""A network partition between two hosts (namespace hosts x 2 ranks, all packets dropped both
+ways while the ranks loop over all_reduce): every rank raises a DistError at its timeout,
+names the ranks behind with the age of what it knows of them, and its process then exits
+promptly (it used to take another 8-13 s: destroy waited for a store call to the unreachable
+store host). The rank script: tests/run_scripts/partitioned_rank.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pydist
+from pydist.testing import free_port
+from pydist.testing.netns import Network, require_netns
+
+pytestmark = pytest.mark.slow  # network namespaces, real timeouts
+
+SCRIPT = Path(__file__).parent / "run_scripts" / "partitioned_rank.py"
+TIMEOUT_S = 5.0
+#: Seconds a process may take to exit after raising: destroy waits 0.5 s for a progress
+#: record in flight and up to 2 s for the peers' goodbyes; twice that, for a loaded machine.
+EXIT_S = 5.0
+
+
+def _report(text: str) -> dict:
+    return next(json.loads(line) for line in text.splitlines() if line.startswith("{"))
+
+
+def test_a_partition_fails_every_rank_at_its_timeout_and_the_processes_exit(tmp_path):
+    require_netns()
+    with Network(hosts=2) as net:
+        port, procs = free_port(), []
+        for rank in range(4):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": net.hosts[0].addr,
+                   "MASTER_PORT": str(port)}
+            procs.append(net.popen(rank // 2, [sys.executable, str(SCRIPT), str(TIMEOUT_S), str(tmp_path)], env=env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True))
+        while len(list(tmp_path.glob("ready-*"))) < 4:
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.1)
+        time.sleep(1.0)  # the ranks are in the loop, publishing their progress
+        net.shape(0, loss=1.0)
+        net.shape(1, loss=1.0)
+        exits: dict[int, float] = {}
+        deadline = time.monotonic() + 120
+        while len(exits) < 4 and time.monotonic() < deadline:
+            for rank, proc in enumerate(procs):
+                if rank not in exits and proc.poll() is not None:
+                    exits[rank] = time.time()
+            time.sleep(0.05)
+        outputs = [proc.communicate() for proc in procs]
+    reports = {rank: _report(out) for rank, (out, _) in enumerate(outputs)}
+    for rank, report in reports.items():
+        assert report["type"] in ("OpTimeoutError", "GroupAbortedError"), report
+        assert issubclass(getattr(pydist, report["type"]), pydist.DistError), report
+        assert exits[rank] - report["raised"] < EXIT_S, f"rank {rank} exited {exits[rank] - report['raised']:.1f} s " \
+                                                        "after raising"
+    explained = [r["message"] for r in reports.values() if "ranks that never reached it" in r["message"]]
+    for message in explained:  # the other side's records stopped at the cut: said, not passed off as current
+        assert "as of " in message, message
+
