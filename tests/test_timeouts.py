@@ -41,9 +41,12 @@ def test_a_timeout_names_the_ranks_that_never_reached_the_operation():
     with pytest.raises(RankFailed) as failed:
         run_threads(4, _ranks_2_and_3_stall, timed_out, transport="tcp", hosts=HOSTS, pg_timeout=2, timeout=60)
     error = failed.value.__cause__
-    assert isinstance(error, pydist.OpTimeoutError)
+    # Ranks 0 and 1 time out at about the same moment: the first to do so explains, then
+    # aborts the group, so the other raises GroupAbortedError carrying that explanation.
+    assert isinstance(error, (pydist.OpTimeoutError, pydist.GroupAbortedError)), repr(error)
     text = str(failed.value)
-    assert "all_reduce (seq 2) on rank 0 timed out after 2 s waiting for rank" in text
+    assert "all_reduce (seq 2) on rank 0 timed out after 2 s waiting for rank" in text or \
+        "rank 1 (a) failed and aborted the group: all_reduce (seq 2) on rank 1 timed out after 2 s" in text, text
     assert "ranks that never reached it: 2 (last started all_reduce, seq 1), 3 (last started all_reduce, seq 1)" \
         in text
 
@@ -212,8 +215,8 @@ def test_progress_is_published_once_settled_or_once_a_second_while_it_changes():
 
 
 def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
-    """Rank 2 could not publish for 7 s (cut off from the store): its record may be stale, and
-    the explanation says how old it is; rank 1's fresh record is given as it is."""
+    """Rank 2 could not publish for 7 s (cut off from the store): its record may be stale, so
+    it is given apart, with its age; rank 1's fresh record names it as behind."""
     import json
     import time as clock
     from pydist._progress import ProgressBoard
@@ -229,7 +232,8 @@ def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
     board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
     board._store, board._rank, board._latest = Store(), 0, {}
     text = board._ask(5, 4, [1, 2])
-    assert "1 (last started all_reduce, seq 3), 2 (last started all_reduce, seq 3, as of 7." in text, text
+    assert "ranks that never reached it: 1 (last started all_reduce, seq 3); not heard from lately (cut off " \
+           "from the store, or stopped): 2 (last started all_reduce, seq 3, 7." in text, text
 
 
 def test_destroy_does_not_wait_for_a_store_that_does_not_answer():

@@ -37,6 +37,9 @@ class OpTimeoutError(DistBackendError):
     """An operation passed its deadline; the message names the operation, its sequence
     number, the rank waited for and the ranks that never reached it."""
 
+    #: True once the ranks that never reached the operation were looked up and appended.
+    explained = False
+
 
 class DesyncError(DistBackendError):
     """Ranks called different operations (or the same with different arguments) at the same

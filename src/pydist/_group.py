@@ -101,9 +101,13 @@ class ProcessGroup:
             try:
                 if self.progress is not None:
                     self.progress.started(self.group_id, seq, name)
+                context = OpContext(name, seq, Deadline(_deadline.now() + seconds), timeout_text,
+                                    lambda error: self._explained(error, seq))
                 try:
-                    body(OpContext(name, seq, Deadline(_deadline.now() + seconds), timeout_text))
+                    body(context)
                 except OpTimeoutError as error:
+                    if error.explained:
+                        raise
                     raise self._explained(error, seq) from error.__cause__
                 for buffer in staged:
                     buffer.finish()
@@ -127,7 +131,9 @@ class ProcessGroup:
         if self.progress is None:
             return error
         budget = min(EXPLAIN_BUDGET, 0.1 * self._timeout)
-        return OpTimeoutError(str(error) + self.progress.explain(self.group_id, seq, self._ranks, budget))
+        explained = OpTimeoutError(str(error) + self.progress.explain(self.group_id, seq, self._ranks, budget))
+        explained.explained = True
+        return explained
 
     def destroy(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to ``timeout``), move the state to destroyed, stop

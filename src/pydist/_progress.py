@@ -6,9 +6,9 @@ started on each group — a dict assignment per operation — and a ``pydist-pro
 writes the record, with its wall-clock time, to the store key ``progress/<rank>``: once a
 second, and at once (within ``SETTLE_SECONDS``) when the record has stopped changing, so a
 rank waiting inside an operation is seen there ~0.2 s after it started it. At a timeout,
-:meth:`ProgressBoard.explain` reads every member's record and names those behind, with the
-record's age when it is older than STALE_SECONDS (a rank cut off from the store keeps its
-last record).
+:meth:`ProgressBoard.explain` reads every member's record and names those behind; a record
+older than STALE_SECONDS (its rank cut off from the store keeps it) is given apart, with its
+age.
 """
 from __future__ import annotations
 
@@ -101,16 +101,17 @@ class ProgressBoard:
             raw = self._store.multi_get([f"progress/{r}" for r in ranks]) if ranks else []
         except Exception:  # noqa: BLE001 - the explanation is best effort
             return ""
-        behind, now = [], time.time()
+        behind, unheard, now = [], [], time.time()
         for rank, data in zip(ranks, raw):
             record = json.loads(data)
             entry = record.get(str(group_id))
+            last = "no operation on this group yet" if entry is None else f"last started {entry[1]}, seq {entry[0]}"
             age = now - record.get("at", now)
-            as_of = f", as of {age:.1f} s before" if age >= STALE_SECONDS else ""
-            if entry is None:
-                behind.append(f"{rank} (no operation on this group yet{as_of})")
-            elif entry[0] < seq:
-                behind.append(f"{rank} (last started {entry[1]}, seq {entry[0]}{as_of})")
-        if not behind:
-            return "; every rank had started it (one may be stuck inside it)"
-        return f"; ranks that never reached it: {', '.join(behind)}"
+            if age >= STALE_SECONDS:  # it may have moved on since: not claimed to be behind
+                unheard.append(f"{rank} ({last}, {age:.1f} s ago)")
+            elif entry is None or entry[0] < seq:
+                behind.append(f"{rank} ({last})")
+        text = f"; ranks that never reached it: {', '.join(behind)}" if behind else ""
+        if unheard:
+            text += f"; not heard from lately (cut off from the store, or stopped): {', '.join(unheard)}"
+        return text or "; every rank had started it (one may be stuck inside it)"

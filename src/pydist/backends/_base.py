@@ -9,22 +9,31 @@ transport Requests and do not go through the queue (they progress independently)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .._deadline import Deadline
+from .._errors import OpTimeoutError
 from .._group_state import GroupState
 from .._ops import ReduceOp
 from ..transport._base import Request
 
 
 class OpContext(NamedTuple):
-    """One operation's name, sequence number in its group, and deadline."""
+    """One operation's name, sequence number in its group, and deadline; ``explain`` turns
+    its timeout into one naming the ranks that never reached it (a bounded store lookup)."""
     name: str
     seq: int
     deadline: Deadline
     timeout_text: str = ""
+    explain: Callable[[OpTimeoutError], OpTimeoutError] | None = None
+
+    def explained(self, error: BaseException) -> BaseException:
+        """``error``, or for a timeout not explained yet, the explained one."""
+        if isinstance(error, OpTimeoutError) and not error.explained and self.explain is not None:
+            return self.explain(error)
+        return error
 
 
 class Engine(ABC):

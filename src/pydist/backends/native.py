@@ -198,8 +198,11 @@ class NativeBackend(Engine):
             ALGORITHMS[collective][algorithm](comm, *args)
         except BaseException as error:
             comm.abandon()
-            if isinstance(error, DistError) and not isinstance(error, GroupAbortedError):
-                self.transport.abort(self.ranks, self.group_id, error)
+            failure = ctx.explained(error)  # before the abort: the peers then hear who was behind
+            if isinstance(failure, DistError) and not isinstance(failure, GroupAbortedError):
+                self.transport.abort(self.ranks, self.group_id, failure)
+            if failure is not error:
+                raise failure from error.__cause__
             raise
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
