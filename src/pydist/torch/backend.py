@@ -28,6 +28,7 @@ from .._init import standalone_group, standalone_mpi_group
 from .._ops import RedOpType, ReduceOp
 from .._settings import settings
 from .._work import Work
+from ._store import TorchStore
 from .work import PydistWork
 
 BACKEND_NAME = "pydist"
@@ -117,7 +118,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         if engine == "mpi":
             self._group = standalone_mpi_group(global_ranks, rank, size, timeout.total_seconds(), "torch")
         else:
-            self._group = standalone_group(store, rank, size, timeout.total_seconds(), "torch")
+            self._group = standalone_group(TorchStore(store), rank, size, timeout.total_seconds(), "torch")
         self.engine = engine
         self._name = ""
         self._desc = ""
