@@ -14,6 +14,12 @@ import torch.distributed as tdist  # noqa: E402
 
 import pydist  # noqa: E402
 from pydist.testing import run_processes, run_threads  # noqa: E402
+from pydist.testing.processes import free_port  # noqa: E402
+
+
+def _gloo_world(rank: int, size: int, port: int) -> None:
+    """torch.distributed's default group on gloo, beside pydist's own world (init="env")."""
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
 
 
 def _sparse(indices, values, shape) -> torch.Tensor:
@@ -81,27 +87,36 @@ def _on_torch(rank: int, size: int) -> dict:
     return out
 
 
-def _on_pydist(rank: int, size: int) -> dict:
-    """The cases through pydist's own all_reduce."""
+def _on_pydist(rank: int, size: int, port: int) -> dict:
+    """The cases through pydist's own all_reduce, and on a gloo world beside it."""
     def run(tensor):
         work = pydist.all_reduce(tensor, async_op=True)
         [value] = work.result()
         return value
-    return _reduce_all(rank, size, run)
+
+    _gloo_world(rank, size, port)
+    try:
+        return {"gloo": _reduce_all(rank, size, _torch_all_reduce(None)), "pydist": _reduce_all(rank, size, run)}
+    finally:
+        tdist.destroy_process_group()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [2, 3])
-def test_sparse_all_reduce_equals_gloo_exactly(size):
-    on_torch = run_processes(size, _on_torch, init="torch", timeout=180)
-    own = run_processes(size, _on_pydist, init="env", timeout=120)
-    for rank in range(size):
-        gloo = on_torch[rank]["gloo"]
-        assert on_torch[rank]["pydist"] == gloo
-        assert own[rank] == gloo
-        assert on_torch[rank]["after_error"] == [float(size), 0.0]
-    first = on_torch[0]["gloo"]["uncoalesced, duplicates"]
+def test_torch_sparse_all_reduce_on_the_plugin_equals_gloo_exactly(size):
+    results = run_processes(size, _on_torch, init="torch", timeout=180)
+    for out in results:
+        assert out["pydist"] == out["gloo"] == results[0]["gloo"]
+        assert out["after_error"] == [float(size), 0.0]
+    first = results[0]["gloo"]["uncoalesced, duplicates"]
     assert first["coalesced"] and first["indices"] == [sorted({0, 3, *range(size)})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 3])
+def test_pydist_all_reduce_of_sparse_equals_gloo_exactly(size):
+    for out in run_processes(size, _on_pydist, free_port(), init="env", timeout=180):
+        assert out["pydist"] == out["gloo"]
 
 
 # -- misuse (thread ranks) ---------------------------------------------------------------------
@@ -131,3 +146,76 @@ def test_ranks_disagreeing_on_dtype_all_fail_and_the_group_goes_on():
         return dense.tolist()
 
     assert run_threads(3, body) == [[3.0, 3.0]] * 3
+
+
+# -- DDP over sparse gradients: torch's DDP on the plugin, pydist's own DDP, both against gloo --
+
+STEPS = 4
+
+
+def _embedding_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.EmbeddingBag(30, 4, mode="sum", sparse=True), torch.nn.Linear(4, 3))
+
+
+def _train(model: torch.nn.Module, rank: int) -> dict:
+    """STEPS of SGD on this rank's batches (different rows per rank, some rows shared); the
+    parameters as numpy arrays (torch tensors would cross processes through shared memory)."""
+    generator = torch.Generator().manual_seed(10 + rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(STEPS):
+        rows = torch.randint(0, 30, (6, 3), generator=generator)
+        target = torch.randint(0, 3, (6,), generator=generator)
+        loss = torch.nn.functional.cross_entropy(model(rows), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    state = getattr(model, "module", model).state_dict()  # without DDP's "module." prefix
+    return {name: value.detach().numpy().copy() for name, value in state.items()}
+
+
+def _torch_ddp(rank: int, size: int) -> dict:
+    """torch's DDP over gloo (a new_group) and over the "pydist" default group."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    gloo = tdist.new_group(backend="gloo")
+    return {"gloo": _train(ddp(_embedding_model(), process_group=gloo), rank),
+            "pydist": _train(ddp(_embedding_model()), rank)}
+
+
+def _pydist_ddp(rank: int, size: int, port: int) -> dict:
+    """pydist's own DDP, and torch's DDP on a gloo world beside it."""
+    from pydist.torch.ddp import DistributedDataParallel
+    _gloo_world(rank, size, port)
+    try:
+        return {"gloo": _train(torch.nn.parallel.DistributedDataParallel(_embedding_model()), rank),
+                "pydist": _train(DistributedDataParallel(_embedding_model()), rank)}
+    finally:
+        tdist.destroy_process_group()
+
+
+def _assert_same(got: dict, want: dict, atol: float) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=atol, rtol=0, err_msg=name)
+
+
+def _assert_trained_as_over_gloo(results: list[dict]) -> None:
+    gloo = results[0]["gloo"]
+    single = _train(_embedding_model(), 0)
+    assert not np.array_equal(gloo["0.weight"], single["0.weight"])  # the ranks' gradients were combined
+    for out in results:
+        _assert_same(out["gloo"], gloo, atol=0)  # every gloo rank ends alike
+        # the sparse gradient is gloo's bit for bit; dense ones may round differently (reduction order)
+        _assert_same(out["pydist"], gloo, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 3])
+def test_torch_ddp_with_sparse_embedding_on_the_plugin_trains_as_over_gloo(size):
+    _assert_trained_as_over_gloo(run_processes(size, _torch_ddp, init="torch", timeout=180))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [2, 3])
+def test_pydist_ddp_with_sparse_embedding_trains_as_over_gloo(size):
+    _assert_trained_as_over_gloo(run_processes(size, _pydist_ddp, free_port(), init="env", timeout=180))

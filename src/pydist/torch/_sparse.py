@@ -39,17 +39,11 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.com
 _CODES = {dtype: code for code, dtype in enumerate(DTYPES)}
 
 
-def is_sparse_coo(obj: Any) -> bool:
-    """True for a torch sparse COO tensor (what ``all_reduce_sparse`` takes)."""
-    return isinstance(obj, torch.Tensor) and obj.layout == torch.sparse_coo
-
-
-def empty_like_sparse(tensor: torch.Tensor) -> torch.Tensor:
-    """A sparse COO tensor shaped like ``tensor`` (same sparse/dense dims, dtype) holding no nonzeros."""
-    sparse_dim = tensor.sparse_dim()
+def empty_sparse(shape: torch.Size, dtype: torch.dtype, sparse_dim: int) -> torch.Tensor:
+    """A sparse COO tensor of ``shape`` and ``dtype`` with ``sparse_dim`` sparse dimensions and no nonzeros."""
     indices = torch.empty((sparse_dim, 0), dtype=torch.int64)
-    values = torch.empty((0, *tensor.shape[sparse_dim:]), dtype=tensor.dtype)
-    return torch.sparse_coo_tensor(indices, values, tensor.shape)
+    values = torch.empty((0, *shape[sparse_dim:]), dtype=dtype)
+    return torch.sparse_coo_tensor(indices, values, shape)
 
 
 def _check(tensor: torch.Tensor, op: Any) -> None:
