@@ -16,6 +16,10 @@ import pydist  # noqa: E402
 from pydist.testing import run_processes, run_threads  # noqa: E402
 from pydist.testing.processes import free_port  # noqa: E402
 
+# A hang guard, not a timing bound: each process test starts 2-3 torch processes that set up
+# gloo and pydist; on a loaded 2-core machine one took over the default 120 s.
+pytestmark = pytest.mark.timeout(300)
+
 
 def _gloo_world(rank: int, size: int, port: int) -> None:
     """torch.distributed's default group on gloo, beside pydist's own world (init="env")."""
