@@ -404,8 +404,6 @@ def test_construction_errors():
     def body(rank, size):
         with pytest.raises(ValueError, match="CPU modules only.*meta"):
             DistributedDataParallel(nn.Linear(2, 2, device="meta"))
-        with pytest.raises(ValueError, match="sparse"):
-            DistributedDataParallel(nn.Sequential(nn.Embedding(4, 2, sparse=True)))
         frozen = nn.Linear(2, 2).requires_grad_(False)
         with pytest.raises(RuntimeError, match="doesn't have any parameter that requires a gradient"):
             DistributedDataParallel(frozen)

@@ -108,11 +108,18 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
 
 
 def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    """Reduce ``tensor`` over the group; every rank gets the result in place."""
+    """Reduce ``tensor`` over the group; every rank gets the result in place. A torch sparse COO
+    tensor is summed as gloo does (``pydist.torch._sparse``; SUM only)."""
     target = _group(group, "all_reduce")
     if target is None:
         return None
-    buf = as_buffer(tensor, "tensor")
+    try:
+        buf = as_buffer(tensor, "tensor")
+    except ValueError:  # not a dense buffer: a sparse tensor takes its own path (off the dense fast path)
+        if getattr(tensor, "is_sparse", False) is True:
+            from .torch._sparse import all_reduce_sparse
+            return all_reduce_sparse(tensor, op, target, async_op)
+        raise
     reduce_op = _reduce_op(op, buf)
     return target.run("all_reduce", lambda ctx: target.backend.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
 

@@ -19,6 +19,10 @@ Life of a synced iteration (torch's c10d Reducer, in Python):
    is made), and with find_unused_parameters skips parameters unused on every rank (their
    used-flags are all_reduced after the last bucket).
 
+A parameter with a sparse gradient (a SparseBucket of its own) is divided in place and
+reduced by a sparse all_reduce; its ``.grad`` stays sparse (a rank without one reduces an
+empty sparse tensor, and takes the sum).
+
 If a parameter got no gradient and find_unused_parameters is off, the buckets never
 complete; the next forward raises torch's "Expected to have finished reduction in the
 prior iteration ..." error, naming the parameters.
@@ -35,7 +39,7 @@ from torch.autograd import Variable
 
 import pydist as dist
 
-from ._ddp_bucket import Bucket, GradBucket, is_view_of
+from ._ddp_bucket import Bucket, GradBucket, SparseBucket
 from ._ddp_sync import reachable_parameters
 
 UNUSED_PARAMETERS = (
@@ -101,13 +105,15 @@ class Reducer:
     """Buckets, autograd hooks and the per-iteration state of DDP's gradient averaging."""
 
     def __init__(self, params: list[torch.Tensor], names: list[str], group: Any, bucket_indices: list[list[int]],
-                 find_unused: bool, as_view: bool):
+                 find_unused: bool, as_view: bool, sparse: frozenset[int] = frozenset()):
+        """``sparse``: indices of the parameters whose gradients are sparse (each alone in its bucket)."""
         self.params = params
         self.names = names
         self.group = group
         self.find_unused = find_unused
         self.as_view = as_view
-        self.buckets = [Bucket(i, indices, [params[j] for j in indices]) for i, indices in enumerate(bucket_indices)]
+        self.buckets = [(SparseBucket if indices[0] in sparse else Bucket)(i, indices, [params[j] for j in indices])
+                        for i, indices in enumerate(bucket_indices)]
         self.location = {index: (bucket, position) for bucket in self.buckets
                          for position, index in enumerate(bucket.param_indices)}
         self.comm_hook: Callable | None = None
@@ -204,7 +210,7 @@ class Reducer:
             self.used_flags = self.local_used.clone()
             self.used_work = dist.all_reduce(self.used_flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
 
-    def launch(self, bucket: Bucket) -> None:
+    def launch(self, bucket: Bucket | SparseBucket) -> None:
         """Start reducing ``bucket``: one async all_reduce (SUM of pre-divided values) or the comm hook."""
         bucket.launched_at = time.perf_counter()
         bucket.mark_launched(self._reduce(bucket.index, bucket.buffer, bucket.params))
@@ -225,15 +231,11 @@ class Reducer:
             for index in missing:  # reached by the graph but got no gradient (an output not in the loss)
                 self._mark_ready(index)
             for bucket in self.buckets:
-                value = wait_value(bucket.result)
-                if value is not bucket.buffer:
-                    if value.numel() != bucket.buffer.numel():
-                        raise ValueError(f"DDP communication hook returned {value.numel()} elements for bucket "
-                                         f"{bucket.index}, which holds {bucket.buffer.numel()}")
-                    bucket.buffer.copy_(value.reshape(-1))
+                bucket.accept(wait_value(bucket.result))
             if self.used_work is not None:
                 self.used_work.wait()
-            self._write_back()
+            for bucket in self.buckets:
+                bucket.write_back(self.used_flags, self.as_view)
             now = time.perf_counter()
             self.stats["seconds_communicating"] += _busy_seconds(
                 [(b.launched_at, b.done_at or now) for b in self.buckets])
@@ -241,27 +243,12 @@ class Reducer:
             self.expect_hooks = self.require_finalize = False
             self.local_used.zero_()
 
-    def _write_back(self) -> None:
-        used = self.used_flags
-        for bucket in self.buckets:
-            for index, param, view in zip(bucket.param_indices, bucket.params, bucket.views):
-                if used is not None and not used[index]:
-                    continue  # unused on every rank: its gradient is left alone, as torch
-                grad = param.grad
-                if self.as_view:
-                    if grad is None or not is_view_of(grad, view):
-                        param.grad = view
-                elif grad is None:
-                    param.grad = view.clone()
-                else:
-                    grad.copy_(view)
-
     # -- join(): a joined rank shadows the buckets of ranks still training ----------------
     def shadow_backward(self) -> None:
         """Reduce zeros in every bucket (and the used-flags), matching a synced backward elsewhere."""
         results = []
         for bucket in self.buckets:
-            results.append(self._reduce(bucket.index, torch.zeros_like(bucket.buffer), bucket.params))
+            results.append(self._reduce(bucket.index, bucket.zeros(), bucket.params))
             self.stats["bytes_reduced"] += bucket.nbytes
             self.stats["allreduces"] += 1
         for result in results:

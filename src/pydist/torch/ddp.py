@@ -29,8 +29,12 @@ Differences from torch, all deliberate:
   collectives on torch's process groups and does not apply to pydist groups.
 - ``register_comm_hook`` swaps torch's default hooks (allreduce, fp16/bf16 compress) for
   pydist's (``pydist.torch.hooks``); other torch hooks run as they are, on torch's groups.
-- Sparse gradients (``nn.Embedding(sparse=True)``) and device_ids/output_device are refused;
-  ``bucket_cap_mb=None`` means 25, as in torch.
+- device_ids/output_device are refused; ``bucket_cap_mb=None`` means 25, as in torch.
+
+Sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True``) are averaged as
+torch's reducer does: each such weight has a bucket of its own, its gradient is divided in
+place and reduced by a sparse all_reduce (gloo's algorithm, ``pydist.torch._sparse``), and
+stays a sparse ``.grad``.
 """
 from __future__ import annotations
 
@@ -55,16 +59,18 @@ _MB = 1024 * 1024
 
 
 def _check_supported(module: torch.nn.Module) -> None:
-    """ValueError for what pydist's DDP does not run: non-CPU tensors, sparse gradients."""
+    """ValueError for what pydist's DDP does not run: non-CPU tensors."""
     for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
         if tensor.device.type != "cpu":
             raise ValueError(f"pydist's DistributedDataParallel runs CPU modules only, but '{name}' is on "
                              f"{tensor.device}; move the module with module.cpu(), or use torch's "
                              "DistributedDataParallel for accelerators")
-    for name, sub in module.named_modules():
-        if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and sub.sparse:
-            raise ValueError(f"pydist's DistributedDataParallel reduces dense gradients only, but '{name}' "
-                             "produces sparse ones (sparse=True)")
+
+
+def _sparse_gradient_weights(module: torch.nn.Module) -> set[int]:
+    """ids of the parameters whose gradients are sparse (torch's ``produces_sparse_gradient``)."""
+    return {id(sub.weight) for sub in module.modules()
+            if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and sub.sparse}
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -115,10 +121,12 @@ class DistributedDataParallel(torch.nn.Module):
             broadcast_coalesced([t for _, t in states], self.process_group, 0)
         cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * _MB)
         params = [p for _, p in named]
+        sparse_ids = _sparse_gradient_weights(module)
+        sparse = frozenset(i for i, p in enumerate(params) if id(p) in sparse_ids)
         order = list(range(len(params)))[::-1]  # gradients become ready in reverse registration order
-        self.bucket_indices = assign_buckets(params, order, min(DEFAULT_FIRST_BUCKET_BYTES, cap), cap)
+        self.bucket_indices = assign_buckets(params, order, min(DEFAULT_FIRST_BUCKET_BYTES, cap), cap, sparse)
         self.reducer = Reducer(params, [name for name, _ in named], self.process_group, self.bucket_indices,
-                               find_unused_parameters, gradient_as_bucket_view)
+                               find_unused_parameters, gradient_as_bucket_view, sparse)
 
     # -- what DDP manages -----------------------------------------------------------------
     def _named_params(self) -> list[tuple[str, torch.Tensor]]:
