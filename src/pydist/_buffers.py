@@ -67,24 +67,62 @@ def _is_torch_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+class _TensorMemory:
+    """A torch tensor's memory described to numpy (``__array_interface__``) without
+    ``tensor.numpy()``, which would mark the storage unresizable for good (torch's FSDP
+    and PowerSGD resize storages). The array made from it holds this object, and so the
+    tensor, alive."""
+
+    __slots__ = ("tensor", "__array_interface__")
+
+    def __init__(self, tensor: Any, dtype: np.dtype):
+        self.tensor = tensor
+        strides = None if tensor.is_contiguous() else tuple(step * dtype.itemsize for step in tensor.stride())
+        self.__array_interface__ = {"version": 3, "shape": tuple(tensor.shape), "typestr": _typestr(dtype),
+                                    "data": (tensor.data_ptr(), False), "strides": strides}
+
+
+_NUMPY_DTYPES: dict[Any, np.dtype] = {}  # torch dtype -> numpy dtype
+_TYPESTRS: dict[np.dtype, str] = {}
+
+
+def _typestr(dtype: np.dtype) -> str:
+    """``dtype.str``, cached (numpy builds it on each access)."""
+    found = _TYPESTRS.get(dtype)
+    if found is None:
+        found = _TYPESTRS[dtype] = dtype.str
+    return found
+
+
+def _numpy_dtype(torch: Any, dtype: Any, name: str) -> np.dtype:
+    """The numpy dtype of a torch dtype (TypeError naming ``name`` if numpy has none)."""
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:
+        try:
+            found = torch.empty(0, dtype=dtype).numpy().dtype  # a throwaway tensor: its storage may be marked
+        except TypeError as error:
+            raise TypeError(f"{name}: unsupported tensor dtype {dtype}") from error
+        _NUMPY_DTYPES[dtype] = found
+    return found
+
+
 def _torch_to_numpy(obj: Any, name: str) -> tuple[np.ndarray, str, bool]:
-    """A torch CPU tensor as a numpy array sharing its memory; bf16 as int16 bits."""
+    """A torch CPU tensor as a numpy array sharing its memory; bf16 as int16 bits. The
+    tensor is left as it was (its storage stays resizable)."""
     torch = sys.modules["torch"]
     if obj.device.type != "cpu":
         raise ValueError(f"{name}: pydist works on CPU tensors; got a tensor on {obj.device} "
                          "(move it with .cpu() first)")
     if obj.layout != torch.strided:
         raise ValueError(f"{name}: only dense (strided) tensors are supported, got {obj.layout}")
-    tensor = obj.detach()
+    tensor = obj.resolve_conj().resolve_neg() if obj.is_conj() or obj.is_neg() else obj
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy(), "bfloat16", True
-    try:
-        array = tensor.resolve_conj().resolve_neg().numpy()
-    except TypeError as error:
-        raise TypeError(f"{name}: unsupported tensor dtype {obj.dtype}") from error
+        return np.asarray(_TensorMemory(tensor, _INT16)), "bfloat16", True
+    array = np.asarray(_TensorMemory(tensor, _numpy_dtype(torch, tensor.dtype, name)))
     return array, dtype_name(array.dtype), False
 
 
+_INT16 = np.dtype(np.int16)
 _DTYPE_NAMES: dict[np.dtype, str] = {}
 
 

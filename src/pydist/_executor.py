@@ -3,6 +3,8 @@
 A blocking operation on an idle group runs inline in the caller's thread (the latency
 path). Anything else (async operations, operations issued while others are queued or
 running) goes into a FIFO served by the group's progress thread, started on first need.
+Completing a Work here only marks it done: its callbacks run on the callback runner
+(_callbacks), so one that waits on another operation of this group does not stall it.
 
 The queue fires the group's lifecycle events (see _group_state): an operation that fails
 with a DistError (timeout, dead peer) *breaks* the group, and queued and later operations

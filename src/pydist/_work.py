@@ -4,6 +4,12 @@
 ``is_completed()``, ``is_success()``, ``exception()``, ``result()`` (the output tensors)
 and ``get_future()`` (a ``concurrent.futures.Future`` resolving to the output tensors,
 made on first request so that the common case stays cheap).
+
+Callbacks (``add_done_callback``, and those of the future) run on pydist's callback
+runner (see _callbacks), never on the progress or transport thread that completes the
+operation, so a callback may wait on another operation of the same group. A Work
+without callbacks or future completes with no thread hop. A callback added once the
+Work is done runs at once in the adding thread.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import threading
 from datetime import timedelta
 from typing import Any, Callable
 
+from ._callbacks import RUNNER
 from ._deadline import to_seconds
 from ._errors import DistBackendError
 
@@ -46,6 +53,10 @@ class Work:
             self._error, self._source_rank, self._done = error, source_rank, True
             future, callbacks = self._future, self._callbacks
         self._gate.release()
+        if future is not None or callbacks:
+            RUNNER.run(lambda: self._notify(future, callbacks))
+
+    def _notify(self, future: concurrent.futures.Future | None, callbacks: list[Callable[["Work"], None]]) -> None:
         if future is not None:
             self._settle(future)
         for callback in callbacks:

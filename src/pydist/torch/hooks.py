@@ -17,7 +17,8 @@ and needs torch.distributed initialised (e.g. with the "pydist" backend plugin):
 communicates over torch's groups, and DDP only consumes the torch Future it returns.
 torch's ``fp16_compress_wrapper``/``bf16_compress_wrapper`` work around these hooks as is.
 
-Futures settle on pydist's progress thread; ``.then`` callbacks run there.
+Futures settle on pydist's callback runner, off the progress thread: a ``.then`` callback may
+wait on another collective.
 """
 from __future__ import annotations
 

@@ -3,10 +3,12 @@
 ``PydistWork`` subclasses ``torch.distributed.Work``: ``wait`` re-raises pydist's error,
 ``get_future`` returns a torch Future resolving to the output tensors, and
 ``_source_rank`` reports the sender of a receive from any source (what torch's ``recv``
-asks for).
+asks for). The future is set on pydist's callback runner, so its ``then`` callbacks may
+wait on other collectives of the same group (torch's PowerSGD hook does), as on gloo.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import torch
@@ -24,6 +26,7 @@ class PydistWork(tdist.Work):
         self._works = [] if works is None else works if isinstance(works, list) else [works]
         self._outputs = outputs
         self._after = after
+        self._lock = threading.Lock()  # guards _after (wait and the future may both finish) and the countdown
         self._future: torch.futures.Future | None = None
 
     @classmethod
@@ -33,9 +36,10 @@ class PydistWork(tdist.Work):
     def _finish(self) -> None:
         for work in self._works:
             work.wait()
-        if self._after is not None:
+        with self._lock:
             after, self._after = self._after, None
-            after()
+            if after is not None:
+                after()
 
     def wait(self, timeout=None) -> bool:
         for work in self._works:
@@ -66,16 +70,17 @@ class PydistWork(tdist.Work):
         """CPU work: nothing to synchronise."""
 
     def get_future(self) -> torch.futures.Future:
-        """A torch Future set (from pydist's progress thread) when every part is done."""
+        """A torch Future set (on pydist's callback runner) when every part is done."""
         if self._future is None:
             future: torch.futures.Future = torch.futures.Future()
             self._future = future
             remaining = [len(self._works)]
 
             def one_done(_work: Work) -> None:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
+                with self._lock:  # parts may complete on different runner threads
+                    remaining[0] -= 1
+                    if remaining[0]:
+                        return
                 try:
                     self._finish()
                 except BaseException as error:  # noqa: BLE001 - delivered through the future

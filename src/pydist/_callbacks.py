@@ -1,0 +1,61 @@
+"""Where completion callbacks run: never on a progress or transport thread.
+
+A callback may block on another operation of its own group (torch's PowerSGD hook waits,
+inside a ``Future.then`` callback, on an all_reduce it has just issued). Run on the
+group's progress thread, that all_reduce would queue behind the callback waiting for it.
+torch avoids this by completing gloo's futures on worker threads separate from the
+caller; pydist hands callbacks to this runner: tasks start in submission order, each on
+an idle worker, or on a new worker when every worker is busy (so a callback blocked on a
+later completion never holds that completion up). Workers ("pydist-callbacks") are
+daemon threads that exit after ``IDLE_SECONDS`` without work.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Callable
+
+IDLE_SECONDS = 1.0  # short: an idle process keeps no threads; restarting one costs ~0.1 ms
+
+_log = logging.getLogger("pydist")
+
+
+class CallbackRunner:
+    """A FIFO of tasks served by as many workers as are needed to never wait for a busy one."""
+
+    def __init__(self, idle_seconds: float = IDLE_SECONDS):
+        self._idle_seconds = idle_seconds
+        self._cond = threading.Condition(threading.Lock())
+        self._tasks: deque[Callable[[], None]] = deque()
+        self._idle = 0  # workers waiting for a task
+        self._started = 0
+
+    def run(self, task: Callable[[], None]) -> None:
+        """Start ``task()`` soon on a worker thread; its exceptions are logged, not raised."""
+        with self._cond:
+            self._tasks.append(task)
+            if self._idle >= len(self._tasks):  # every queued task has an idle worker to take it
+                self._cond.notify()
+                return
+            self._started += 1
+            number = self._started
+        threading.Thread(target=self._serve, name=f"pydist-callbacks-{number}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                while not self._tasks:
+                    if not self._cond.wait(self._idle_seconds) and not self._tasks:
+                        self._idle -= 1
+                        return
+                self._idle -= 1
+                task = self._tasks.popleft()
+            try:
+                task()
+            except BaseException:  # noqa: BLE001 - a callback's failure must not kill the worker
+                _log.exception("pydist: a completion callback raised")
+
+
+RUNNER = CallbackRunner()
