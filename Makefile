@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 MPI := mpi4py mpich
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint bench venv test-venv clean
+.PHONY: demo test test-fast torch-suite lint bench venv test-venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: test-venv
 # The edit-run loop: everything but the tests marked slow (and soak), in well under a minute.
 test-fast: test-venv
 	$(PY) -m pytest -m "not slow and not soak" $(PYTEST_ARGS)
+
+# torch's own distributed suite against the plugin; pytest and expecttest live in the test venv.
+torch-suite: test-venv
+	BACKEND=pydist WORLD_SIZE=2 $(PY) -m pytest tests/torch_suite/torch_distributed_suite.py -q $(PYTEST_ARGS)
 
 lint: test-venv
 	$(VENV)/bin/ruff check src tests

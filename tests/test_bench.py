@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,6 +198,21 @@ def test_progress_rewrites_one_line_on_a_terminal():
     progress.update("b")
     progress.clear()
     assert stream.getvalue() == "\r\x1b[Ka\r\x1b[Kb\r\x1b[K"
+
+
+def test_plot_without_matplotlib_says_how_to_install_it_here(monkeypatch, tmp_path):
+    """From a source checkout: the bench extra, editable, into the running interpreter;
+    elsewhere: pip install matplotlib into it."""
+    from pydist.bench import plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    root = Path(__file__).resolve().parent.parent
+    with pytest.raises(plot.PlotUnavailable) as missing:
+        plot.require()
+    assert str(missing.value) == (f"--plot needs matplotlib: cd {root} && {sys.executable} -m pip install -e "
+                                  "'.[bench]' (make test-venv installs it too)")
+    installed = str(tmp_path / "site-packages" / "pydist")
+    assert plot.install_hint(installed) == f"{sys.executable} -m pip install matplotlib"
 
 
 @pytest.mark.slow

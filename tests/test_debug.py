@@ -286,3 +286,15 @@ def test_timeline_without_rank_placeholder_and_reinit_appends(tmp_path, monkeypa
     run_threads(2, _many_all_reduces, 3)
     events = json.loads((tmp_path / "tl.json.rank1.json").read_text())
     assert [e["args"]["seq"] for e in events if e["ph"] == "X"] == [1, 2, 1, 2, 3]
+
+
+def test_analyzer_says_once_when_and_why_each_file_was_written():
+    failure = "DistBackendError: timed out [all_reduce seq 2 on group default_pg]"
+    reasons = [("exit after a failure", failure), ("exit", None), (failure, failure), ("on demand", failure)]
+    traces_ = [{**_trace(rank, []), "reason": reason, "first_failure": first} for rank, (reason, first)
+               in enumerate(reasons)]
+    lines = analyze.format_report(traces_, analyze.analyze(traces_)).splitlines()[1:5]
+    assert lines == ["  rank 0: h pid 0, written on exit after a failure",
+                     "  rank 1: h pid 1, written on exit",
+                     f"  rank 2: h pid 2, written when it failed: {failure}",
+                     "  rank 3: h pid 3, written on demand, after a failure"]

@@ -2,6 +2,7 @@
 (which snapshots and resumes)."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,16 @@ def test_torch_tutorial_script_runs_under_pydist_run(tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert second.stdout.count("Resuming training from snapshot at Epoch 4") == 2, second.stdout
     assert re.findall(r"\[rank0\] epoch (\d)", second.stdout) == ["4", "5"], second.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_torch_suite_runs_torch_suite_in_the_test_venv():
+    """`make torch-suite` installs the test extras (pytest, expecttest) before running torch's
+    suite against the plugin, so it works after `make demo` (whose venv has no pytest)."""
+    done = run_command(["make", "-n", "-B", "torch-suite"], cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    install = next(i for i, line in enumerate(lines) if "'.[test," in line and "expecttest" in line)
+    suite = lines.index("BACKEND=pydist WORLD_SIZE=2 .venv/bin/python -m pytest "
+                        "tests/torch_suite/torch_distributed_suite.py -q ")
+    assert install < suite

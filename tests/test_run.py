@@ -175,6 +175,18 @@ def test_output_pump_prefixes_splits_and_flushes(monkeypatch):
     assert list(tail) == [b"more\n", b"last\n"]
 
 
+def test_output_pump_adds_no_second_prefix_to_lines_that_have_it():
+    """torch's excepthook writes ``[rank0]: `` before each traceback line: printed once."""
+    read_end, write_end = os.pipe()
+    dest = io.BytesIO()
+    pump = output.OutputPump()
+    pump.add(read_end, "[rank0]:", dest)
+    os.write(write_end, b"[rank0]: Traceback\n\n[rank1]: other\nplain [rank0]:\n")
+    os.close(write_end)
+    assert pump.wait(5)
+    assert dest.getvalue() == b"[rank0]: Traceback\n[rank0]:\n[rank0]:[rank1]: other\n[rank0]:plain [rank0]:\n"
+
+
 @pytest.mark.slow
 def test_store_port_in_use(pids):
     with socket.create_server(("127.0.0.1", 0)) as busy:

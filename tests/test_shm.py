@@ -184,3 +184,15 @@ def _killed_rank(rank, size, port, ready):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
     dist.init_process_group("pydist")
     _loop_until_killed(rank, size, ready)
+
+
+def test_a_segment_name_left_in_the_store_by_an_earlier_run_is_an_error_naming_the_key():
+    """An attacher reading a name whose segment is gone (an earlier attempt's key, or a creator
+    gone before everyone attached) gets a DistStoreError naming the key, not FileNotFoundError."""
+    from pydist._deadline import Deadline
+    from pydist.transport._shm_segment import share
+
+    store = dist.HashStore()
+    store.set("arena/7/name", "pydist-0123456789ab-arena-deadbeef-1")
+    with pytest.raises(dist.DistStoreError, match="'arena/7/name'.*pydist-0123456789ab-arena-deadbeef-1.*rank 0"):
+        share(store, "arena/7", [0, 1], 1, 64, "0123456789ab", "arena", Deadline.after(5))

@@ -1,9 +1,12 @@
 """``--plot out.png``: bus bandwidth and latency against size, one line per backend.
 
-matplotlib is an optional extra (``pip install 'pydist[bench]'``); :func:`require` fails
-early with that hint, before anything is measured.
+matplotlib is an optional extra (``bench``); :func:`require` fails early, before anything
+is measured, with the command that installs it for the interpreter running pydist.
 """
 from __future__ import annotations
+
+import os
+import sys
 
 from .report import BackendResult, Meta, measure
 from .sizes import format_size
@@ -18,8 +21,17 @@ def require() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
-        raise PlotUnavailable("--plot needs matplotlib: pip install 'pydist[bench]' (or pip install matplotlib)") \
-            from error
+        raise PlotUnavailable(f"--plot needs matplotlib: {install_hint()}") from error
+
+
+def install_hint(package_dir: str = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) -> str:
+    """How to install matplotlib: from a source checkout (``package_dir`` is ``<root>/src/pydist``
+    with ``<root>/pyproject.toml``), the ``bench`` extra installed editable; else pip."""
+    python = sys.executable
+    root = os.path.dirname(os.path.dirname(package_dir))
+    if os.path.basename(os.path.dirname(package_dir)) == "src" and os.path.isfile(os.path.join(root, "pyproject.toml")):
+        return f"cd {root} && {python} -m pip install -e '.[bench]' (make test-venv installs it too)"
+    return f"{python} -m pip install matplotlib"
 
 
 def write_plot(path: str, meta: Meta, plan: list[tuple[int, int]], results: list[BackendResult]) -> None:

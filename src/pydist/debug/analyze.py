@@ -183,12 +183,21 @@ def analyze(traces: list[dict]) -> list[GroupReport]:
     return [analyze_group(name, members[name], groups[name], dumped) for name in groups]
 
 
+def _when_written(trace: dict) -> str:
+    """Why a trace file was written, saying once whether a failure came first: "on exit",
+    "on exit after a failure", "on demand, after a failure", "when it failed: <error>"."""
+    reason, failure = trace["reason"], trace.get("first_failure")
+    if failure and failure == reason:
+        return f"when it failed: {reason}"
+    after = ", after a failure" if failure and "after a failure" not in reason else ""
+    return f"{reason}{after}" if reason.startswith("on ") else f"on {reason}{after}"
+
+
 def format_report(traces: list[dict], reports: list[GroupReport]) -> str:
     """The analyzer's text: files, then per group the table and the findings."""
     lines = [f"pydist flight recorder: {len(traces)} rank file(s)"]
     for trace in traces:
-        after = ", after a failure" if trace.get("first_failure") and trace["first_failure"] != trace["reason"] else ""
-        lines.append(f"  rank {trace['rank']}: {trace['host']} pid {trace['pid']}, written on {trace['reason']}{after}")
+        lines.append(f"  rank {trace['rank']}: {trace['host']} pid {trace['pid']}, written {_when_written(trace)}")
     for report in reports:
         lines.append("")
         lines.append(f"group {report.name} (ranks {', '.join(map(str, report.ranks))})")

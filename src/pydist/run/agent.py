@@ -15,6 +15,9 @@ this node's workers for each round, and restarts them when the job must.
   grace period.
 - 1 when the store, the rendezvous or a worker cannot be started.
 
+Each round's workers get a store of their own (:mod:`.worker_store`) at MASTER_ADDR:MASTER_PORT,
+so a restarted round never reads what the failed one left there.
+
 A node that arrives while a round runs (``--nnodes MIN:MAX`` with room left) makes the
 round stop and a new one begin, without using a restart. Whatever happens, when ``run``
 returns no worker or grandchild is left, pipes and log files are closed, a temporary log
@@ -40,6 +43,7 @@ from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
 from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
 from .workers import Worker, spawn, sweep_groups, watch
+from .worker_store import WorkerStore
 from ..transport._shm_segment import remove_stale
 
 #: Signals the launcher catches and forwards to the workers (torchrun's --signals-to-handle default).
@@ -100,6 +104,9 @@ class Agent:
         while True:
             try:
                 round_ = rdzv.join()
+                self._announce(rdzv, round_)
+                workers_store = WorkerStore(rdzv, round_, self.config.master_addr if hosting else rdzv.me.addr,
+                                            self.config.connect_timeout)
             except Interrupted:
                 self._say(f"got {signal.Signals(self._signals[0]).name} while waiting for the other nodes")
                 return 128 + self._signals[0]
@@ -111,17 +118,22 @@ class Agent:
             except (OSError, RuntimeError) as exc:  # the store went away
                 self._say(f"lost the job's store at {self.config.master_addr}:{self.master_port}: {exc}")
                 return EXIT_WORKER_FAILED
-            if round_.nnodes > 1 or round_.number > 0:
-                first = round_.node_rank * round_.nproc
-                self._say(f"round {round_.number}: node {round_.node_rank} of {round_.nnodes} "
-                          f"({rdzv.me.where()}), ranks {first}..{first + round_.nproc - 1} of {round_.world_size}")
-            placement = Placement(round_.node_rank, round_.nnodes, round_.number,
-                                  self.config.master_addr, self.master_port or 0)
-            outcome = RoundRun(self, rdzv, round_, placement, logs).run()
+            try:
+                address = workers_store.address
+                placement = Placement(round_.node_rank, round_.nnodes, round_.number, address.addr, address.port)
+                outcome = RoundRun(self, rdzv, round_, placement, logs).run()
+            finally:
+                workers_store.close()
             code = self._verdict(outcome)
             if code is not None:
                 self._leave(rdzv, round_, hosting)
                 return code
+
+    def _announce(self, rdzv: Rendezvous, round_: Round) -> None:
+        if round_.nnodes > 1 or round_.number > 0:
+            first = round_.node_rank * round_.nproc
+            self._say(f"round {round_.number}: node {round_.node_rank} of {round_.nnodes} "
+                      f"({rdzv.me.where()}), ranks {first}..{first + round_.nproc - 1} of {round_.world_size}")
 
     def _verdict(self, outcome: dict[str, Any]) -> int | None:
         """The exit code for a round's outcome, or None to meet in a new round."""

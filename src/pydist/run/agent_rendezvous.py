@@ -16,6 +16,8 @@ Keys, under ``rdzv/<run id>/``::
     r<N>/stop        why round N's workers stop (JSON), written once
     r<N>/done        counter of members whose workers all succeeded
     r<N>/left        counter of members that will not touch the store again
+    r<N>/<name>      what one member tells the others about round N (see ``publish``), e.g.
+                     ``workers_store``: where round N's workers find their store
     restarts         failure restarts used so far, for the whole job
 """
 from __future__ import annotations
@@ -180,7 +182,7 @@ class Rendezvous:
         return (f"rendezvous '{self.settings.run_id}' timed out after {self.settings.join_timeout:g}s: "
                 f"{joined} of at least {self.settings.min_nodes} nodes joined ({hosts})")
 
-    def _refuse(self, number: int, count: int, message: str) -> NoReturn:
+    def refuse(self, number: int, count: int, message: str) -> NoReturn:
         """Every member reads the same records and refuses round ``number`` alike: leave it
         (so the store's host waits for the others before closing the store), then raise."""
         try:
@@ -194,13 +196,13 @@ class Rendezvous:
         nprocs = {record.nproc for record in records}
         if len(nprocs) > 1:
             listing = ", ".join(f"{record.where()}: {record.nproc}" for record in records)
-            self._refuse(number, count, f"mismatched --nproc-per-node across nodes ({listing}); every node must "
+            self.refuse(number, count, f"mismatched --nproc-per-node across nodes ({listing}); every node must "
                          "use the same")
         if self.settings.static:
             ranks = sorted(record.node_rank for record in records)
             if ranks != list(range(count)):
                 listing = ", ".join(f"{record.where()}: {record.node_rank}" for record in records)
-                self._refuse(number, count, f"--node-rank values must be 0..{count - 1}, each once; got {listing}")
+                self.refuse(number, count, f"--node-rank values must be 0..{count - 1}, each once; got {listing}")
             order = sorted(records, key=lambda record: record.node_rank)
         else:
             order = sorted(records, key=lambda record: (record.addr, record.host, record.agent_id))
@@ -229,6 +231,21 @@ class Rendezvous:
 
     def all_finished(self, round_: Round) -> bool:
         return self._int(f"r{round_.number}/done") >= round_.nnodes
+
+    def publish(self, number: int, name: str, text: str) -> None:
+        """Tell the other members of round ``number`` something under ``name``."""
+        self.store.set(self._key(f"r{number}/{name}"), text)
+
+    def published(self, number: int, name: str, timeout: float) -> str:
+        """What a member published under ``name`` for round ``number``, waiting for it at most
+        ``timeout`` s (RendezvousError) or until this agent is told to stop (Interrupted)."""
+        key, deadline = self._key(f"r{number}/{name}"), time.monotonic() + timeout
+        while not self.store.check([key]):
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"rendezvous '{self.settings.run_id}': round {number}'s node 0 did not "
+                                      f"publish {name} within {timeout:g}s")
+            self._pause()
+        return self.store.get(key).decode()
 
     def leave(self, number: int) -> None:
         """This member is done with the store (the agent is about to exit)."""

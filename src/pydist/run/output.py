@@ -1,7 +1,8 @@
 """Forward workers' stdout/stderr to the launcher's, one prefixed line at a time.
 
 One thread multiplexes every worker pipe (``selectors``). Bytes are forwarded as they are
-(no decoding); each complete line is written as ``prefix + line`` under a process-wide lock
+(no decoding); each complete line is written as ``prefix + line`` (just ``line`` if it already starts
+with the prefix, as torch's tracebacks do) under a process-wide lock
 and flushed, so lines of different workers, and the launcher's own messages written with
 :func:`write_bytes`, never interleave inside a line. A partial last line is written, with a
 newline added, when its pipe reaches end of file or the pump is stopped. A line longer than
@@ -31,6 +32,13 @@ def write_bytes(dest: BinaryIO, data: bytes) -> None:
             dest.flush()
         except (OSError, ValueError):
             pass
+
+
+def _prefixed(prefix: bytes, line: bytes) -> bytes:
+    """``prefix + line``, unless the worker already began ``line`` with that very prefix
+    (torch's excepthook, installed by init_process_group, writes ``[rank0]: `` before each
+    traceback line)."""
+    return line if line.startswith(prefix) else prefix + line
 
 
 @dataclass
@@ -122,6 +130,6 @@ class OutputPump:
         if source.tail is not None:
             source.tail.extend(lines)
         if source.dest is not None:
-            write_bytes(source.dest, b"".join(source.prefix + line for line in lines))
+            write_bytes(source.dest, b"".join(_prefixed(source.prefix, line) for line in lines))
         for file in source.files:
             write_bytes(file, b"".join(lines))

@@ -120,9 +120,10 @@ ALIVE_POLL_SECONDS = 0.1
 def share(store, key: str, members: list[int], rank: int, size: int, token: str, purpose: str,
           deadline: Deadline, alive: Callable[[], None] | None = None) -> Segment:
     """Create (lowest rank of ``members``) or attach the segment named under ``key`` in the
-    store; the last rank to attach unlinks it. Waiting for the creator ends with
-    OpTimeoutError naming it at ``deadline``, or with whatever ``alive()`` raises (a member
-    is dead, the group was aborted), checked every ALIVE_POLL_SECONDS."""
+    store; the last rank to attach unlinks it; DistStoreError if the named one is gone.
+    Waiting for the creator ends with OpTimeoutError naming it at ``deadline``, or with
+    whatever ``alive()`` raises (a member is dead, the group was aborted), checked every
+    ALIVE_POLL_SECONDS."""
     creator = min(members)
     if rank == creator:
         remove_stale()
@@ -130,10 +131,21 @@ def share(store, key: str, members: list[int], rank: int, size: int, token: str,
         store.set(f"{key}/name", segment.name)
     else:
         _wait_for_name(store, f"{key}/name", creator, deadline, alive)
-        segment = Segment(store.get(f"{key}/name").decode(), size, create=False)
+        segment = _attach(f"{key}/name", store.get(f"{key}/name").decode(), size, creator)
     if store.add(f"{key}/attached", 1) == len(members):
         segment.unlink()
     return segment
+
+
+def _attach(key: str, name: str, size: int, creator: int) -> Segment:
+    """Map the segment rank ``creator`` named under ``key``; DistStoreError if it is gone."""
+    try:
+        return Segment(name, size, create=False)
+    except FileNotFoundError:
+        raise DistStoreError(f"the shared memory named under store key {key!r} ({name}) is gone: rank {creator} "
+                             "exited before every member attached, or the key was left in this store by an "
+                             "earlier run (a restarted job that reuses its store needs a key prefix per "
+                             "attempt, e.g. TORCHELASTIC_RESTART_COUNT's)") from None
 
 
 def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Callable[[], None] | None) -> None:
