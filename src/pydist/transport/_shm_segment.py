@@ -148,5 +148,5 @@ def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Cal
             if alive is not None:
                 alive()
             if deadline.expired():
-                raise OpTimeoutError(f"rank {creator} never created the shared memory (it has not reached this "
-                                     "operation or is stuck)") from None
+                raise OpTimeoutError(f"Timed out waiting for rank {creator} to create the shared memory (it has not "
+                                     "reached this operation or is stuck)") from None
