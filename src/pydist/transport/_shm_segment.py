@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .._deadline import Deadline
-from .._errors import DistStoreError, OpTimeoutError
+from .._errors import OpTimeoutError
 
 
 class Keepalive(Protocol):
@@ -144,7 +144,9 @@ def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Cal
         try:
             store.wait([key], timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001)))
             return
-        except DistStoreError:
+        except RuntimeError:  # the wait timed out: pydist's DistStoreError, or torch's from a torch store
+            if store.check([key]):
+                return
             if alive is not None:
                 alive()
             if deadline.expired():
