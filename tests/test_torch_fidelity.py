@@ -122,6 +122,9 @@ def _split(rank, size):
 
 def test_split_groups_equal_gloo_s():
     results = _on_both(_split)
+    # torch 2.13 splits only groups bound to a device (init_process_group(device_id=...), an
+    # accelerator): on CPU it refuses, for gloo as for pydist, so new_subgroups stands in
+    assert results[0]["kind"].startswith("RuntimeError: No device associated with the default pg"), results
     assert [r["alone"] for r in results] == [1.0, 2.0] and [r["pair"] for r in results] == [3.0, 3.0]
 
 
