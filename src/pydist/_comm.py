@@ -41,7 +41,8 @@ class Comm:
                  "arena", "call", "hierarchy", "_receives")
 
     def __init__(self, transport: Transport, group_id: int, ranks: list[int], rank: int,
-                 seq: int, deadline: Deadline, op_name: str, timeout_text: str = "", arena=None, call: int = 0):
+                 seq: int, deadline: Deadline, op_name: str, timeout_text: str = "Timed out waiting", arena=None,
+                 call: int = 0):
         self.transport = transport
         self.group_id = group_id
         self.ranks = ranks
@@ -75,7 +76,7 @@ class Comm:
             peer = request.peer
             host = self.transport.peer_host(peer) if peer is not None else "?"
             raise OpTimeoutError(
-                f"{self.describe()} timed out{self.timeout_text} waiting for rank {peer} ({host}); "
+                f"{self.describe()}: {self.timeout_text} for rank {peer} ({host}); "
                 "that rank has not reached this operation or is stuck")
         if request.error is not None:
             raise with_context(request.error, self.describe())

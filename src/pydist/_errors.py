@@ -69,3 +69,9 @@ class PeerFailedError(DistNetworkError):
         self.host = host
         self.reason = message if reason is None else reason
         self.witness = witness
+
+
+def timed_out_waiting(seconds: float | None) -> str:
+    """gloo's wording of a timeout, "Timed out waiting 1000ms" (whole milliseconds), which
+    torch's tests and code written against gloo match; "Timed out waiting" without one."""
+    return "Timed out waiting" if seconds is None else f"Timed out waiting {max(0, round(seconds * 1000))}ms"

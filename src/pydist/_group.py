@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ._buffers import Buffer
 from . import _deadline
 from ._deadline import Deadline
-from ._errors import OpTimeoutError
+from ._errors import OpTimeoutError, timed_out_waiting
 from ._executor import OpQueue
 from ._group_state import GroupState
 from ._progress import EXPLAIN_BUDGET, ProgressBoard
@@ -37,7 +37,7 @@ class ProcessGroup:
         self._rank = self._ranks.index(global_rank)
         self._backend = backend
         self._timeout = timeout
-        self._timeout_text = f" after {timeout:g} s"
+        self._timeout_text = timed_out_waiting(timeout)
         self._state = backend.group_state(self._ranks)
         self._queue = OpQueue(name, self._state)
         self.owned_transport = None  # closed by destroy() when the group has a transport of its own
@@ -89,7 +89,7 @@ class ProcessGroup:
         ``timeout`` (seconds) narrows the group's timeout for this operation.
         """
         seconds = self._timeout if timeout is None else timeout
-        timeout_text = self._timeout_text if timeout is None else f" after {seconds:g} s"
+        timeout_text = self._timeout_text if timeout is None else timed_out_waiting(seconds)
 
         staged = [buffer for buffer in outputs if buffer.staged]
 

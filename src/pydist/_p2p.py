@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 from ._buffers import Buffer, as_buffer
 from ._comm import with_context
 from ._deadline import timed_wait
-from ._errors import DistBackendError, PeerFailedError
+from ._errors import DistBackendError, PeerFailedError, timed_out_waiting
 from ._group import ProcessGroup
 from ._init import resolve_group, warn_non_member
 from ._work import Work
@@ -34,7 +34,7 @@ def _wait(posted: _Posted, timeout: float | None = None) -> None:
     if not timed_wait(posted.request.wait, seconds):
         posted.group.backend.cancel(posted.request)
         peer = "any rank" if posted.peer is None else f"rank {posted.peer}"
-        raise DistBackendError(f"{posted.description} timed out after {seconds:g} s waiting for {peer}")
+        raise DistBackendError(f"{posted.description}: {timed_out_waiting(seconds)} for {peer}")
     if posted.request.error is not None:
         if isinstance(posted.request.error, PeerFailedError):
             posted.group.backend.peer_failed(posted.request.error)

@@ -26,7 +26,7 @@ class OpContext(NamedTuple):
     name: str
     seq: int
     deadline: Deadline
-    timeout_text: str = ""
+    timeout_text: str = "Timed out waiting"  # gloo's wording, with the timeout: _errors.timed_out_waiting
     explain: Callable[[OpTimeoutError], OpTimeoutError] | None = None
 
     def explained(self, error: BaseException) -> BaseException:

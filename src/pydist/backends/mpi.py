@@ -112,7 +112,7 @@ class MPIBackend(Engine):
         if not done:
             ABANDONED.append((request, keep))
             raise _TIMEOUT_ERROR(
-                f"{self._describe(ctx)} timed out{ctx.timeout_text}: a rank of the group (ranks {self.labels}) "
+                f"{self._describe(ctx)}: {ctx.timeout_text}: a rank of the group (ranks {self.labels}) "
                 "has not reached this operation or is stuck (MPI cannot tell which, nor cancel a collective: "
                 "the group is unusable from now on)")
 

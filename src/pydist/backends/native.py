@@ -105,8 +105,8 @@ class NativeBackend(Engine):
                                          alive=lambda: self._alive(members))
         except OpTimeoutError as error:  # the member that creates it never came
             creator = min(members)
-            raise OpTimeoutError(f"{ctx.name} (seq {ctx.seq}) on rank {self.ranks[self.rank]} timed out"
-                                 f"{ctx.timeout_text} waiting for rank {creator} "
+            raise OpTimeoutError(f"{ctx.name} (seq {ctx.seq}) on rank {self.ranks[self.rank]}: "
+                                 f"{ctx.timeout_text} for rank {creator} "
                                  f"({self.transport.peer_host(creator)}) to set up the group's shared memory; "
                                  "that rank has not reached this operation or is stuck") from error
         if arena is not None:

@@ -38,12 +38,12 @@ def _init(rank: int, world_size: int, init: str, address: str, pg_timeout: float
     """init_process_group the way ``init`` says; returns the module whose destroy_process_group ends it."""
     import pydist
     timeout = timedelta(seconds=pg_timeout)
-    if init in ("env", "torch"):
+    if init in ("env", "torch", "gloo"):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=address, RANK=str(rank), WORLD_SIZE=str(world_size))
-        if init == "torch":  # torch.distributed on pydist's plugin
+        if init in ("torch", "gloo"):  # torch.distributed on pydist's plugin, or on torch's gloo
             import torch.distributed as tdist
             import pydist.torch  # noqa: F401
-            tdist.init_process_group("pydist", timeout=timeout)
+            tdist.init_process_group("pydist" if init == "torch" else "gloo", timeout=timeout)
             return tdist
         pydist.init_process_group("pydist", timeout=timeout)
     elif init == "store":
@@ -72,12 +72,13 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
                   rank_env: dict[int, dict[str, str]] | None = None, **kwargs: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` (importable, picklable) in ``world_size``
     processes after init_process_group by ``init``: "env", "tcp", "file" or "store" (pydist's),
-    or "torch" (torch.distributed.init_process_group("pydist") through the plugin);
+    or "torch" (torch.distributed.init_process_group("pydist") through the plugin), or "gloo"
+    (torch.distributed on torch's gloo, to compare with);
     ``env`` is added to each process's environment first, then ``rank_env[rank]`` (e.g.
     PYDIST_HOST_ID, so that one machine poses as several hosts)."""
     port = free_port()
     tmpdir = None
-    if init in ("env", "torch"):
+    if init in ("env", "torch", "gloo"):
         address = str(port)
     elif init == "tcp":
         address = f"tcp://127.0.0.1:{port}"
@@ -87,7 +88,7 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
         tmpdir = tempfile.TemporaryDirectory(prefix="pydist-test-")
         address = f"file://{tmpdir.name}/store"
     else:
-        raise ValueError(f"init: expected env, tcp, file, store or torch, got {init!r}")
+        raise ValueError(f"init: expected env, tcp, file, store, torch or gloo, got {init!r}")
     results = _CONTEXT.Queue()
     envs = [{**(env or {}), **(rank_env or {}).get(r, {})} for r in range(world_size)]
     procs = [_CONTEXT.Process(target=_child, args=(r, world_size, init, address, pg_timeout, envs[r], results, fn, args,

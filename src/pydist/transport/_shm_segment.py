@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .._deadline import Deadline
-from .._errors import DistStoreError, OpTimeoutError
+from .._errors import OpTimeoutError
 
 
 class Keepalive(Protocol):
@@ -156,9 +156,11 @@ def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Cal
         try:
             store.wait([key], timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001)))
             return
-        except DistStoreError:
+        except RuntimeError:  # the wait timed out: pydist's DistStoreError, or torch's from a torch store
+            if store.check([key]):
+                return
             if alive is not None:
                 alive()
             if deadline.expired():
-                raise OpTimeoutError(f"rank {creator} never created the shared memory (it has not reached this "
-                                     "operation or is stuck)") from None
+                raise OpTimeoutError(f"Timed out waiting for rank {creator} to create the shared memory (it has not "
+                                     "reached this operation or is stuck)") from None

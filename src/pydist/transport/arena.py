@@ -133,8 +133,8 @@ class Arena:
             self._signal.wait_at_least(self._line[member], self.phase, deadline, self.alive)
         except WaitTimeout:
             op = self.op
-            what = f"{op.describe()} timed out{op.timeout_text}" if op is not None else "shared-memory wait timed out"
-            raise OpTimeoutError(f"{what} waiting for {self._describe(member)}; that rank has not reached this "
+            what = f"{op.describe()}: {op.timeout_text}" if op is not None else "shared memory: Timed out waiting"
+            raise OpTimeoutError(f"{what} for {self._describe(member)}; that rank has not reached this "
                                    f"operation or is stuck") from None
 
     def _check(self, fingerprint: int) -> None:

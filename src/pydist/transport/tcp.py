@@ -34,6 +34,8 @@ STAGING_BYTES = 256 * 1024
 DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
 FLUSH_SECONDS = 10.0  # close(): how long queued sends may take to drain
 LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before closing anyway
+#: gloo's words for a peer that went away, which torch's tests and code written against gloo match.
+CLOSED = "Connection closed by peer"
 
 
 class _Outgoing:
@@ -159,10 +161,10 @@ class _Connection:
         me = self.transport.rank
         if self.bye_received:
             text = (f"rank {self.peer} on {self.host} has shut down its process group "
-                    f"(destroy_process_group); rank {me} cannot exchange more messages with it")
+                    f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")
         else:
             text = (f"rank {self.peer} on {self.host} closed its connection to rank {me} "
-                    "unexpectedly: its process exited or was killed, or the network failed")
+                    f"unexpectedly: its process exited or was killed, or the network failed: {CLOSED}")
             if cause is not None and not isinstance(cause, EOFError):
                 text += f" ({type(cause).__name__}: {cause})"
         error = PeerFailedError(text, rank=self.peer, host=self.host)
