@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .._deadline import Deadline
-from .._errors import OpTimeoutError
+from .._errors import DistStoreError, OpTimeoutError
 
 
 class Keepalive(Protocol):
@@ -156,9 +156,7 @@ def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Cal
         try:
             store.wait([key], timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001)))
             return
-        except RuntimeError:  # the wait timed out: pydist's DistStoreError, or torch's from a torch store
-            if store.check([key]):
-                return
+        except DistStoreError:  # the wait timed out (the torch plugin's store raises pydist's errors too)
             if alive is not None:
                 alive()
             if deadline.expired():
