@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 MPI := mpi4py mpich
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast torch-suite lint bench venv test-venv clean
+.PHONY: demo test test-fast torch-suite torch-suite-as-gloo lint bench venv test-venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ test-fast: test-venv
 # torch's own distributed suite against the plugin; pytest and expecttest live in the test venv.
 torch-suite: test-venv
 	BACKEND=pydist WORLD_SIZE=2 $(PY) -m pytest tests/torch_suite/torch_distributed_suite.py -q $(PYTEST_ARGS)
+
+torch-suite-as-gloo: test-venv
+	WORLD_SIZE=2 $(PY) -m pytest tests/torch_suite/torch_distributed_suite_as_gloo.py -q $(PYTEST_ARGS)
 
 lint: test-venv
 	$(VENV)/bin/ruff check src tests
