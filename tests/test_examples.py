@@ -72,7 +72,9 @@ def test_torch_tutorial_script_runs_under_pydist_run(tmp_path):
 def test_make_torch_suite_runs_torch_suite_in_the_test_venv():
     """`make torch-suite` installs the test extras (pytest, expecttest) before running torch's
     suite against the plugin, so it works after `make demo` (whose venv has no pytest)."""
-    done = run_command(["make", "-n", "-B", "torch-suite"], cwd=ROOT, timeout=60)
+    # PYTEST_ARGS= on the command line: under `make test PYTEST_ARGS=...` (CI) the sub-make
+    # inherits the caller's value through MAKEFLAGS.
+    done = run_command(["make", "-n", "-B", "torch-suite", "PYTEST_ARGS="], cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     install = next(i for i, line in enumerate(lines) if "'.[test," in line and "expecttest" in line)
