@@ -130,12 +130,14 @@ def test_split_groups_equal_gloo_s():
 
 def test_a_late_shared_memory_creator_is_awaited_through_torch_s_store():
     """The plugin's groups meet through torch's store, whose wait raises torch's own
-    DistStoreError at each liveness poll: waiting for a late arena creator must go on
-    (FSDP2's first collective on a loaded machine failed here after 100 ms)."""
+    DistStoreError at each liveness poll; the plugin hands pydist that store wrapped
+    (pydist.torch._store.TorchStore), so waiting for a late arena creator goes on (FSDP2's
+    first collective on a loaded machine failed here after 100 ms)."""
     import threading
     from pydist._deadline import Deadline
+    from pydist.torch._store import TorchStore
     from pydist.transport._shm_segment import _wait_for_name
-    store = tdist.HashStore()
+    store = TorchStore(tdist.HashStore())
     late = threading.Timer(0.5, store.set, ("arena/name", "segment"))
     late.start()
     checks = []
