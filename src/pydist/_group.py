@@ -101,14 +101,14 @@ class ProcessGroup:
             try:
                 if self.progress is not None:
                     self.progress.started(self.group_id, seq, name)
-                context = OpContext(name, seq, Deadline(_deadline.now() + seconds), timeout_text,
-                                    lambda error: self._explained(error, seq))
+                context = OpContext(name, seq, Deadline(_deadline.now() + seconds), timeout_text, self._explained)
                 try:
                     body(context)
-                except OpTimeoutError as error:
-                    if error.explained:
+                except OpTimeoutError as error:  # engines that did not explain it themselves (MPI)
+                    explained = context.explained(error)
+                    if explained is error:
                         raise
-                    raise self._explained(error, seq) from error.__cause__
+                    raise explained from error.__cause__
                 for buffer in staged:
                     buffer.finish()
             except BaseException as error:

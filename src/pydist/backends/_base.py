@@ -27,12 +27,12 @@ class OpContext(NamedTuple):
     seq: int
     deadline: Deadline
     timeout_text: str = "Timed out waiting"  # gloo's wording, with the timeout: _errors.timed_out_waiting
-    explain: Callable[[OpTimeoutError], OpTimeoutError] | None = None
+    explain: Callable[[OpTimeoutError, int], OpTimeoutError] | None = None  # (timeout, seq)
 
     def explained(self, error: BaseException) -> BaseException:
         """``error``, or for a timeout not explained yet, the explained one."""
         if isinstance(error, OpTimeoutError) and not error.explained and self.explain is not None:
-            return self.explain(error)
+            return self.explain(error, self.seq)
         return error
 
 
