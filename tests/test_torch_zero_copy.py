@@ -47,6 +47,19 @@ def test_views_with_offsets_strides_requires_grad_and_no_elements():
     assert as_buffer(torch.tensor(5), "tensor").array.tolist() == [5]
 
 
+def test_lazy_conjugate_and_negative_views_are_read_resolved_and_refused_as_targets():
+    """Their memory does not hold their values: a read resolves a copy, a write (whose result
+    would land in that copy and be lost) is refused; torch refuses conjugated views too."""
+    values = torch.tensor([1 + 2j, 3 - 1j])
+    assert as_buffer(values.conj(), "tensor", writable=False).array.tolist() == [1 - 2j, 3 + 1j]
+    negated = torch._neg_view(torch.tensor([1.0, 2.0]))
+    assert as_buffer(negated, "tensor", writable=False).array.tolist() == [-1.0, -2.0]
+    with pytest.raises(ValueError, match="tensor: this tensor receives data but is a lazily conjugated view"):
+        as_buffer(values.conj(), "tensor")
+    with pytest.raises(ValueError, match="output: .* lazily negated view.*resolve_neg"):
+        as_buffer(negated, "output")
+
+
 def test_unsupported_tensor_dtype_names_the_argument():
     with pytest.raises(TypeError, match="tensor_list\\[0\\]: unsupported tensor dtype"):
         as_buffer(torch.ones(2, dtype=torch.float8_e4m3fn), "tensor_list[0]")  # numpy has no float8

@@ -106,16 +106,24 @@ def _numpy_dtype(torch: Any, dtype: Any, name: str) -> np.dtype:
     return found
 
 
-def _torch_to_numpy(obj: Any, name: str) -> tuple[np.ndarray, str, bool]:
+def _torch_to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, str, bool]:
     """A torch CPU tensor as a numpy array sharing its memory; bf16 as int16 bits. The
-    tensor is left as it was (its storage stays resizable)."""
+    tensor is left as it was (its storage stays resizable). A conjugate or negative view
+    is resolved into a copy when only read, and refused when written (as torch does)."""
     torch = sys.modules["torch"]
     if obj.device.type != "cpu":
         raise ValueError(f"{name}: pydist works on CPU tensors; got a tensor on {obj.device} "
                          "(move it with .cpu() first)")
     if obj.layout != torch.strided:
         raise ValueError(f"{name}: only dense (strided) tensors are supported, got {obj.layout}")
-    tensor = obj.resolve_conj().resolve_neg() if obj.is_conj() or obj.is_neg() else obj
+    tensor = obj
+    if obj.is_conj() or obj.is_neg():
+        if writable:
+            raise ValueError(f"{name}: this tensor receives data but is a lazily "
+                             f"{'conjugated' if obj.is_conj() else 'negated'} view, whose memory "
+                             "does not hold its values; resolve it first (t.resolve_conj() / "
+                             "t.resolve_neg()) and use the result")
+        tensor = obj.resolve_conj().resolve_neg()
     if tensor.dtype == torch.bfloat16:
         return np.asarray(_TensorMemory(tensor, _INT16)), "bfloat16", True
     array = np.asarray(_TensorMemory(tensor, _numpy_dtype(torch, tensor.dtype, name)))
@@ -138,7 +146,7 @@ def _to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, str, boo
     if isinstance(obj, np.ndarray):
         return obj, dtype_name(obj.dtype), False
     if _is_torch_tensor(obj):
-        return _torch_to_numpy(obj, name)
+        return _torch_to_numpy(obj, name, writable)
     try:
         view = memoryview(obj)
     except TypeError:
