@@ -59,11 +59,13 @@ def test_processes_shared_memory(size):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size", [2, 3, 5, 8])
-def test_processes_tcp_only(size):
+@pytest.mark.parametrize("size, reader", [(2, "caller"), (3, "caller"), (5, "caller"), (8, "caller"),
+                                          (2, "io"), (5, "io")])
+def test_processes_tcp_only(size, reader):
     """Real processes with shared memory off (PYDIST_SHM=0): every byte over tcp; all_reduce
-    forced onto the ring on even sizes so that both network algorithms run."""
-    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM": "0"}
+    forced onto the ring on even sizes so that both network algorithms run; a blocked caller
+    reads the sockets itself (the default) or leaves them to the I/O thread."""
+    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM": "0", "PYDIST_TCP_READER": reader}
     if size % 2 == 0:
         env["PYDIST_ALGO_ALL_REDUCE"] = "ring"
     assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []

@@ -1,5 +1,6 @@
 """A rank SIGKILLed in every communication pattern (tree, ring, pairwise, point-to-point), over
-tcp (shared memory off, or 4 ranks posing as 4 hosts) and shared memory, with buffers up to
+tcp (shared memory off, or 4 ranks posing as 4 hosts; the caller reading the sockets while it
+waits, or only the I/O thread) and shared memory, with buffers up to
 16 MiB (broadcasts: always 16 MiB, so the root runs ahead): every survivor raises a
 DistNetworkError naming the dead rank within 2 s, and destroy_process_group then returns
 (the harness: tests/run_scripts/robust_ranks.py)."""
@@ -30,6 +31,8 @@ PATTERNS = [
     ("broadcast inner node, tcp", ("broadcast",), 2, 0, TCP),
     ("broadcast leaf, tcp", ("broadcast",), 3, 0, TCP),
     ("all_reduce ring, tcp", ("all_reduce",), 2, None, TCP),
+    ("all_reduce ring, tcp, I/O thread reads", ("all_reduce",), 2, None, {**TCP, "PYDIST_TCP_READER": "io"}),
+    ("broadcast root, tcp, I/O thread reads", ("broadcast",), 0, 0, {**TCP, "PYDIST_TCP_READER": "io"}),
     ("all_gather and reduce_scatter rings, tcp", ("all_gather", "reduce_scatter"), 1, None, TCP),
     ("all_to_all and p2p, tcp", ("all_to_all", "sendrecv"), 3, None, TCP),
     ("every kind, 4 hosts", robust_ranks.KINDS, 1, None, FOUR_HOSTS),

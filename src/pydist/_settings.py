@@ -94,6 +94,10 @@ class Settings:
     segment_bytes: int = _setting(
         "PYDIST_SEGMENT_BYTES", 1 << 20, _count(1), "bytes, >= 1",
         "Pipeline segment of the network algorithms (small values exercise multi-segment paths).")
+    tcp_reader: str = _setting(
+        "PYDIST_TCP_READER", "caller", _choice("caller", "io", lower=True), "caller / io",
+        "Who reads a TCP peer's socket for a blocked receive: caller (its own thread, no hand-off; "
+        "the I/O thread reads the rest) or io (always the I/O thread).")
     algo_all_reduce: str | None = _algorithm("all_reduce")
     algo_broadcast: str | None = _algorithm("broadcast")
     algo_reduce: str | None = _algorithm("reduce")

@@ -72,37 +72,48 @@ def _input(rank: int, spec: Spec, salt: int) -> np.ndarray:
     return value(rank, spec.count, spec.dtype, salt, for_product=spec.op == RedOpType.PRODUCT)
 
 
+#: When this process last called into pydist (after making that call's inputs, which can take
+#: seconds for 16 MiB buffers on a loaded machine): a survivor's detection time counts from it
+#: when the kill came earlier (see kill_trial).
+CALLED_AT = [0.0]
+
+
+def _called(value: Any = None) -> Any:
+    CALLED_AT[0] = time.monotonic()
+    return value
+
+
 def run_op(rank: int, size: int, spec: Spec, i: int) -> Any:
     """Run ``spec`` (operation number ``i``) on this rank; the outputs to check."""
     kind = spec.kind
     if kind == "all_reduce":
         t = _input(rank, spec, i)
-        dist.all_reduce(t, op=make_op(spec.op))
+        dist.all_reduce(_called(t), op=make_op(spec.op))
         return t
     if kind == "broadcast":
         t = _input(rank, spec, i)
-        dist.broadcast(t, src=spec.root)
+        dist.broadcast(_called(t), src=spec.root)
         return t
     if kind == "all_gather":
         out = [np.empty(spec.count, spec.dtype) for _ in range(size)]
-        dist.all_gather(out, _input(rank, spec, i))
+        dist.all_gather(out, _called(_input(rank, spec, i)))
         return out
     if kind == "reduce_scatter":
         out = np.empty(spec.count, spec.dtype)
-        dist.reduce_scatter(out, [_input(rank, spec, i * 8 + j) for j in range(size)], op=make_op(spec.op))
+        dist.reduce_scatter(out, _called([_input(rank, spec, i * 8 + j) for j in range(size)]), op=make_op(spec.op))
         return out
     if kind == "all_to_all":
         out = [np.empty(spec.count, spec.dtype) for _ in range(size)]
-        dist.all_to_all(out, [_input(rank, spec, i * 8 + j) for j in range(size)])
+        dist.all_to_all(out, _called([_input(rank, spec, i * 8 + j) for j in range(size)]))
         return out
     if kind == "barrier":
-        dist.barrier()
+        dist.barrier(_called())
         return None
     # sendrecv: a ring shifted by spec.shift; the isend first, so no ordering can deadlock
     if size == 1:
         return None
     out = np.empty(spec.count, spec.dtype)
-    work = dist.isend(_input(rank, spec, i), dst=(rank + spec.shift) % size)
+    work = dist.isend(_called(_input(rank, spec, i)), dst=(rank + spec.shift) % size)
     dist.recv(out, src=(rank - spec.shift) % size)
     work.wait()
     return out
@@ -233,7 +244,7 @@ def kill_trial_rank(rank: int, size: int, port: int, seed: int, reports: Any, ki
             i += 1
     except BaseException as error:  # noqa: BLE001 - what the survivors raise is the point
         raised_at = time.monotonic()
-        reports.put(("raised", rank, raised_at, i, type(error).__name__, [c.__name__ for c in type(error).__mro__],
+        reports.put(("raised", rank, raised_at, CALLED_AT[0], i, type(error).__name__, [c.__name__ for c in type(error).__mro__],
                      str(error)[:4000], getattr(error, "rank", None)))
     started = time.monotonic()
     try:
@@ -246,7 +257,7 @@ def kill_trial_rank(rank: int, size: int, port: int, seed: int, reports: Any, ki
 
 class Survivor(NamedTuple):
     rank: int
-    detect_s: float        # from the kill to the exception, seconds
+    detect_s: float        # to the exception from the kill, or from the call that raised if later, seconds
     op_index: int          # the operation that raised
     error_type: str
     error_mro: list[str]
@@ -301,7 +312,7 @@ def kill_trial(trial: int, size: int = 4, max_delay_s: float = 0.4, hang_s: floa
                 continue
             if item[0] == "raised":
                 rank = item[1]
-                raised[rank] = Survivor(rank, item[2] - killed_at, *item[3:])
+                raised[rank] = Survivor(rank, item[2] - max(killed_at, item[3]), *item[4:])
             elif item[0] == "destroyed":
                 destroyed[item[1]] = (item[2], item[3])
         hangs = sorted(survivors - raised.keys())

@@ -195,7 +195,8 @@ class NativeBackend(Engine):
         self.transport.begin(self.group_id, ctx.seq, call)
         comm = self._comm(ctx, algorithm, call, sizes)
         try:
-            ALGORITHMS[collective][algorithm](comm, *args)
+            with self.transport.engaged(sizes[0] or _payload_bytes(args)):
+                ALGORITHMS[collective][algorithm](comm, *args)
         except BaseException as error:
             comm.abandon()
             failure = ctx.explained(error)  # before the abort: the peers then hear who was behind
@@ -270,3 +271,14 @@ class NativeBackend(Engine):
 
     def peer_host(self, rank: int) -> str:
         return self.transport.peer_host(self.ranks[rank])
+
+
+def _payload_bytes(args: tuple) -> int:
+    """Bytes of the arrays among an algorithm's arguments (lists of arrays included)."""
+    total = 0
+    for arg in args:
+        if isinstance(arg, np.ndarray):
+            total += arg.nbytes
+        elif isinstance(arg, list):
+            total += sum(item.nbytes for item in arg if isinstance(item, np.ndarray))
+    return total

@@ -6,10 +6,11 @@ contiguous byte views (``memoryview`` of format 'B'); receives land straight in 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Callable, ContextManager, NamedTuple
 
 if TYPE_CHECKING:
     from .._group_state import GroupState
@@ -25,8 +26,8 @@ class MessageKey(NamedTuple):
 class Request:
     """One posted send or receive. Completes once, with an error or (receives) a source rank."""
 
-    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "poll", "call", "_completed", "_gate",
-                 "_callbacks")
+    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "poll", "drive", "call", "_completed",
+                 "_gate", "_callbacks")
 
     def __init__(self, peer: int | None, buffer: memoryview, call: int = 0):
         self.peer = peer
@@ -37,6 +38,9 @@ class Request:
         self.source: int | None = peer
         self.order = 0  # post order, for any-source matching
         self.poll: tuple | None = None  # (progress function, seconds to spin on it) before sleeping
+        #: drive(request, timeout): the waiter moves the transport itself until done (True) or
+        #: timeout (False); None when it cannot now (another thread is reading), then it sleeps
+        self.drive: Callable[[Request, float | None], bool | None] | None = None
         self._completed = False
         self._callbacks: list | None = None
         self._gate = threading.Lock()
@@ -71,6 +75,10 @@ class Request:
         """Block until complete or ``timeout`` seconds pass (None: forever); True when complete."""
         if self._completed:
             return True
+        if self.drive is not None:
+            driven = self.drive(self, timeout)
+            if driven is not None:
+                return driven
         if self.poll is not None:  # drive the transport from this thread for a moment
             progress, spin = self.poll
             end = time.perf_counter() + spin
@@ -78,6 +86,10 @@ class Request:
                 progress()
             if self._completed:
                 return True
+        return self.sleep(timeout)
+
+    def sleep(self, timeout: float | None) -> bool:
+        """Block (without driving anything) until complete or ``timeout`` seconds pass."""
         if self._gate.acquire(timeout=-1 if timeout is None else timeout):
             self._gate.release()
             return True
@@ -141,6 +153,11 @@ class Transport(ABC):
         when the transport has no shared memory for them. While waiting for another member
         to create it, ``alive()`` (if given) is called now and then and may raise."""
         return None
+
+    def engaged(self, nbytes: int) -> ContextManager[None]:
+        """Wrapped around a blocking operation of ``nbytes`` run in the calling thread (a
+        transport may let that thread drive its I/O for the whole operation)."""
+        return contextlib.nullcontext()
 
     def begin(self, group: int, seq: int, call: int) -> None:
         """This rank starts operation ``seq`` of ``group`` as ``call`` (a fingerprint): a

@@ -2,9 +2,12 @@
 
 Sends are tried at once from the caller's thread (small messages never wait for the I/O
 thread); whatever the kernel does not take is queued and finished by the I/O thread. The
-I/O thread reads every connection: a frame whose receive is already posted lands straight
-in the destination buffer (large payloads with no intermediate copy); others are held as
-unexpected until matched. Past PYDIST_MAX_UNEXPECTED_BYTES held from one peer, and with no
+I/O thread reads every connection, except while a caller blocked on a receive has borrowed
+them (``TcpTransport.drive``, PYDIST_TCP_READER=caller; see _tcp_poller): that caller reads
+the sockets itself until its receive completes, as MPI progress engines do, so a message
+costs no hand-off between threads. Whoever reads, a frame whose receive is already posted
+lands straight in the destination buffer (large payloads with no intermediate copy); others
+are held as unexpected until matched. Past PYDIST_MAX_UNEXPECTED_BYTES held from one peer, and with no
 receive wanting its data, the I/O thread stops reading that peer (between two frames) until
 a receive wants it, so TCP's flow control blocks a sender that runs ahead (see _flow). A
 peer that disconnects fails every receive and send involving it with PeerFailedError naming
@@ -12,12 +15,13 @@ its rank and host; a clean shutdown is announced by a BYE frame so the error can
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-import selectors
 import socket
 import threading
 import time
 from collections import deque
+from typing import Callable, Iterator
 
 from .._deadline import Deadline
 from .._errors import DistBackendError, PeerFailedError
@@ -27,6 +31,8 @@ from ._framing import FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher
 from ._mesh import build_mesh
 from ._receiver import FrameReceiver
+from ._tcp_poller import Poller
+from .._settings import settings
 
 log = logging.getLogger("pydist.transport")
 
@@ -34,6 +40,10 @@ STAGING_BYTES = 256 * 1024
 DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
 FLUSH_SECONDS = 10.0  # close(): how long queued sends may take to drain
 LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before closing anyway
+#: A caller reading the sockets looks at least this often (seconds) whether its receive was
+#: completed some other way (an abort or a dead peer seen by another transport).
+DRIVE_SLICE = 0.05
+ENGAGE_BYTES = 64 * 1024  # an operation up to this size borrows the sockets from start to end
 #: gloo's words for a peer that went away, which torch's tests and code written against gloo match.
 CLOSED = "Connection closed by peer"
 
@@ -68,6 +78,7 @@ class _Connection:
         self.peer = peer
         self.host = host
         self.sock = sock
+        self.fd = sock.fileno()
         sock.setblocking(False)
         self.receiver = FrameReceiver(peer, transport.matcher, self._control)
         self.staging = bytearray(STAGING_BYTES)
@@ -76,7 +87,7 @@ class _Connection:
         self.queue: deque[_Outgoing] = deque()
         self.want_write = False
         self.write_armed = False  # the I/O thread waits for the socket to be writable
-        self.reading = True  # False while paused (too much unexpected data held from this peer)
+        self.closing = False  # close(): read to the peer's EOF, paused or not
         self.bye_received = False
         self.error: BaseException | None = None
 
@@ -125,6 +136,11 @@ class _Connection:
                     outgoing.request.complete()
             self.want_write = False
             return True
+
+    @property
+    def reading(self) -> bool:
+        """Not paused (too much unexpected data held from this peer, see _flow), or closing."""
+        return self.closing or self.peer not in self.transport.matcher.throttle.paused
 
     def idle(self) -> bool:
         with self.send_lock:
@@ -182,7 +198,8 @@ class _Connection:
         for outgoing in queued:
             if outgoing.request is not None:
                 outgoing.request.complete(self.error)
-        self.receiver.abandon(self.error)
+        if not self.transport.reading_elsewhere():  # else that reader abandons it when it stops
+            self.receiver.abandon(self.error)
         self.transport._on_peer_failed(self.peer, self.error)
 
 
@@ -194,19 +211,20 @@ class TcpTransport(Transport):
         self.rank, self.size = rank, size
         self.matcher = matcher if matcher is not None else Matcher()
         self._on_peer_failed = on_peer_failed or self.matcher.fail_source
+        self.caller_reads = settings().tcp_reader == "caller"
         sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline)
         self._conns = {peer: _Connection(self, peer, sock, self.records[peer].hostname)
                        for peer, sock in sockets.items()}
-        self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._poller = Poller(self._wake_r.fileno())
+        self._arm_lock = threading.Lock()
+        self._by_fd = {conn.fd: conn for conn in self._conns.values()}
         for conn in self._conns.values():
-            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+            self._arm(conn)
         self._pending_lock = threading.Lock()
         self._pending_write: list[_Connection] = []
-        self._pending_resume: list[_Connection] = []
         self.matcher.throttle.resume = self._resume_reading
         self._pending_fail: list[tuple[_Connection, BaseException]] = []
         self._stopping = False
@@ -219,6 +237,7 @@ class TcpTransport(Transport):
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
         request = Request(peer, data)
+        request.drive = self.driver()  # its waiter reads arrivals meanwhile (they may be what it waits for)
         header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
         self._conns[peer].send([header, data], request)
         if not request.done():
@@ -227,8 +246,79 @@ class TcpTransport(Transport):
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         request = Request(peer, data, call)
+        request.drive = self.driver()
         self.matcher.post(request, peer, key)
         return request
+
+    def driver(self) -> Callable[[Request, float | None], bool | None] | None:
+        """How a caller blocked on a receive reads the sockets itself (None:
+        PYDIST_TCP_READER=io, the I/O thread does)."""
+        return self.drive if self.caller_reads else None
+
+    def drive(self, request: Request, timeout: float | None) -> bool | None:
+        """The caller blocked on ``request`` reads every peer's socket itself until the
+        request completes (True) or ``timeout`` seconds pass (False). None when it cannot
+        (the I/O thread or another caller is reading): then it sleeps instead."""
+        poller = self._poller
+        borrowed = not poller.mine()
+        if borrowed and not poller.borrow():
+            return None
+        end = None if timeout is None else time.monotonic() + timeout
+        request.add_callback(self._ring_unless_mine)
+        try:
+            while not request._completed:
+                for fd in poller.ready_reads():
+                    self._read(self._by_fd[fd])
+                if request._completed:
+                    break
+                left = DRIVE_SLICE if end is None else min(DRIVE_SLICE, end - time.monotonic())
+                if left <= 0:
+                    return False
+                if not poller.ready_reads(left):
+                    continue
+        finally:
+            if borrowed:
+                self._give_back()
+        return True
+
+    @contextlib.contextmanager
+    def engaged(self, nbytes: int) -> Iterator[None]:
+        """A blocking operation of ``nbytes`` runs in this thread: for a small one (at most
+        ENGAGE_BYTES), borrow the sockets for all of it, so that no arrival wakes the I/O
+        thread between its steps; a large one borrows them only while it waits (the I/O
+        thread then reads a segment while the caller reduces the previous one)."""
+        poller = self._poller
+        if not self.caller_reads or nbytes > ENGAGE_BYTES or poller.mine() or not poller.borrow():
+            yield
+            return
+        try:
+            yield
+        finally:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        self._poller.give_back()
+        for conn in self._conns.values():
+            if conn.error is not None:
+                conn.receiver.abandon(conn.error)  # failed while the caller read it
+
+    def _ring_unless_mine(self, request: Request) -> None:
+        """A driven request completed: wake its driver if another thread completed it."""
+        if not self._poller.mine():
+            self._poller.ring()
+
+    def reading_elsewhere(self) -> bool:
+        """A caller has borrowed the sockets (see drive)."""
+        return self._poller.borrowed
+
+    def _read(self, conn: _Connection) -> None:
+        """Read what ``conn`` has (the reading thread); a broken peer is failed."""
+        if conn.error is not None:
+            return
+        try:
+            conn.on_readable()
+        except (OSError, EOFError, FramingError) as error:
+            self._broken(conn, error)
 
     def cancel(self, request: Request) -> None:
         self.matcher.cancel(request, DistBackendError("receive cancelled"))
@@ -256,7 +346,8 @@ class TcpTransport(Transport):
             conn.send([bye], None)
         self._wait_until(lambda: all(c.idle() for c in self._conns.values()), deadline)
         for conn in self._conns.values():
-            self._resume_reading(conn.peer)  # read to every peer's EOF, paused or not
+            conn.closing = True  # read to every peer's EOF, paused or not
+            self._arm(conn)
             try:
                 conn.sock.shutdown(socket.SHUT_WR)
             except OSError:
@@ -268,8 +359,9 @@ class TcpTransport(Transport):
         self._thread.join(timeout=FLUSH_SECONDS)
         for conn in self._conns.values():
             conn.fail(None)
+        self._poller.close()
+        for conn in self._conns.values():
             conn.sock.close()
-        self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -295,34 +387,31 @@ class TcpTransport(Transport):
     def _resume_reading(self, peer: int) -> None:
         """Any thread: read from ``peer`` again (a receive wants its data; see _flow)."""
         conn = self._conns.get(peer)
-        if conn is None:
-            return  # a peer of another transport (shared memory shares the matcher)
-        with self._pending_lock:
-            self._pending_resume.append(conn)
-        self._wake()
+        if conn is not None:  # else a peer of another transport (shared memory shares the matcher)
+            self._arm(conn)
 
     def _should_pause(self, conn: _Connection) -> bool:
-        """I/O thread, between frames: stop reading ``conn`` (the matcher holds too much of
-        its unexpected data and nothing wants it)."""
+        """The reading thread, between frames: stop reading ``conn`` (the matcher holds too
+        much of its unexpected data and nothing wants it)."""
         if self._closed or not self.matcher.should_pause(conn.peer):
             return False
-        conn.reading = False
-        self._arm(conn, conn.write_armed)
+        self._arm(conn)  # every change of the paused set is followed by an _arm: the last one wins
         return True
 
-    def _arm(self, conn: _Connection, write: bool) -> None:
-        """I/O thread: wait for ``conn``'s socket to be readable (unless paused) and, if
-        ``write``, writable."""
-        conn.write_armed = write
-        events = (selectors.EVENT_READ if conn.reading else 0) | (selectors.EVENT_WRITE if write else 0)
-        registered = conn.sock in self._selector.get_map()
-        if not events:
-            if registered:
-                self._selector.unregister(conn.sock)
-        elif registered:
-            self._selector.modify(conn.sock, events, conn)
-        else:
-            self._selector.register(conn.sock, events, conn)
+    def _arm(self, conn: _Connection, write: bool | None = None) -> None:
+        """Any thread: wait for ``conn``'s socket to be readable (unless paused or failed)
+        and, if ``write`` (None: as before), writable."""
+        with self._arm_lock:  # the state read and its registration as one step: the last call wins
+            if write is not None:
+                conn.write_armed = write
+            alive = conn.error is None
+            self._poller.want(conn.fd, alive and conn.reading, alive and conn.write_armed)
+
+    def _broken(self, conn: _Connection, error: BaseException) -> None:
+        """Reading ``conn`` failed (any thread): its peer is gone or sent garbage."""
+        if isinstance(error, FramingError):
+            log.warning("pydist rank %d: garbage from rank %d: %s", self.rank, conn.peer, error)
+        self._drop(conn, error)
 
     def _fail_later(self, conn: _Connection, error: BaseException) -> None:
         with self._pending_lock:
@@ -341,39 +430,31 @@ class TcpTransport(Transport):
         with self._pending_lock:
             writes, self._pending_write = self._pending_write, []
             fails, self._pending_fail = self._pending_fail, []
-            resumes, self._pending_resume = self._pending_resume, []
         for conn, error in fails:
             self._drop(conn, error)
         for conn in writes:
             if conn.error is None and not conn.flush():
                 self._arm(conn, True)
-        for conn in resumes:
-            if conn.error is None and not conn.reading:
-                conn.reading = True
-                self._arm(conn, conn.write_armed)
 
     def _drop(self, conn: _Connection, cause: BaseException | None) -> None:
         conn.fail(cause)
-        try:
-            self._selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
+        self._arm(conn)  # failed: unregistered
 
     def _run(self) -> None:
+        poller = self._poller
         while not self._stopping:
-            for key, mask in self._selector.select():
-                conn = key.data
-                if conn is None:
-                    self._apply_pending()
-                    continue
-                if conn.error is not None:
-                    continue
+            woken, readable, writable = poller.wait_io()
+            if woken:
+                self._apply_pending()
+            if readable:
+                with poller.read_lock:
+                    if not poller.borrowed:  # else a caller reads them (this event is stale)
+                        for fd in poller.ready_reads():
+                            self._read(self._by_fd[fd])
+            for fd in writable:
+                conn = self._by_fd[fd]
                 try:
-                    if mask & selectors.EVENT_READ:
-                        conn.on_readable()
-                    if mask & selectors.EVENT_WRITE and conn.error is None and conn.flush():
+                    if conn.error is None and conn.flush():
                         self._arm(conn, False)
-                except (OSError, EOFError, FramingError) as error:
-                    if isinstance(error, FramingError):
-                        log.warning("pydist rank %d: garbage from rank %d: %s", self.rank, conn.peer, error)
+                except OSError as error:
                     self._drop(conn, error)

@@ -11,6 +11,7 @@ machine lacks what it needs (see _atomics.available).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Callable
 
@@ -75,11 +76,19 @@ class WorldTransport(Transport):
         request = Request(peer, data, call)
         if self.shm is not None and (peer is None or peer in self._local_set):
             request.poll = (self.shm.poll, self.shm.spin_seconds)  # the waiter drains rings itself first
+        else:
+            request.drive = self.tcp.driver()  # the waiter reads the sockets itself
         self.matcher.post(request, peer, key)
         return request
 
     def cancel(self, request: Request) -> None:
         self.tcp.cancel(request)
+
+    def engaged(self, nbytes: int):
+        """tcp's (see TcpTransport.engaged) when every peer is over tcp: an operation that
+        also waits on shared memory must leave the sockets to the I/O thread meanwhile (a
+        local peer's death is seen on its socket)."""
+        return self.tcp.engaged(nbytes) if self.shm is None else contextlib.nullcontext()
 
     def abort(self, peers: list[int], group: int, error: BaseException) -> None:
         self.tcp.abort(peers, group, error)
