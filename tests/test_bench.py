@@ -409,3 +409,26 @@ def test_in_a_launched_job_timeout_stops_the_rank_and_names_it():
     assert code != 0 and table_rows(rank_lines(out, 0)) == []
     assert "pydist-bench: error: rank 0: pydist timed out after 1 s" in err \
         or "pydist-bench: error: rank 1: pydist timed out after 1 s" in err, err
+
+
+def test_transport_tcp_keeps_every_backends_bytes_on_sockets():
+    """--transport tcp: pydist's workers run without shared memory and MPICH's without its
+    same-host shortcut, on UCX's tcp transport; gloo is always on tcp; auto changes nothing."""
+    from pydist.bench.launch import _commands
+    tcp = {"transport": "tcp", "plan": []}
+    pydist_env = [env for _, env in _commands(BACKENDS["pydist"], 2, tcp)]
+    assert len(pydist_env) == 2 and all(env["PYDIST_SHM"] == "0" for env in pydist_env)
+    [(_, mpi_env)] = _commands(BACKENDS["mpi"], 2, tcp)
+    assert mpi_env["MPIR_CVAR_NOLOCAL"] == "1" and mpi_env["UCX_TLS"] == "tcp,self"
+    auto = {"transport": "auto", "plan": []}
+    assert all(env.get("PYDIST_SHM") == os.environ.get("PYDIST_SHM") for _, env in _commands(BACKENDS["pydist"], 2, auto))
+
+
+@pytest.mark.slow
+def test_transport_tcp_table_beside_gloo():
+    if BACKENDS["gloo"].unavailable():
+        pytest.skip(BACKENDS["gloo"].unavailable())
+    done = run_bench("--transport", "tcp", "--compare", "gloo", *TINY)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [4, 8, 16, 32, 64] and all(len(r) == 8 for r in rows)

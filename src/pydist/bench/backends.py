@@ -37,6 +37,8 @@ class BackendSpec:
     connect: Callable[[float], Any]
     modules: tuple[str, ...] = ()
     install_hint: str = ""
+    #: --transport tcp: the environment that keeps every byte on TCP sockets, as between hosts
+    tcp_env: tuple[tuple[str, str], ...] = ()
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run here, or None if it can."""
@@ -48,12 +50,15 @@ class BackendSpec:
         return None
 
 
+#: MPICH with no same-host shortcut and UCX on its tcp transport (pip's mpich is ch4:ucx).
+MPICH_TCP = (("MPIR_CVAR_NOLOCAL", "1"), ("UCX_TLS", "tcp,self"))
+
 BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
-    BackendSpec("pydist", "pydist", "spawn", comms.connect_pydist),
+    BackendSpec("pydist", "pydist", "spawn", comms.connect_pydist, tcp_env=(("PYDIST_SHM", "0"),)),
     BackendSpec("pydist-mpi", "pydist-mpi", "mpiexec", comms.connect_pydist_mpi, ("mpi4py",),
-                "pip install mpi4py mpich"),
-    BackendSpec("gloo", "gloo", "spawn", comms.connect_gloo, ("torch",), "pip install torch"),
-    BackendSpec("mpi", "mpi", "mpiexec", comms.connect_mpi, ("mpi4py",), "pip install mpi4py mpich"),
+                "pip install mpi4py mpich", MPICH_TCP),
+    BackendSpec("gloo", "gloo", "spawn", comms.connect_gloo, ("torch",), "pip install torch"),  # always tcp
+    BackendSpec("mpi", "mpi", "mpiexec", comms.connect_mpi, ("mpi4py",), "pip install mpi4py mpich", MPICH_TCP),
 )}
 
 MAIN_CHOICES = {"pydist": "pydist", "gloo": "gloo", "mpi": "pydist-mpi"}

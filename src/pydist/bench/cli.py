@@ -5,7 +5,7 @@
     pydist-bench [--op all_reduce|all_gather|reduce_scatter|broadcast|all_to_all|sendrecv]
                  [--nproc 2] [--sizes 4:64M] [--dtype float32] [--iters 20] [--warmup 5]
                  [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist]
-                 [--timeout 1800] [--json] [--plot out.png]
+                 [--transport auto|tcp] [--timeout 1800] [--json] [--plot out.png]
 
 Prints one row per size: bytes, element count, time in µs (median over timed iterations
 of the slowest rank's time), algbw and busbw in GB/s, then per ``--compare`` backend its
@@ -102,6 +102,9 @@ def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
                         "mpiexec)")
     parser.add_argument("--compare", type=_arg(_compare), default=[],
                         help="comma list of backends to run too: gloo (torch), mpi (mpi4py + mpiexec), pydist")
+    parser.add_argument("--transport", choices=["auto", "tcp"], default="auto",
+                        help="tcp: every byte over TCP sockets, as between hosts (pydist: PYDIST_SHM=0; mpi: "
+                        "MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self; gloo: always tcp); auto: each backend's default")
     parser.add_argument("--timeout", type=_arg(_seconds), default=1800.0, help="seconds allowed for each backend's run")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--plot", metavar="PATH", help="write busbw and time against size (needs matplotlib)")

@@ -162,6 +162,9 @@ def main(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentPar
         parser.error(f"--nproc {args.nproc} contradicts the launched job's world size ({job.world_size}); "
                      "inside a launched job leave --nproc out")
     args.nproc = job.world_size
+    if args.transport == "tcp":
+        parser.error("--transport tcp starts its own workers; in a launched job set the environment at "
+                     "launch instead (PYDIST_SHM=0 for pydist)")
     if args.nproc < OPS[args.op].min_ranks:
         parser.error(f"--op {args.op} needs at least {OPS[args.op].min_ranks} ranks; the job has {args.nproc}")
     if args.plot and job.rank == 0:

@@ -36,19 +36,21 @@ def _free_port() -> int:
     return free_port()
 
 
-def _base_env() -> dict[str, str]:
+def _base_env(spec: BackendSpec, config: dict) -> dict[str, str]:
     """This environment, with OMP_NUM_THREADS=1 unless set (what torchrun and pydist-run do for
     several workers per host: each rank's math threads would otherwise fight over the cores),
-    and the launcher's pid for the workers' orphan watchdog."""
-    return {"OMP_NUM_THREADS": "1", **os.environ, LAUNCHER_ENV: str(os.getpid())}
+    the launcher's pid for the workers' orphan watchdog, and for ``--transport tcp`` the
+    backend's ``tcp_env``."""
+    forced = dict(spec.tcp_env) if config.get("transport") == "tcp" else {}
+    return {"OMP_NUM_THREADS": "1", **os.environ, **forced, LAUNCHER_ENV: str(os.getpid())}
 
 
 def _commands(spec: BackendSpec, nproc: int, config: dict) -> list[tuple[list[str], dict[str, str]]]:
     worker = [sys.executable, "-m", "pydist.bench.worker", spec.key, json.dumps(config)]
     if spec.launcher == "mpiexec":
-        return [([mpiexec_path() or "mpiexec", "-n", str(nproc), *worker], _base_env())]
+        return [([mpiexec_path() or "mpiexec", "-n", str(nproc), *worker], _base_env(spec, config))]
     port = str(_free_port())
-    return [(worker, {**_base_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
+    return [(worker, {**_base_env(spec, config), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
                       "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc)})
             for rank in range(nproc)]
 

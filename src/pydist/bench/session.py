@@ -35,7 +35,7 @@ def backend_results(args: argparse.Namespace) -> list[BackendResult]:
 def plan_and_config(args: argparse.Namespace) -> tuple[list[tuple[int, int]], dict]:
     """The (bytes, count) plan for ``args.nproc`` ranks and the config every rank runs."""
     plan = size_plan(args.op, args.sizes, args.dtype, args.nproc)
-    config = {"op": args.op, "dtype": args.dtype, "timeout": args.timeout,
+    config = {"op": args.op, "dtype": args.dtype, "timeout": args.timeout, "transport": args.transport,
               "plan": [[nbytes, count, *iterations(nbytes, args.iters, args.warmup, args.budget)]
                        for nbytes, count in plan]}
     return plan, config

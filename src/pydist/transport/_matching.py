@@ -18,6 +18,8 @@ import threading
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from .._errors import DesyncError, DistBackendError
 from .._group_state import GroupStates
 from .._fingerprint import describe_fingerprint
@@ -38,7 +40,8 @@ class Unexpected:
         self.source = source
         self.key = key
         self.call = call
-        self.data = bytearray(nbytes)
+        # large: numpy's allocation skips bytearray's zero fill (the payload overwrites it)
+        self.data = bytearray(nbytes) if nbytes < 65536 else np.empty(nbytes, np.uint8).data
         self.complete = False
         self.waiter: Request | None = None
         self.error: BaseException | None = None  # its sender died before the payload was all in

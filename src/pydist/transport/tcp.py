@@ -43,7 +43,10 @@ LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before clos
 #: A caller reading the sockets looks at least this often (seconds) whether its receive was
 #: completed some other way (an abort or a dead peer seen by another transport).
 DRIVE_SLICE = 0.05
-ENGAGE_BYTES = 64 * 1024  # an operation up to this size borrows the sockets from start to end
+#: A message up to this size is read by its blocked caller (larger ones: the I/O thread, which
+#: reads the next segment while the caller reduces the last; measured faster from 1 MiB up); an
+#: operation up to this size borrows the sockets from its start to its end.
+CALLER_READ_BYTES = 64 * 1024
 #: gloo's words for a peer that went away, which torch's tests and code written against gloo match.
 CLOSED = "Connection closed by peer"
 
@@ -237,7 +240,7 @@ class TcpTransport(Transport):
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
         request = Request(peer, data)
-        request.drive = self.driver()  # its waiter reads arrivals meanwhile (they may be what it waits for)
+        request.drive = self.driver(data.nbytes)  # its waiter reads arrivals meanwhile (they may be what it waits for)
         header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
         self._conns[peer].send([header, data], request)
         if not request.done():
@@ -246,14 +249,14 @@ class TcpTransport(Transport):
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         request = Request(peer, data, call)
-        request.drive = self.driver()
+        request.drive = self.driver(data.nbytes)
         self.matcher.post(request, peer, key)
         return request
 
-    def driver(self) -> Callable[[Request, float | None], bool | None] | None:
-        """How a caller blocked on a receive reads the sockets itself (None:
-        PYDIST_TCP_READER=io, the I/O thread does)."""
-        return self.drive if self.caller_reads else None
+    def driver(self, nbytes: int) -> Callable[[Request, float | None], bool | None] | None:
+        """How a caller blocked on a message of ``nbytes`` reads the sockets itself (None:
+        the I/O thread does: PYDIST_TCP_READER=io, or a message over CALLER_READ_BYTES)."""
+        return self.drive if self.caller_reads and nbytes <= CALLER_READ_BYTES else None
 
     def drive(self, request: Request, timeout: float | None) -> bool | None:
         """The caller blocked on ``request`` reads every peer's socket itself until the
@@ -284,11 +287,11 @@ class TcpTransport(Transport):
     @contextlib.contextmanager
     def engaged(self, nbytes: int) -> Iterator[None]:
         """A blocking operation of ``nbytes`` runs in this thread: for a small one (at most
-        ENGAGE_BYTES), borrow the sockets for all of it, so that no arrival wakes the I/O
+        CALLER_READ_BYTES), borrow the sockets for all of it, so that no arrival wakes the I/O
         thread between its steps; a large one borrows them only while it waits (the I/O
         thread then reads a segment while the caller reduces the previous one)."""
         poller = self._poller
-        if not self.caller_reads or nbytes > ENGAGE_BYTES or poller.mine() or not poller.borrow():
+        if not self.caller_reads or nbytes > CALLER_READ_BYTES or poller.mine() or not poller.borrow():
             yield
             return
         try:

@@ -77,7 +77,7 @@ class WorldTransport(Transport):
         if self.shm is not None and (peer is None or peer in self._local_set):
             request.poll = (self.shm.poll, self.shm.spin_seconds)  # the waiter drains rings itself first
         else:
-            request.drive = self.tcp.driver()  # the waiter reads the sockets itself
+            request.drive = self.tcp.driver(data.nbytes)  # the waiter reads the sockets itself
         self.matcher.post(request, peer, key)
         return request
 
