@@ -4,26 +4,34 @@ Read interest lives in an inner epoll, *the read set*. The I/O thread waits on a
 epoll that holds the read set, its wake-up socket and the sockets it must write to. A
 caller blocked on a receive *borrows* the read set: it leaves the outer epoll (so the I/O
 thread is not woken by arrivals and no thread hand-off happens), the caller waits on it and
-reads whatever arrives from any peer itself, then gives it back. ``read_lock`` is held by
-whoever reads sockets; the I/O thread reads only while the read set is not borrowed.
-Linux (epoll), as the shared-memory transport.
+reads whatever arrives from any peer itself. When it is done it keeps the read set, idle, so
+that the next operation's arrivals (often there before it is called) do not wake the I/O
+thread either; the I/O thread takes it back when another thread is about to sleep on a
+message, or when it has been idle for IDLE_SECONDS (async traffic, aborts and dead peers are
+then seen within that). ``read_lock`` is held by whoever reads sockets; the I/O thread reads
+only while the read set is not borrowed. Linux (epoll), as the shared-memory transport.
 """
 from __future__ import annotations
 
 import select
 import socket
 import threading
+import time
+from typing import Callable
 
 IN, OUT = select.EPOLLIN, select.EPOLLOUT
+IDLE_SECONDS = 0.01  # a borrowed read set left idle this long goes back to the I/O thread
 
 
 class Poller:
     """The read set, the I/O thread's outer wait, and their registrations (any thread)."""
 
-    def __init__(self, wake_fd: int):
+    def __init__(self, wake_fd: int, wake: Callable[[], None]):
+        """``wake_fd``: the I/O thread's wake-up socket, which ``wake()`` makes readable."""
         self._reads = select.epoll()
         self._outer = select.epoll()
         self._wake_fd = wake_fd
+        self._wake = wake
         self._outer.register(wake_fd, IN)
         self._lent = {self._reads.fileno()}  # the read set while in the outer wait (see _lend)
         self._outer.register(self._reads.fileno(), IN)
@@ -38,6 +46,9 @@ class Poller:
         self.read_lock = threading.Lock()  # held by the I/O thread while it reads, and to borrow
         self.borrowed = False
         self.owner = 0  # the borrowing thread's ident
+        self.depth = 0  # > 0: the owner is driving it now (enter/leave nest); 0: idle
+        self.idle_since = 0.0
+        self.sleepers = 0  # threads asleep on a message the I/O thread must read
         self._closed = False
 
     def want(self, fd: int, read: bool, write: bool) -> None:
@@ -49,9 +60,14 @@ class Poller:
             _update(self._outer, self._write_fds, fd, OUT, write)
 
     def wait_io(self) -> tuple[bool, bool, list[int]]:
-        """I/O thread: block until something happens; (woken, reads ready, writable fds)."""
+        """I/O thread: block until something happens; (woken, reads ready, writable fds).
+        Takes back a read set left idle for IDLE_SECONDS (so it waits at most that long)."""
         woken, readable, writable = False, False, []
-        for fd, _ in self._outer.poll():
+        if self.borrowed and not self.depth and time.monotonic() - self.idle_since >= IDLE_SECONDS:
+            self.release_idle()
+            return False, True, []
+        timeout = IDLE_SECONDS if self.borrowed else -1  # borrowed: look again for it going idle
+        for fd, _ in self._outer.poll(timeout):
             if fd == self._wake_fd:
                 woken = True
             elif fd == self._reads.fileno():
@@ -80,32 +96,53 @@ class Poller:
         except OSError:
             pass
 
-    def mine(self) -> bool:
-        """The calling thread has borrowed the read set."""
-        return self.borrowed and self.owner == threading.get_ident()
+    def driving(self) -> bool:
+        """The calling thread drives the read set now."""
+        return self.depth > 0 and self.owner == threading.get_ident()
 
-    def borrow(self) -> bool:
-        """A caller takes the read set (False: another thread reads or has it)."""
+    def enter(self) -> bool:
+        """The calling thread drives the read set from now until ``leave`` (calls nest),
+        borrowing it, or taking it over while idle; False when another thread reads it."""
+        me = threading.get_ident()
+        if self.depth and self.owner == me:  # nested: only the owner changes depth meanwhile
+            self.depth += 1
+            return True
         if not self.read_lock.acquire(blocking=False):
             return False
         try:
-            if self.borrowed:
+            if self.depth and self.owner != me:
                 return False
-            self._lend(True)
-            self.owner = threading.get_ident()
+            if not self.borrowed:
+                self._lend(True)
+                self._wake()  # the I/O thread then waits with IDLE_SECONDS' timeout (see wait_io)
+            self.owner = me
+            self.depth += 1
             return True
         finally:
             self.read_lock.release()
 
-    def give_back(self) -> None:
-        """The caller returns the read set to the I/O thread."""
+    def leave(self) -> None:
+        """End one ``enter``: the read set stays borrowed, idle, unless a thread sleeps on a
+        message (then the I/O thread gets it back at once)."""
         with self.read_lock:
-            self._lend(False)
-            self.owner = 0
+            self.depth -= 1
+            if self.depth:
+                return
+            self.idle_since = time.monotonic()
+            if self.sleepers:
+                self._lend(False)
+
+    def release_idle(self) -> None:
+        """Give an idle borrowed read set back to the I/O thread (any thread)."""
+        with self.read_lock:
+            if self.borrowed and not self.depth:
+                self._lend(False)
 
     def _lend(self, borrowed: bool) -> None:
         """Under ``read_lock``: the read set leaves (or rejoins) the I/O thread's wait."""
         self.borrowed = borrowed
+        if not borrowed:
+            self.owner = 0
         with self._arm_lock:
             if not self._closed:
                 _update(self._outer, self._lent, self._reads.fileno(), IN, not borrowed)

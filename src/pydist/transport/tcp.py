@@ -215,13 +215,14 @@ class TcpTransport(Transport):
         self.matcher = matcher if matcher is not None else Matcher()
         self._on_peer_failed = on_peer_failed or self.matcher.fail_source
         self.caller_reads = settings().tcp_reader == "caller"
+        self._failed_while_read = False
         sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline)
         self._conns = {peer: _Connection(self, peer, sock, self.records[peer].hostname)
                        for peer, sock in sockets.items()}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._poller = Poller(self._wake_r.fileno())
+        self._poller = Poller(self._wake_r.fileno(), self._wake)
         self._arm_lock = threading.Lock()
         self._by_fd = {conn.fd: conn for conn in self._conns.values()}
         for conn in self._conns.values():
@@ -256,16 +257,15 @@ class TcpTransport(Transport):
     def driver(self, nbytes: int) -> Callable[[Request, float | None], bool | None] | None:
         """How a caller blocked on a message of ``nbytes`` reads the sockets itself (None:
         the I/O thread does: PYDIST_TCP_READER=io, or a message over CALLER_READ_BYTES)."""
-        return self.drive if self.caller_reads and nbytes <= CALLER_READ_BYTES else None
+        return self.drive if self.caller_reads and nbytes <= CALLER_READ_BYTES else self.sleep
 
     def drive(self, request: Request, timeout: float | None) -> bool | None:
         """The caller blocked on ``request`` reads every peer's socket itself until the
         request completes (True) or ``timeout`` seconds pass (False). None when it cannot
         (the I/O thread or another caller is reading): then it sleeps instead."""
         poller = self._poller
-        borrowed = not poller.mine()
-        if borrowed and not poller.borrow():
-            return None
+        if not poller.enter():
+            return self.sleep(request, timeout)
         end = None if timeout is None else time.monotonic() + timeout
         request.add_callback(self._ring_unless_mine)
         try:
@@ -280,8 +280,7 @@ class TcpTransport(Transport):
                 if not poller.ready_reads(left):
                     continue
         finally:
-            if borrowed:
-                self._give_back()
+            self._leave()
         return True
 
     @contextlib.contextmanager
@@ -290,29 +289,44 @@ class TcpTransport(Transport):
         CALLER_READ_BYTES), borrow the sockets for all of it, so that no arrival wakes the I/O
         thread between its steps; a large one borrows them only while it waits (the I/O
         thread then reads a segment while the caller reduces the previous one)."""
-        poller = self._poller
-        if not self.caller_reads or nbytes > CALLER_READ_BYTES or poller.mine() or not poller.borrow():
+        if not self.caller_reads or nbytes > CALLER_READ_BYTES or not self._poller.enter():
             yield
             return
         try:
             yield
         finally:
-            self._give_back()
+            self._leave()
 
-    def _give_back(self) -> None:
-        self._poller.give_back()
-        for conn in self._conns.values():
-            if conn.error is not None:
-                conn.receiver.abandon(conn.error)  # failed while the caller read it
+    def sleep(self, request: Request, timeout: float | None) -> bool:
+        """Wait for ``request`` without reading: the I/O thread (or the thread driving the
+        sockets now) reads for it."""
+        poller = self._poller
+        poller.sleepers += 1  # under the GIL; read by leave() under its lock
+        try:
+            poller.release_idle()
+            return request.sleep(timeout)
+        finally:
+            poller.sleepers -= 1
+
+    def _leave(self) -> None:
+        self._poller.leave()
+        if self._failed_while_read:
+            self._failed_while_read = False
+            for conn in self._conns.values():
+                if conn.error is not None:
+                    conn.receiver.abandon(conn.error)  # failed while a caller read it
 
     def _ring_unless_mine(self, request: Request) -> None:
         """A driven request completed: wake its driver if another thread completed it."""
-        if not self._poller.mine():
+        if not self._poller.driving():
             self._poller.ring()
 
     def reading_elsewhere(self) -> bool:
-        """A caller has borrowed the sockets (see drive)."""
-        return self._poller.borrowed
+        """A caller drives the sockets now (see drive): it abandons a failed frame itself."""
+        if self._poller.depth:
+            self._failed_while_read = True
+            return True
+        return False
 
     def _read(self, conn: _Connection) -> None:
         """Read what ``conn`` has (the reading thread); a broken peer is failed."""
@@ -436,8 +450,7 @@ class TcpTransport(Transport):
         for conn, error in fails:
             self._drop(conn, error)
         for conn in writes:
-            if conn.error is None and not conn.flush():
-                self._arm(conn, True)
+            self._flush(conn)
 
     def _drop(self, conn: _Connection, cause: BaseException | None) -> None:
         conn.fail(cause)
@@ -455,9 +468,14 @@ class TcpTransport(Transport):
                         for fd in poller.ready_reads():
                             self._read(self._by_fd[fd])
             for fd in writable:
-                conn = self._by_fd[fd]
-                try:
-                    if conn.error is None and conn.flush():
-                        self._arm(conn, False)
-                except OSError as error:
-                    self._drop(conn, error)
+                self._flush(self._by_fd[fd])
+
+    def _flush(self, conn: _Connection) -> None:
+        """I/O thread: send what ``conn`` has queued; wait for it to be writable if the
+        kernel did not take everything. A broken peer is failed."""
+        if conn.error is not None:
+            return
+        try:
+            self._arm(conn, not conn.flush())
+        except OSError as error:
+            self._drop(conn, error)
