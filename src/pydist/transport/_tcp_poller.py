@@ -134,6 +134,8 @@ class Poller:
 
     def release_idle(self) -> None:
         """Give an idle borrowed read set back to the I/O thread (any thread)."""
+        if not self.borrowed or self.depth:  # the common case, without waiting for the I/O thread's read
+            return
         with self.read_lock:
             if self.borrowed and not self.depth:
                 self._lend(False)
