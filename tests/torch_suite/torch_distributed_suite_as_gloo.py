@@ -28,6 +28,8 @@ from pydist.torch import ProcessGroupPydist  # noqa: E402 - also registers "pydi
 class PydistAsGloo(ProcessGroupPydist):
     """A pydist group built with ProcessGroupGloo's signature, where torch builds a gloo one."""
 
+    profiling_name = "gloo"  # torch's tests look for the profiler events of dist.get_backend(): "gloo:all_reduce"
+
     def __init__(self, store, rank: int, size: int, timeout: timedelta = c10d.default_pg_timeout):
         super().__init__(store, rank, size, timeout)
         # torch writes the members' world ranks and the group's name here after creating gloo
