@@ -9,7 +9,10 @@ and in every rank torch spawns, by :class:`PydistAsGloo`. Run it (not part of ``
     WORLD_SIZE=2 .venv/bin/python -m pytest tests/torch_suite/torch_distributed_suite_as_gloo.py -q -rs
 
 Tests that check the backend's *name* see "gloo" from torch's own bookkeeping
-(``get_backend``) but "pydist" from the group object (``getBackendName``).
+(``get_backend``) but "pydist" from the group object (``getBackendName``): the one test
+failing here, test_ddp_logging_data_cpu, compares DDP's logged "backend_name" (the group
+object's) with ``dist.get_backend()``. Profiler events are named "gloo:<op>" here
+(``profiling_name``), as torch's profiling tests expect of a "gloo" group.
 """
 import os
 import sys
@@ -27,6 +30,8 @@ from pydist.torch import ProcessGroupPydist  # noqa: E402 - also registers "pydi
 
 class PydistAsGloo(ProcessGroupPydist):
     """A pydist group built with ProcessGroupGloo's signature, where torch builds a gloo one."""
+
+    profiling_name = "gloo"  # torch's tests look for the profiler events of dist.get_backend(): "gloo:all_reduce"
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta = c10d.default_pg_timeout):
         super().__init__(store, rank, size, timeout)

@@ -12,7 +12,8 @@ torch's call (tensor lists, option objects) onto pydist's operations with ``asyn
 and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping pydist's Work), so
 torch's own async handling, DDP's bucketing and ``wait()`` work unchanged. CUDA tensors are
 rejected with a clear error. torch's functional collectives (DTensor, FSDP2) reach this
-backend through the same methods.
+backend through the same methods. While torch's profiler runs, each operation records an
+event "pydist:<op>" named as gloo names its own (see _profiling).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from .._init import standalone_group, standalone_mpi_group
 from .._ops import RedOpType, ReduceOp
 from .._settings import settings
 from .._work import Work
+from ._profiling import (all_reduce_title, first_argument, first_input_list, no_inputs, profiled, scattered,
+                         second_argument, single_input)
 from ._store import TorchStore
 from .work import PydistWork
 
@@ -111,6 +114,8 @@ def _member_work(work: Work | None) -> Work:
 class ProcessGroupPydist(tdist.ProcessGroup):
     """A torch ProcessGroup whose every operation runs on pydist."""
 
+    profiling_name = BACKEND_NAME  # the prefix of its torch profiler events ("pydist:all_reduce")
+
     def __init__(self, store, rank: int, size: int, timeout: timedelta, engine: str = "pydist",
                  global_ranks: list[int] | None = None):
         super().__init__(rank, size)
@@ -146,10 +151,12 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def _run(self, work, outputs: list) -> PydistWork:
         return PydistWork(work, outputs)
 
+    @profiled(all_reduce_title, first_argument)
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
         return self._run(pydist.all_reduce(tensors[0], op=op, group=self._group, async_op=True), tensors)
 
+    @profiled("all_reduce", first_argument)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         """One all_reduce of the tensors flattened together, then copied back."""
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
@@ -157,25 +164,30 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         work = pydist.all_reduce(flat, op=op, group=self._group, async_op=True)
         return PydistWork(work, tensors, after=lambda: _unflatten(flat, tensors))
 
+    @profiled("broadcast", first_argument)
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         root = opts.rootRank if opts is not None else 0
         return self._run(pydist.broadcast(tensors[0], group=self._group, group_src=root, async_op=True), tensors)
 
+    @profiled("reduce", first_argument)
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         work = pydist.reduce(tensors[0], op=_op(opts.reduceOp), group=self._group, group_dst=opts.rootRank,
                              async_op=True)
         return self._run(work, tensors)
 
+    @profiled("all_gather", second_argument)
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts=None) -> tdist.Work:
         work = pydist.all_gather(output_tensors[0], input_tensors[0], group=self._group, async_op=True)
         return self._run(work, output_tensors)
 
+    @profiled("all_gather", single_input)
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         return self._run(pydist.all_gather_into_tensor(output, input, group=self._group, async_op=True), [output])
 
     all_gather_single = _allgather_base
 
+    @profiled("all_gather", second_argument)
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts=None) -> tdist.Work:
         """``output_lists[rank][j]`` receives ``input_list[j]`` of ``rank`` (torch's layout)."""
@@ -184,18 +196,21 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for j, inp in enumerate(input_list)]
         return PydistWork.all_of(works, output_lists)
 
+    @profiled("all_gather", second_argument)
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
         works = [_member_work(pydist.all_gather_into_tensor(o, i, group=self._group, async_op=True))
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 
+    @profiled("reduce_scatter", first_input_list)
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts=None) -> tdist.Work:
         work = pydist.reduce_scatter(outputs[0], input_lists[0], op=_op(opts.reduceOp), group=self._group,
                                      async_op=True)
         return self._run(work, outputs)
 
+    @profiled("reduce_scatter", single_input)
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
         return self._run(pydist.reduce_scatter_tensor(output, input, op=op, group=self._group, async_op=True),
@@ -203,6 +218,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
+    @profiled("reduce_scatter", second_argument)
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
@@ -210,6 +226,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 
+    @profiled("all_to_all", single_input)
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts=None) -> tdist.Work:
         work = pydist.all_to_all_single(output, input, output_split_sizes or None, input_split_sizes or None,
@@ -218,11 +235,13 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @profiled("all_to_all", second_argument)
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts=None) -> tdist.Work:
         return self._run(pydist.all_to_all(output_tensors, input_tensors, group=self._group, async_op=True),
                          output_tensors)
 
+    @profiled("gather", second_argument)
     def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts=None) -> tdist.Work:
         root = opts.rootRank
@@ -230,6 +249,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         work = pydist.gather(input_tensors[0], outs, group=self._group, group_dst=root, async_op=True)
         return self._run(work, output_lists)
 
+    @profiled("scatter", scattered)
     def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts=None) -> tdist.Work:
         root = opts.rootRank
@@ -237,16 +257,20 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         work = pydist.scatter(output_tensors[0], ins, group=self._group, group_src=root, async_op=True)
         return self._run(work, output_tensors)
 
+    @profiled("barrier", no_inputs)
     def barrier(self, opts=None) -> tdist.Work:
         return self._run(pydist.barrier(group=self._group, async_op=True), [])
 
     # -- point-to-point -------------------------------------------------------------------
+    @profiled("send", first_argument)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> tdist.Work:
         return self._run(pydist.isend(tensors[0], group=self._group, group_dst=dst, tag=tag), tensors)
 
+    @profiled("recv", first_argument)
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> tdist.Work:
         return self._run(pydist.irecv(tensors[0], group=self._group, group_src=src, tag=tag), tensors)
 
+    @profiled("recvAnySource", first_argument)
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> tdist.Work:
         return self._run(pydist.irecv(tensors[0], group=self._group, tag=tag), tensors)
 

@@ -5,6 +5,9 @@
 ``_source_rank`` reports the sender of a receive from any source (what torch's ``recv``
 asks for). The future is set on pydist's callback runner, so its ``then`` callbacks may
 wait on other collectives of the same group (torch's PowerSGD hook does), as on gloo.
+``end_record_when_done`` ends a torch profiler record when the work completes, on the
+callback runner (never in the issuing thread: the profiler marks the event asynchronous);
+``wait`` returns once it has ended, so a profiler stopped right after sees the event.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as tdist
 
+from .._callbacks import RUNNER
 from .._work import Work
 
 
@@ -28,6 +32,7 @@ class PydistWork(tdist.Work):
         self._after = after
         self._lock = threading.Lock()  # guards _after (wait and the future may both finish) and the countdown
         self._future: torch.futures.Future | None = None
+        self._profiled = False  # the future ends a profiler record; wait() waits for it
 
     @classmethod
     def all_of(cls, works: list[Work], outputs: list[Any]) -> "PydistWork":
@@ -45,6 +50,9 @@ class PydistWork(tdist.Work):
         for work in self._works:
             work.wait(timeout if timeout else None)
         self._finish()
+        if self._profiled:
+            assert self._future is not None
+            self._future.wait()
         return True
 
     def is_completed(self) -> bool:
@@ -72,24 +80,47 @@ class PydistWork(tdist.Work):
     def get_future(self) -> torch.futures.Future:
         """A torch Future set (on pydist's callback runner) when every part is done."""
         if self._future is None:
-            future: torch.futures.Future = torch.futures.Future()
-            self._future = future
-            remaining = [len(self._works)]
-
-            def one_done(_work: Work) -> None:
-                with self._lock:  # parts may complete on different runner threads
-                    remaining[0] -= 1
-                    if remaining[0]:
-                        return
-                try:
-                    self._finish()
-                except BaseException as error:  # noqa: BLE001 - delivered through the future
-                    future.set_exception(error)
-                else:
-                    future.set_result(self._outputs)
-
-            if not self._works:
-                future.set_result(self._outputs)
-            for work in self._works:
-                work.add_done_callback(one_done)
+            self._future = torch.futures.Future()
+            self._set_when_done(self._future)
         return self._future
+
+    def end_record_when_done(self, record: Any) -> None:
+        """End the profiler ``record`` (from ``_record_function_with_args_enter``) when every
+        part is done; the future then resolves once the record has ended."""
+        assert self._future is None, "end_record_when_done before any get_future"
+        completion: torch.futures.Future = torch.futures.Future()
+        # attached before completion can be set: a callback added to a done future runs here
+        self._future = torch.ops.profiler._call_end_callbacks_on_jit_fut(record, completion)
+        self._profiled = True
+        self._set_when_done(completion, hop=True)
+
+    def _set_when_done(self, future: torch.futures.Future, hop: bool = False) -> None:
+        """Set ``future`` when every part is done; ``hop``: on the callback runner even when
+        the parts are already done (else it is set at once, in the calling thread)."""
+        remaining = [len(self._works)]
+
+        def settle() -> None:
+            try:
+                self._finish()
+            except BaseException as error:  # noqa: BLE001 - delivered through the future
+                future.set_exception(error)
+            else:
+                future.set_result(self._outputs)
+
+        def complete() -> None:
+            if hop:
+                RUNNER.run(settle)
+            else:
+                settle()
+
+        def one_done(_work: Work) -> None:
+            with self._lock:  # parts may complete on different runner threads
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            complete()
+
+        if not self._works:
+            complete()
+        for work in self._works:
+            work.add_done_callback(one_done)
