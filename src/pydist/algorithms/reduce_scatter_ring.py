@@ -35,10 +35,10 @@ def ring_reduce_scatter(comm: Comm, blocks: list[np.ndarray], op: ReduceOp,
         return [comm.irecv(left, tmp[s], tag(tag_base + step, j))
                 for j, s in enumerate(segments(block.size, itemsize, segment_bytes))]
 
+    receives = post(0)  # before sending: the left neighbour's first segments land in place, not held
     first = blocks[(r - 1) % n]
     sends = [comm.isend(right, first[s], tag(tag_base, j))
              for j, s in enumerate(segments(first.size, itemsize, segment_bytes))]
-    receives = post(0)
     for step in range(n - 1):
         block, tmp = blocks[(r - step - 2) % n], scratch[step % 2]
         following = post(step + 1) if step + 2 < n else []
