@@ -421,7 +421,8 @@ def test_transport_tcp_keeps_every_backends_bytes_on_sockets():
     [(_, mpi_env)] = _commands(BACKENDS["mpi"], 2, tcp)
     assert mpi_env["MPIR_CVAR_NOLOCAL"] == "1" and mpi_env["UCX_TLS"] == "tcp,self"
     auto = {"transport": "auto", "plan": []}
-    assert all(env.get("PYDIST_SHM") == os.environ.get("PYDIST_SHM") for _, env in _commands(BACKENDS["pydist"], 2, auto))
+    auto_envs = [env for _, env in _commands(BACKENDS["pydist"], 2, auto)]
+    assert all(env.get("PYDIST_SHM") == os.environ.get("PYDIST_SHM") for env in auto_envs)
 
 
 @pytest.mark.slow

@@ -244,8 +244,8 @@ def kill_trial_rank(rank: int, size: int, port: int, seed: int, reports: Any, ki
             i += 1
     except BaseException as error:  # noqa: BLE001 - what the survivors raise is the point
         raised_at = time.monotonic()
-        reports.put(("raised", rank, raised_at, CALLED_AT[0], i, type(error).__name__, [c.__name__ for c in type(error).__mro__],
-                     str(error)[:4000], getattr(error, "rank", None)))
+        reports.put(("raised", rank, raised_at, CALLED_AT[0], i, type(error).__name__,
+                     [c.__name__ for c in type(error).__mro__], str(error)[:4000], getattr(error, "rank", None)))
     started = time.monotonic()
     try:
         dist.destroy_process_group()

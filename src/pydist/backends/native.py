@@ -194,9 +194,9 @@ class NativeBackend(Engine):
         algorithm = self.choose(collective, ctx, *sizes)
         self.transport.begin(self.group_id, ctx.seq, call)
         comm = self._comm(ctx, algorithm, call, sizes)
+        engaged = self.transport.engage(sizes[0] or _payload_bytes(args))
         try:
-            with self.transport.engaged(sizes[0] or _payload_bytes(args)):
-                ALGORITHMS[collective][algorithm](comm, *args)
+            ALGORITHMS[collective][algorithm](comm, *args)
         except BaseException as error:
             comm.abandon()
             failure = ctx.explained(error)  # before the abort: the peers then hear who was behind
@@ -205,6 +205,9 @@ class NativeBackend(Engine):
             if failure is not error:
                 raise failure from error.__cause__
             raise
+        finally:
+            if engaged:
+                self.transport.disengage()
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
         call = fingerprint("broadcast", buf.dtype, buf.size, root=root)

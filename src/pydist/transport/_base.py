@@ -6,11 +6,10 @@ contiguous byte views (``memoryview`` of format 'B'); receives land straight in 
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, ContextManager, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 if TYPE_CHECKING:
     from .._group_state import GroupState
@@ -154,10 +153,14 @@ class Transport(ABC):
         to create it, ``alive()`` (if given) is called now and then and may raise."""
         return None
 
-    def engaged(self, nbytes: int) -> ContextManager[None]:
-        """Wrapped around a blocking operation of ``nbytes`` run in the calling thread (a
-        transport may let that thread drive its I/O for the whole operation)."""
-        return contextlib.nullcontext()
+    def engage(self, nbytes: int) -> bool:
+        """A blocking operation of ``nbytes`` starts in the calling thread; a transport may
+        let that thread drive its I/O until the operation ends. True: call ``disengage()``
+        at its end."""
+        return False
+
+    def disengage(self) -> None:  # noqa: B027 - nothing to end unless engage() said True
+        """The operation that ``engage`` returned True for has ended."""
 
     def begin(self, group: int, seq: int, call: int) -> None:
         """This rank starts operation ``seq`` of ``group`` as ``call`` (a fingerprint): a

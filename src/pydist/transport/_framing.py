@@ -56,17 +56,20 @@ def encode_frame(kind: Kind, group: int, seq: int, tag: int, payload: bytes = b"
     return encode_header(kind, group, seq, tag, len(payload)) + payload
 
 
-def decode_header(data: bytes) -> Header:
-    """Parse exactly HEADER_SIZE bytes; FramingError when they are not a pydist header."""
-    magic, version, kind, _flags, group, seq, tag, nbytes, call = HEADER.unpack(data)
+_KINDS = {kind.value: kind for kind in Kind}
+
+
+def decode_header(data: bytes | memoryview, offset: int = 0) -> Header:
+    """Parse the HEADER_SIZE bytes of ``data`` at ``offset``; FramingError when they are
+    not a pydist header."""
+    magic, version, code, _flags, group, seq, tag, nbytes, call = HEADER.unpack_from(data, offset)
     if magic != MAGIC:
         raise FramingError(f"bad frame magic 0x{magic:04x} (expected 0x{MAGIC:04x}): not a pydist peer")
     if version != VERSION:
         raise FramingError(f"peer speaks frame version {version}, this rank speaks {VERSION}")
-    try:
-        kind = Kind(kind)
-    except ValueError:
-        raise FramingError(f"unknown frame kind {kind}") from None
+    kind = _KINDS.get(code)
+    if kind is None:
+        raise FramingError(f"unknown frame kind {code}")
     if nbytes > MAX_PAYLOAD:
         raise FramingError(f"frame payload of {nbytes} bytes is beyond the limit")
     return Header(kind, group, seq, tag, nbytes, call)
@@ -100,6 +103,12 @@ class FrameDecoder:
                 self.payload_left -= take
                 events.append(Chunk(view[pos:pos + take], self.payload_left == 0))
                 pos += take
+                continue
+            if not self._partial and end - pos >= HEADER_SIZE:  # a whole header here: no staging
+                header = decode_header(view, pos)
+                pos += HEADER_SIZE
+                self.payload_left = header.nbytes
+                events.append(header)
                 continue
             take = min(HEADER_SIZE - len(self._partial), end - pos)
             self._partial += view[pos:pos + take]

@@ -15,13 +15,12 @@ its rank and host; a clean shutdown is announced by a BYE frame so the error can
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import threading
 import time
 from collections import deque
-from typing import Callable, Iterator
+from typing import Callable
 
 from .._deadline import Deadline
 from .._errors import DistBackendError, PeerFailedError
@@ -283,19 +282,16 @@ class TcpTransport(Transport):
             self._leave()
         return True
 
-    @contextlib.contextmanager
-    def engaged(self, nbytes: int) -> Iterator[None]:
-        """A blocking operation of ``nbytes`` runs in this thread: for a small one (at most
-        CALLER_READ_BYTES), borrow the sockets for all of it, so that no arrival wakes the I/O
-        thread between its steps; a large one borrows them only while it waits (the I/O
-        thread then reads a segment while the caller reduces the previous one)."""
-        if not self.caller_reads or nbytes > CALLER_READ_BYTES or not self._poller.enter():
-            yield
-            return
-        try:
-            yield
-        finally:
-            self._leave()
+    def engage(self, nbytes: int) -> bool:
+        """A blocking operation of ``nbytes`` starts in this thread: for a small one (at most
+        CALLER_READ_BYTES), borrow the sockets for all of it (True: ``disengage`` at its end),
+        so that no arrival wakes the I/O thread between its steps; a large one borrows them
+        only while it waits (the I/O thread then reads a segment while the caller reduces
+        the previous one)."""
+        return self.caller_reads and nbytes <= CALLER_READ_BYTES and self._poller.enter()
+
+    def disengage(self) -> None:
+        self._leave()
 
     def sleep(self, request: Request, timeout: float | None) -> bool:
         """Wait for ``request`` without reading: the I/O thread (or the thread driving the

@@ -11,7 +11,6 @@ machine lacks what it needs (see _atomics.available).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from typing import Callable
 
@@ -84,11 +83,14 @@ class WorldTransport(Transport):
     def cancel(self, request: Request) -> None:
         self.tcp.cancel(request)
 
-    def engaged(self, nbytes: int):
-        """tcp's (see TcpTransport.engaged) when every peer is over tcp: an operation that
+    def engage(self, nbytes: int) -> bool:
+        """tcp's (see TcpTransport.engage) when every peer is over tcp: an operation that
         also waits on shared memory must leave the sockets to the I/O thread meanwhile (a
         local peer's death is seen on its socket)."""
-        return self.tcp.engaged(nbytes) if self.shm is None else contextlib.nullcontext()
+        return self.shm is None and self.tcp.engage(nbytes)
+
+    def disengage(self) -> None:
+        self.tcp.disengage()
 
     def abort(self, peers: list[int], group: int, error: BaseException) -> None:
         self.tcp.abort(peers, group, error)
