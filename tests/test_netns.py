@@ -80,11 +80,12 @@ else:
 DATAGRAMS = r'''
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-if sys.argv[2] == "recv":
+if sys.argv[2] == "recv":  # room for every datagram, and patience: only netem may drop them
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     s.bind((sys.argv[1], 6000)); print("ready", flush=True); s.settimeout(5); count = 0
     try:
         while True:
-            s.recv(2048); count += 1; s.settimeout(0.5)
+            s.recv(2048); count += 1; s.settimeout(2)
     except socket.timeout:
         print(count)
 else:
