@@ -253,31 +253,32 @@ class TcpTransport(Transport):
         self.matcher.post(request, peer, key)
         return request
 
-    def driver(self, nbytes: int) -> Callable[[Request, float | None], bool | None] | None:
-        """How a caller blocked on a message of ``nbytes`` reads the sockets itself (None:
-        the I/O thread does: PYDIST_TCP_READER=io, or a message over CALLER_READ_BYTES)."""
+    def driver(self, nbytes: int) -> Callable[[Request, float | None], bool]:
+        """How a caller blocked on a message of ``nbytes`` waits: reading the sockets itself
+        (``drive``), or asleep while the I/O thread reads (``sleep``: PYDIST_TCP_READER=io,
+        or a message over CALLER_READ_BYTES)."""
         return self.drive if self.caller_reads and nbytes <= CALLER_READ_BYTES else self.sleep
 
-    def drive(self, request: Request, timeout: float | None) -> bool | None:
+    def drive(self, request: Request, timeout: float | None) -> bool:
         """The caller blocked on ``request`` reads every peer's socket itself until the
-        request completes (True) or ``timeout`` seconds pass (False). None when it cannot
-        (the I/O thread or another caller is reading): then it sleeps instead."""
+        request completes (True) or ``timeout`` seconds pass (False); while another caller
+        drives them it sleeps instead (``sleep``)."""
         poller = self._poller
         if not poller.enter():
             return self.sleep(request, timeout)
         end = None if timeout is None else time.monotonic() + timeout
         request.add_callback(self._ring_unless_mine)
         try:
-            while not request._completed:
-                for fd in poller.ready_reads():
+            ready = poller.ready_reads()
+            while True:
+                for fd in ready:
                     self._read(self._by_fd[fd])
                 if request._completed:
                     break
                 left = DRIVE_SLICE if end is None else min(DRIVE_SLICE, end - time.monotonic())
                 if left <= 0:
                     return False
-                if not poller.ready_reads(left):
-                    continue
+                ready = poller.ready_reads(left)
         finally:
             self._leave()
         return True
