@@ -428,6 +428,8 @@ class TcpTransport(Transport):
         self._drop(conn, error)
 
     def _fail_later(self, conn: _Connection, error: BaseException) -> None:
+        """A send failed on a caller's thread: the I/O thread drops ``conn``, because only a
+        thread that reads the sockets may abandon the frame half read from it."""
         with self._pending_lock:
             self._pending_fail.append((conn, error))
         self._wake()
