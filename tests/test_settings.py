@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_defaults_when_nothing_is_set():
     found = parse({})
-    assert found.shm is True and found.shm_slot_bytes == 512 << 10 and found.segment_bytes == 1 << 20
+    assert found.shm is True and found.shm_slot_bytes == 512 << 10 and found.segment_bytes == 4 << 20
     assert found.trace_buffer == 2000 and found.debug == "off" and found.backend == "pydist"
     assert found.forced_algorithms() == {}
 

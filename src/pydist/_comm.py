@@ -10,6 +10,7 @@ receives still posted, so that no late message lands in a user's buffer after an
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Callable
 
 import numpy as np
@@ -30,6 +31,17 @@ def with_context(error: BaseException, prefix: str) -> BaseException:
     wrapped.args = (f"{prefix}: {error}",) + tuple(error.args[1:])
     wrapped.__cause__ = error.__cause__ or error
     return wrapped
+
+
+SCRATCH_KEEP_BYTES = 256 << 20  # scratch a thread keeps between operations, at most
+_scratch = threading.local()
+
+
+def _kept() -> dict[int, np.ndarray]:
+    kept = getattr(_scratch, "buffers", None)
+    if kept is None:
+        kept = _scratch.buffers = {}
+    return kept
 
 
 class Comm:
@@ -97,8 +109,23 @@ class Comm:
         self.wait(self.isend(dst, send, tag))
         self.wait(receive)
 
+    def scratch(self, count: int, dtype: np.dtype, index: int = 0) -> np.ndarray:
+        """An uninitialised array of ``count`` items for this operation's temporaries: the
+        ``index``-th scratch buffer of this thread, reused by its later operations (a fresh
+        allocation per call costs page faults comparable to the copy it holds)."""
+        nbytes = count * np.dtype(dtype).itemsize
+        kept = _kept()
+        buffer = kept.get(index)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = np.empty(nbytes, np.uint8)
+            if sum(b.nbytes for i, b in kept.items() if i != index) + nbytes <= SCRATCH_KEEP_BYTES:
+                kept[index] = buffer
+        return buffer[:nbytes].view(dtype)
+
     def abandon(self) -> None:
-        """Withdraw receives still pending (after an error), so nothing lands later."""
+        """Withdraw receives still pending (after an error), so nothing lands later; this
+        thread's scratch is dropped, since a frame already started may still land in it."""
+        _kept().clear()
         for request in self._receives:
             if not request.done():
                 self.transport.cancel(request)

@@ -92,8 +92,9 @@ class Settings:
         "Data a rank holds from one peer before posting receives for it; past that it stops "
         "reading from that peer over TCP (the sender then blocks) until a receive wants it.")
     segment_bytes: int = _setting(
-        "PYDIST_SEGMENT_BYTES", 1 << 20, _count(1), "bytes, >= 1",
-        "Pipeline segment of the network algorithms (small values exercise multi-segment paths).")
+        "PYDIST_SEGMENT_BYTES", 4 << 20, _count(1), "bytes, >= 1",
+        "Pipeline segment of the network algorithms (4 MiB: fastest measured over TCP, see "
+        "docs/algorithms.md; small values exercise multi-segment paths).")
     tcp_reader: str = _setting(
         "PYDIST_TCP_READER", "caller", _choice("caller", "io", lower=True), "caller / io",
         "Who reads a TCP peer's socket for a blocked receive: caller (its own thread, no hand-off; "

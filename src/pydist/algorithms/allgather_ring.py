@@ -11,21 +11,33 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
+from ..transport._base import Request
 from ._partition import segments, tag
 
 
-def ring_allgather(comm: Comm, blocks: list[np.ndarray], segment_bytes: int, tag_base: int = 0) -> None:
-    """``blocks[rank]`` is filled by its owner; afterwards every block is, on every rank."""
+def post_allgather_receives(comm: Comm, blocks: list[np.ndarray], segment_bytes: int,
+                            tag_base: int = 0) -> list[list[Request]]:
+    """Post every receive of ``ring_allgather`` straight into its final place, per step."""
     n, r = comm.size, comm.rank
-    if n == 1:
-        return
-    right, left = (r + 1) % n, (r - 1) % n
-    itemsize = blocks[0].itemsize
+    left, itemsize = (r - 1) % n, blocks[0].itemsize
     receives = []
     for step in range(n - 1):
         block = blocks[(r - step - 1) % n]
         receives.append([comm.irecv(left, block[s], tag(tag_base + step, j))
                          for j, s in enumerate(segments(block.size, itemsize, segment_bytes))])
+    return receives
+
+
+def ring_allgather(comm: Comm, blocks: list[np.ndarray], segment_bytes: int, tag_base: int = 0,
+                   receives: list[list[Request]] | None = None) -> None:
+    """``blocks[rank]`` is filled by its owner; afterwards every block is, on every rank.
+    ``receives``: those post_allgather_receives posted earlier (else they are posted now)."""
+    n, r = comm.size, comm.rank
+    if n == 1:
+        return
+    if receives is None:
+        receives = post_allgather_receives(comm, blocks, segment_bytes, tag_base)
+    right, itemsize = (r + 1) % n, blocks[0].itemsize
     own = blocks[r]
     sends = [comm.isend(right, own[s], tag(tag_base, j))
              for j, s in enumerate(segments(own.size, itemsize, segment_bytes))]

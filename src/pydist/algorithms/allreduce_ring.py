@@ -13,12 +13,18 @@ import numpy as np
 from .._comm import Comm
 from .._ops import ReduceOp
 from ._partition import blocks
-from .allgather_ring import ring_allgather
+from .allgather_ring import post_allgather_receives, ring_allgather
 from .reduce_scatter_ring import ring_reduce_scatter
 
 
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
     parts = blocks(buf, comm.size)
+    if comm.size == 1:
+        return
+    # The all_gather half's receives go first: a neighbour that finishes its reduce-scatter
+    # early sends into place instead of into a held copy. Safe: the final value of a block
+    # arrives only after this rank's reduce-scatter send of it was received downstream.
+    gathered = post_allgather_receives(comm, parts, segment_bytes, tag_base=comm.size)
     ring_reduce_scatter(comm, parts, op, segment_bytes)
-    ring_allgather(comm, parts, segment_bytes, tag_base=comm.size)
+    ring_allgather(comm, parts, segment_bytes, tag_base=comm.size, receives=gathered)

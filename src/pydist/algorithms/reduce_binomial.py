@@ -24,7 +24,7 @@ def reduce(comm: Comm, buf: np.ndarray, root: int, op: ReduceOp, segment_bytes: 
     children = children[::-1]  # nearest first: a fixed reduction order
     acc = buf if parent is None or not children else buf.copy()
     pieces = segments(buf.size, buf.itemsize, segment_bytes)
-    scratch = {child: np.empty_like(buf) for child in children}
+    scratch = {child: comm.scratch(buf.size, buf.dtype, i) for i, child in enumerate(children)}
     receives = {child: [comm.irecv(child, scratch[child][s], tag(0, j)) for j, s in enumerate(pieces)]
                 for child in children}
     sends = []

@@ -27,7 +27,7 @@ def ring_reduce_scatter(comm: Comm, blocks: list[np.ndarray], op: ReduceOp,
     right, left = (r + 1) % n, (r - 1) % n
     itemsize = blocks[0].itemsize
     longest = max(b.size for b in blocks)
-    scratch = [np.empty(longest, blocks[0].dtype), np.empty(longest, blocks[0].dtype)]
+    scratch = [comm.scratch(longest, blocks[0].dtype, 0), comm.scratch(longest, blocks[0].dtype, 1)]
 
     def post(step: int) -> list:
         block = blocks[(r - step - 2) % n]
