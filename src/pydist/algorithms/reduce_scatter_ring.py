@@ -27,27 +27,24 @@ def ring_reduce_scatter(comm: Comm, blocks: list[np.ndarray], op: ReduceOp,
     right, left = (r + 1) % n, (r - 1) % n
     itemsize = blocks[0].itemsize
     longest = max(b.size for b in blocks)
-    scratch = [comm.scratch(longest, blocks[0].dtype, 0), comm.scratch(longest, blocks[0].dtype, 1)]
-
-    def post(step: int) -> list:
-        block = blocks[(r - step - 2) % n]
-        tmp = scratch[step % 2]
-        return [comm.irecv(left, tmp[s], tag(tag_base + step, j))
-                for j, s in enumerate(segments(block.size, itemsize, segment_bytes))]
-
-    receives = post(0)  # before sending: the left neighbour's first segments land in place, not held
+    # Every step's receives are posted before the first send, each into its own scratch
+    # block: a left neighbour running ahead sends into place, never into a held copy.
+    scratch = comm.scratch(longest * (n - 1), blocks[0].dtype)
+    receives = []
+    for step in range(n - 1):
+        block, tmp = blocks[(r - step - 2) % n], scratch[step * longest:(step + 1) * longest]
+        receives.append([comm.irecv(left, tmp[s], tag(tag_base + step, j))
+                         for j, s in enumerate(segments(block.size, itemsize, segment_bytes))])
     first = blocks[(r - 1) % n]
     sends = [comm.isend(right, first[s], tag(tag_base, j))
              for j, s in enumerate(segments(first.size, itemsize, segment_bytes))]
     for step in range(n - 1):
-        block, tmp = blocks[(r - step - 2) % n], scratch[step % 2]
-        following = post(step + 1) if step + 2 < n else []
+        block, tmp = blocks[(r - step - 2) % n], scratch[step * longest:(step + 1) * longest]
         for j, s in enumerate(segments(block.size, itemsize, segment_bytes)):
-            comm.wait(receives[j])
+            comm.wait(receives[step][j])
             reduce_into(block[s], tmp[s], op)
             if step + 2 < n:
                 sends.append(comm.isend(right, block[s], tag(tag_base + step + 1, j)))
-        receives = following
     comm.wait_all(sends)
 
 
