@@ -6,6 +6,7 @@
                  [--nproc 2] [--sizes 4:64M] [--dtype float32] [--iters 20] [--warmup 5]
                  [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist]
                  [--transport auto|tcp] [--timeout 1800] [--json] [--plot out.png]
+                 [--netns HOSTSxRANKS [--link RATE]]
 
 Prints one row per size: bytes, element count, time in µs (median over timed iterations
 of the slowest rank's time), algbw and busbw in GB/s, then per ``--compare`` backend its
@@ -15,7 +16,8 @@ Exit status: 0 on success, 1 if the main backend cannot run or fails, 2 on a usa
 
 Started inside an already launched job (RANK/WORLD_SIZE, PMI_RANK/PMI_SIZE or
 OMPI_COMM_WORLD_RANK/SIZE set: pydist-run, torchrun, mpiexec), it starts no workers: every
-process is one rank and rank 0 prints the table (see :mod:`.injob`).
+process is one rank and rank 0 prints the table (see :mod:`.injob`). ``--netns 2x2`` runs
+it as a job of 2 hosts x 2 ranks in network namespaces on this machine (see :mod:`.netns_job`).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import threading
 from collections.abc import Sequence
 from contextlib import closing
 
-from . import injob
+from . import injob, netns_job
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .launch import BackendFailed, run_backend
 from .ops import DTYPES, OPS
@@ -108,6 +110,10 @@ def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=_arg(_seconds), default=1800.0, help="seconds allowed for each backend's run")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--plot", metavar="PATH", help="write busbw and time against size (needs matplotlib)")
+    parser.add_argument("--netns", type=_arg(netns_job.parse_shape), metavar="HOSTSxRANKS",
+                        help="run as a multi-node job on this machine: HOSTS network namespaces joined by veth "
+                        "links, RANKS ranks each under pydist-run (root, iproute2)")
+    parser.add_argument("--link", metavar="RATE", help="with --netns: shape every host's link (tc units: 1gbit)")
     return parser
 
 
@@ -154,7 +160,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(f"pydist-bench (rank {job.rank})" if job else "pydist-bench")
     args = parser.parse_args(argv)
     if job:
+        if args.netns:
+            parser.error("--netns starts a job of its own: not inside a launched job")
         return injob.main(args, argv, parser, job)
+    if args.link and not args.netns:
+        parser.error("--link shapes the links of a --netns job: give --netns too")
+    if args.netns:
+        if hasattr(args, "nproc"):
+            parser.error(f"--nproc contradicts --netns {args.netns} (the job has hosts x ranks ranks)")
+        if args.transport != "auto":
+            parser.error("--transport tcp with --netns: the hosts are separate already (use --netns Hx1)")
+        return netns_job.run(args.netns, args.link, netns_job.forwarded(argv), args.timeout)
     args.nproc = getattr(args, "nproc", DEFAULT_NPROC)
     if args.nproc < OPS[args.op].min_ranks:
         parser.error(f"--op {args.op} needs --nproc >= {OPS[args.op].min_ranks}")

@@ -14,8 +14,8 @@ Each rank runs the backends one after the other, the main one (``--backend``) th
 ``--compare`` one: it joins that backend's group through env:// (the launcher's variables),
 runs the normal workers' timing loop (:func:`.timing.run_plan`) and destroys the group.
 Rank 0 prints the normal table (or ``--json``), whose first line also names the backends,
-the ranks, the hosts (distinct host names) and the launcher; the other ranks print nothing
-but errors, each naming its rank.
+the ranks, the hosts (distinct host identities: network namespaces count) and the
+launcher; the other ranks print nothing but errors, each naming its rank.
 
 - ``--nproc`` is the job's world size; giving another value is a usage error (exit 2).
 - A ``--compare`` backend that some rank cannot run (torch missing on one host) is skipped
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..transport._identity import host_identity
 from .backends import BACKENDS
 from .ops import OPS
 from .status_line import StatusLine
@@ -88,10 +88,11 @@ def launcher_title(launcher: str) -> str:
 
 
 def count_hosts(comm: Any) -> int:
-    """Distinct host names among the ranks: each rank writes a 48-bit hash of its host name
-    (+1) into its slot of a zero vector, so the maximum across ranks holds every rank's."""
+    """Distinct hosts among the ranks, as pydist tells them apart (host name, boot and network
+    namespace, or PYDIST_HOST_ID): each rank writes a 48-bit hash of its host identity (+1)
+    into its slot of a zero vector, so the maximum across ranks holds every rank's."""
     slots = np.zeros(comm.size)
-    slots[comm.rank] = int.from_bytes(hashlib.sha256(socket.gethostname().encode()).digest()[:6], "big") + 1
+    slots[comm.rank] = int.from_bytes(hashlib.sha256(host_identity().encode()).digest()[:6], "big") + 1
     return len(set(comm.max_across_ranks(slots).tolist()))
 
 

@@ -1,0 +1,56 @@
+"""pydist-bench --netns HxM: the benchmark as a multi-node job in network namespaces."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pydist.bench import cli, netns_job
+from pydist.testing.netns import require_netns
+
+BENCH = [sys.executable, "-m", "pydist.bench"]
+
+
+def test_shape_is_hosts_by_ranks():
+    assert netns_job.parse_shape("2x2") == netns_job.Shape(2, 2)
+    assert str(netns_job.parse_shape(" 3X1 ")) == "3x1"
+    for bad in ("2", "1x4", "2x0", "axb", "2x2x2"):
+        with pytest.raises(ValueError, match="HOSTSxRANKS|at least 2 hosts"):
+            netns_job.parse_shape(bad)
+
+
+def test_the_job_gets_every_argument_but_the_namespace_ones():
+    argv = ["--netns", "2x2", "--sizes", "4,1M", "--link=1gbit", "--compare", "gloo", "--netns=3x1", "--link", "x"]
+    assert netns_job.forwarded(argv) == ["--sizes", "4,1M", "--compare", "gloo"]
+    command = netns_job.host_command(netns_job.Shape(2, 3), 1, "10.0.0.1", ["--sizes", "4"])
+    assert command[1:] == ["-m", "pydist.run", "--nnodes", "2", "--nproc-per-node", "3", "--node-rank", "1",
+                           "--master-addr", "10.0.0.1", "--master-port", str(netns_job.MASTER_PORT),
+                           "-m", "pydist.bench", "--sizes", "4"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--link", "1gbit"], "--link shapes the links of a --netns job: give --netns too"),
+    (["--netns", "2x2", "--nproc", "4"], "--nproc contradicts --netns 2x2"),
+    (["--netns", "2x2", "--transport", "tcp"], "--transport tcp with --netns"),
+    (["--netns", "1x2"], "expected at least 2 hosts of at least 1 rank, got '1x2'"),
+])
+def test_contradictory_options_are_usage_errors(argv, message, capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_two_host_job_prints_rank_zeros_table():
+    require_netns()
+    done = subprocess.run(BENCH + ["--netns", "2x1", "--sizes", "4,64K", "--iters", "2", "--warmup", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "nproc=2 ranks on 2 hosts (launched by pydist-run)" in done.stdout, done.stdout
+    rows = [line for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
+    assert [int(row.split()[0]) for row in rows] == [4, 65536], done.stdout
+    assert "[rank" not in done.stdout
