@@ -245,3 +245,29 @@ def test_an_abort_fails_the_groups_unfinished_sends():
     matcher.track_send(KEY.group + 1, other)
     matcher.fail_group(KEY.group, GroupAbortedError("rank 2 aborted", rank=2))
     assert isinstance(sending.error, GroupAbortedError) and not other.done()
+
+
+def _receiver_with_a_posted_receive(nbytes: int):
+    from pydist.transport._receiver import FrameReceiver
+    matcher = Matcher()
+    receiver = FrameReceiver(1, matcher, lambda header, payload: None)
+    buffer = np.zeros(nbytes, np.uint8)
+    request = Request(1, buffer.data)
+    matcher.post(request, 1, MessageKey(5, 1, 0))
+    return matcher, receiver, buffer, request
+
+
+def test_a_cancelled_receive_gets_no_more_of_a_frame_already_started():
+    """After an error the operation withdraws its receives: bytes of a frame that was being
+    read into one are discarded, so nothing lands in the caller's buffer later."""
+    from pydist.transport._framing import Kind, encode_header
+    nbytes = 64 * 1024
+    matcher, receiver, buffer, request = _receiver_with_a_posted_receive(nbytes)
+    receiver.feed(memoryview(encode_header(Kind.DATA, 5, 1, 0, nbytes) + b"\x01" * 1000))
+    assert receiver.direct_view(1) is not None  # the rest would go straight into the buffer
+    matcher.cancel(request, DistBackendError("receive cancelled"))
+    assert receiver.direct_view(1) is None
+    receiver.feed(memoryview(b"\x02" * (nbytes - 1000)))
+    assert receiver.between_frames()
+    assert bytes(buffer[:1000]) == b"\x01" * 1000 and not buffer[1000:].any()
+    assert isinstance(request.error, DistBackendError)

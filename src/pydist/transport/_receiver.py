@@ -3,7 +3,9 @@
 Frames are decoded sans-IO; a DATA frame goes straight into its posted receive, or is held
 as unexpected (see _matching); BYE and ABORT frames go to ``on_control``. A transport that
 can read a large payload directly into its destination asks ``direct_view`` for the place
-and reports with ``direct_done``.
+and reports with ``direct_done``. A receive cancelled while its frame arrives gets no more
+of it (the rest is read and dropped); only a read already under way when it is cancelled
+may still land.
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ class FrameReceiver:
 
     def direct_view(self, minimum: int) -> memoryview | None:
         """Where the rest of the current payload goes, when at least ``minimum`` bytes remain."""
-        if self._dest is None or self.decoder.payload_left < minimum:
+        dest = self._destination()
+        if dest is None or self.decoder.payload_left < minimum:
             return None
-        return self._dest[self._filled:self._filled + self.decoder.payload_left]
+        return dest[self._filled:self._filled + self.decoder.payload_left]
 
     def direct_done(self, nbytes: int) -> None:
         """``nbytes`` of payload were written into ``direct_view()`` by the caller."""
@@ -78,10 +81,19 @@ class FrameReceiver:
         if header.nbytes == 0:
             self._finish()
 
+    def _destination(self) -> memoryview | None:
+        """Where the current payload goes; None for a refused frame, or once its receive
+        finished meanwhile (cancelled after an error: its buffer is the caller's again, so
+        the rest of the frame is read and dropped)."""
+        if self._dest is not None and isinstance(self._target, Request) and self._target._completed:
+            self._dest = None
+        return self._dest
+
     def _payload(self, chunk: Chunk) -> None:
         size = chunk.data.nbytes
-        if self._dest is not None:
-            self._dest[self._filled:self._filled + size] = chunk.data
+        dest = self._destination()
+        if dest is not None:
+            dest[self._filled:self._filled + size] = chunk.data
         self._filled += size
         if chunk.last:
             self._finish()
