@@ -26,6 +26,14 @@ def host_identity() -> str:
     return "/".join(parts)
 
 
+def machine_of(host_id: str) -> str:
+    """The machine (kernel) a host identity runs on: the identity without its network
+    namespace, so namespaces of one machine, which share its CPUs, share a machine. An
+    identity given by PYDIST_HOST_ID is its own machine."""
+    parts = host_id.split("/")
+    return "/".join(parts[:2]) if len(parts) == 3 else host_id
+
+
 def _route_to(host: str, port: int) -> str:
     """The local address of the interface that reaches ``host`` (no packet is sent)."""
     try:

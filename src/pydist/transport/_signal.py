@@ -125,7 +125,7 @@ class Signal:
             atomics.fetch_add_u32(self._sleepers, -1)
 
 
-def oversubscribed(local_ranks: int) -> bool:
-    """True when this host runs more ranks than it has CPUs."""
-    return local_ranks > (os.cpu_count() or 1)
+def oversubscribed(ranks: int) -> bool:
+    """True when this machine runs more ranks than it has CPUs."""
+    return ranks > (os.cpu_count() or 1)
 

@@ -21,6 +21,7 @@ from .._settings import Settings, settings
 from ._base import MessageKey, Request, Transport, completed_request
 from ._matching import Matcher
 from ._shm_segment import share
+from ._identity import machine_of
 from ._signal import oversubscribed
 from .arena import Arena, arena_bytes
 from .registry import HOST_LOCAL, NETWORK, HostLocalTransport, NetworkTransport, Site, select
@@ -47,7 +48,10 @@ class WorldTransport(Transport):
         self.network: NetworkTransport = network.build(site)
         self.hosts = [record.host_id for record in self.network.records]
         self.local = [r for r in range(size) if self.hosts[r] == host_id]
-        self.oversubscribed = shares_interpreter or oversubscribed(len(self.local))
+        # CPUs are shared by the ranks of every host on this machine (network namespaces are
+        # hosts of one machine): more of them than cores, and waits must not spin long
+        machine = machine_of(host_id)
+        self.oversubscribed = shares_interpreter or oversubscribed(sum(machine_of(h) == machine for h in self.hosts))
         if len(self.local) > 1:
             site = dataclasses.replace(site, local=self.local, token=self.network.token,
                                        oversubscribed=self.oversubscribed)
