@@ -28,7 +28,8 @@ def ring_reduce_scatter(comm: Comm, blocks: list[np.ndarray], op: ReduceOp,
     itemsize = blocks[0].itemsize
     longest = max(b.size for b in blocks)
     # Every step's receives are posted before the first send, each into its own scratch
-    # block: a left neighbour running ahead sends into place, never into a held copy.
+    # block: a left neighbour running ahead sends into place, never into a held copy. The
+    # cost: n-1 blocks of scratch (about the buffer's size), reused by the thread's next calls.
     scratch = comm.scratch(longest * (n - 1), blocks[0].dtype)
     receives = []
     for step in range(n - 1):
