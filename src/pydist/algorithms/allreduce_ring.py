@@ -19,9 +19,9 @@ from .reduce_scatter_ring import ring_reduce_scatter
 
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
-    parts = blocks(buf, comm.size)
     if comm.size == 1:
         return
+    parts = blocks(buf, comm.size)
     # The all_gather half's receives go first: a neighbour that finishes its reduce-scatter
     # early sends into place instead of into a held copy. Safe: the final value of a block
     # arrives only after this rank's reduce-scatter send of it was received downstream.
