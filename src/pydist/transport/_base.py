@@ -37,9 +37,9 @@ class Request:
         self.source: int | None = peer
         self.order = 0  # post order, for any-source matching
         self.poll: tuple | None = None  # (progress function, seconds to spin on it) before sleeping
-        #: drive(request, timeout): the waiter moves the transport itself until done (True) or
-        #: timeout (False); None when it cannot now (another thread is reading), then it sleeps
-        self.drive: Callable[[Request, float | None], bool | None] | None = None
+        #: drive(request, timeout): how the waiter waits when its transport decides it (reading
+        #: the sockets itself, or asleep while another thread does): True done, False timed out
+        self.drive: Callable[[Request, float | None], bool] | None = None
         self._completed = False
         self._callbacks: list | None = None
         self._gate = threading.Lock()
@@ -75,9 +75,7 @@ class Request:
         if self._completed:
             return True
         if self.drive is not None:
-            driven = self.drive(self, timeout)
-            if driven is not None:
-                return driven
+            return self.drive(self, timeout)
         if self.poll is not None:  # drive the transport from this thread for a moment
             progress, spin = self.poll
             end = time.perf_counter() + spin

@@ -35,7 +35,7 @@ from .._settings import settings
 
 log = logging.getLogger("pydist.transport")
 
-STAGING_BYTES = 65536
+STAGING_BYTES = 64 * 1024  # a frame's first read: larger takes more payload through staging
 DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
 FLUSH_SECONDS = 10.0  # close(): how long queued sends may take to drain
 LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before closing anyway
