@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -44,10 +44,20 @@ def _kept() -> dict[int, np.ndarray]:
     return kept
 
 
+class Hierarchy(NamedTuple):
+    """The stages of a hierarchical algorithm, as one rank sees them."""
+
+    local: "Comm"  # this host's ranks, over the host's arena (its ``arena`` is None when alone)
+    leaders: "Comm | None"  # one rank per host (None on the other ranks); leader h is host h's
+    hosts: list[list[int]]  # every host's group ranks, host h's leader first
+    host: int  # this rank's host
+    inter: Callable[..., None] | None  # all_reduce: the leaders' network algorithm
+
+
 class Comm:
     """One operation's messages over a transport, in group ranks; ``arena`` is the group's
-    shared-memory arena when its ranks share a host; ``hierarchy`` (local Comm, leaders'
-    Comm or None, the leaders' algorithm) is set for hierarchical algorithms."""
+    shared-memory arena when its ranks share a host; ``hierarchy`` is set for hierarchical
+    algorithms."""
 
     __slots__ = ("transport", "group_id", "ranks", "rank", "size", "seq", "deadline", "op_name", "timeout_text",
                  "arena", "call", "hierarchy", "_receives")
@@ -66,7 +76,7 @@ class Comm:
         self.timeout_text = timeout_text
         self.arena = arena
         self.call = call  # the call's fingerprint, carried and checked by every message and arena sync
-        self.hierarchy: tuple[Comm, Comm | None, Callable[..., None]] | None = None
+        self.hierarchy: Hierarchy | None = None
         self._receives: list[Request] = []
 
     def describe(self) -> str:

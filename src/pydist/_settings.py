@@ -16,10 +16,10 @@ from typing import Any, Callable, Mapping
 #: ALGORITHMS table must offer exactly these: tests/test_settings.py checks).
 ALGORITHM_CHOICES: dict[str, tuple[str, ...]] = {
     "all_reduce": ("shm", "hierarchical", "recursive_doubling", "ring"),
-    "broadcast": ("shm", "binomial"),
-    "reduce": ("shm", "binomial"),
-    "all_gather": ("shm", "ring"),
-    "reduce_scatter": ("shm", "ring"),
+    "broadcast": ("shm", "hierarchical", "binomial"),
+    "reduce": ("shm", "hierarchical", "binomial"),
+    "all_gather": ("shm", "hierarchical", "ring"),
+    "reduce_scatter": ("shm", "hierarchical", "ring"),
     "all_to_all": ("shm", "pairwise"),
     "gather": ("shm", "linear"),
     "scatter": ("shm", "linear"),

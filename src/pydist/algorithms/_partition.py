@@ -38,3 +38,41 @@ def chunks(count: int, per: int) -> list[tuple[int, int]] | tuple[tuple[int, int
     if count <= per:
         return ((0, count),)
     return [(start, min(start + per, count)) for start in range(0, count, max(per, 1))]
+
+
+def end_to_end(parts: list[np.ndarray]) -> np.ndarray | None:
+    """One 1-D array over ``parts`` when they lie end to end in memory, in this order, with
+    one dtype (views of one tensor, as all_gather_into_tensor's blocks): writing to it writes
+    exactly their elements. None otherwise."""
+    if not parts or any(part.dtype != parts[0].dtype or not part.flags.c_contiguous for part in parts):
+        return None
+    filled = [part for part in parts if part.nbytes]  # an empty view's address means nothing
+    if not filled:
+        return parts[0].reshape(-1)
+    start = at = filled[0].ctypes.data
+    for part in filled:
+        if part.ctypes.data != at:
+            return None
+        at += part.nbytes
+    first = filled[0].reshape(-1)
+    return np.lib.stride_tricks.as_strided(first, shape=((at - start) // first.itemsize,),
+                                           strides=(first.itemsize,))
+
+
+def packed_by_host(hosts: list[list[int]], sizes: list[int], packed: np.ndarray
+                   ) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+    """Views of ``packed``, which holds every rank's part (``sizes[g]`` elements for group rank
+    g) host after host in ``hosts`` order: per group rank, and per host (its ranks' parts)."""
+    parts, host_blocks, at = {}, [], 0
+    for ranks in hosts:
+        start = at
+        for g in ranks:
+            parts[g] = packed[at:at + sizes[g]]
+            at += sizes[g]
+        host_blocks.append(packed[start:at])
+    return parts, host_blocks
+
+
+#: the Comm.scratch index of hierarchical algorithms' packed buffers (the network algorithms
+#: they call use the low indices)
+PACKED_SCRATCH = 16

@@ -21,11 +21,12 @@ from .reduce_shm import reduce
 
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
-    assert comm.hierarchy is not None  # the engine sets it when it picks this algorithm
-    local, leaders, inter = comm.hierarchy
+    stages = comm.hierarchy
+    assert stages is not None and stages.inter is not None  # the engine sets them when it picks this algorithm
+    local, leader = stages.local, stages.hosts[stages.host][0]
     if local.arena is not None:
-        reduce(local, buf, local.arena.members[0], op)  # to the host's leader
-    if leaders is not None:
-        inter(leaders, buf, op, segment_bytes)
+        reduce(local, buf, leader, op)
+    if stages.leaders is not None:
+        stages.inter(stages.leaders, buf, op, segment_bytes)
     if local.arena is not None:
-        broadcast(local, buf, local.arena.members[0])  # from the host's leader
+        broadcast(local, buf, leader)

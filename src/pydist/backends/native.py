@@ -5,10 +5,10 @@ e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
 
 - every rank of the group on this host, with shared memory: the ``shm`` algorithm of each
   collective (through the group's arena);
-- ranks on several hosts: all_reduce ``hierarchical`` when some host has more than one of
-  them (shared memory inside hosts, the network between them); otherwise, and for the
-  other collectives, the network algorithms below, whose same-host pairs still go
-  through shared-memory rings;
+- ranks on several hosts, some host with more than one of them: ``hierarchical`` all_reduce,
+  broadcast, reduce, all_gather and reduce_scatter (shared memory inside hosts, the network
+  among one leader per host); otherwise, and for the other collectives, the network
+  algorithms below, whose same-host pairs still go through shared-memory rings;
 - network algorithms: all_reduce ``recursive_doubling`` up to SMALL_ALL_REDUCE_BYTES (or
   fewer elements than ranks) and the segmented ``ring`` above (``network_all_reduce``, also
   the choice among the hosts' leaders in ``hierarchical``); ``binomial`` trees for
@@ -23,15 +23,17 @@ from typing import Callable
 
 import numpy as np
 
-from .._comm import Comm, as_bytes
+from .._comm import Comm, Hierarchy, as_bytes
 from .._errors import DistError, GroupAbortedError, OpTimeoutError
 from .._group_state import GroupState
 from .._ops import ReduceOp, RedOpType, finish, prescale
 from .._settings import settings
-from ..algorithms import (allgather_ring, allgather_shm, allreduce_hierarchical, allreduce_recursive_doubling,
-                          allreduce_ring, allreduce_shm, alltoall_pairwise, alltoall_shm, barrier_dissemination,
-                          barrier_shm, broadcast_binomial, broadcast_shm, gather_linear, gather_shm, reduce_binomial,
-                          reduce_scatter_ring, reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
+from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm, allreduce_hierarchical,
+                          allreduce_recursive_doubling, allreduce_ring, allreduce_shm, alltoall_pairwise, alltoall_shm,
+                          barrier_dissemination, barrier_shm, broadcast_binomial, broadcast_hierarchical,
+                          broadcast_shm, gather_linear, gather_shm, reduce_binomial, reduce_hierarchical,
+                          reduce_scatter_hierarchical, reduce_scatter_ring, reduce_scatter_shm, reduce_shm,
+                          scatter_linear, scatter_shm)
 from ..transport._base import MessageKey, Request, Transport
 from .._fingerprint import fingerprint
 from ._base import Engine, OpContext
@@ -50,10 +52,15 @@ SMALL_ALL_REDUCE_BYTES = 64 * 1024
 ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
     "all_reduce": {"shm": allreduce_shm.all_reduce, "hierarchical": allreduce_hierarchical.all_reduce,
                    "recursive_doubling": allreduce_recursive_doubling.all_reduce, "ring": allreduce_ring.all_reduce},
-    "broadcast": {"shm": broadcast_shm.broadcast, "binomial": broadcast_binomial.broadcast},
-    "reduce": {"shm": reduce_shm.reduce, "binomial": reduce_binomial.reduce},
-    "all_gather": {"shm": allgather_shm.all_gather, "ring": allgather_ring.all_gather},
-    "reduce_scatter": {"shm": reduce_scatter_shm.reduce_scatter, "ring": reduce_scatter_ring.reduce_scatter},
+    "broadcast": {"shm": broadcast_shm.broadcast, "hierarchical": broadcast_hierarchical.broadcast,
+                  "binomial": broadcast_binomial.broadcast},
+    "reduce": {"shm": reduce_shm.reduce, "hierarchical": reduce_hierarchical.reduce,
+               "binomial": reduce_binomial.reduce},
+    "all_gather": {"shm": allgather_shm.all_gather, "hierarchical": allgather_hierarchical.all_gather,
+                   "ring": allgather_ring.all_gather},
+    "reduce_scatter": {"shm": reduce_scatter_shm.reduce_scatter,
+                       "hierarchical": reduce_scatter_hierarchical.reduce_scatter,
+                       "ring": reduce_scatter_ring.reduce_scatter},
     "all_to_all": {"shm": alltoall_shm.all_to_all, "pairwise": alltoall_pairwise.all_to_all},
     "gather": {"shm": gather_shm.gather, "linear": gather_linear.gather},
     "scatter": {"shm": scatter_shm.scatter, "linear": scatter_linear.scatter},
@@ -88,6 +95,7 @@ class NativeBackend(Engine):
         self.local = [g for g, host in enumerate(hosts) if host == hosts[rank]]  # group ranks on this host
         self.spans_hosts = len(set(hosts)) > 1
         self.leaders = sorted({host: g for g, host in reversed(list(enumerate(hosts)))}.values())
+        self.hosts = [[g for g, host in enumerate(hosts) if host == hosts[leader]] for leader in self.leaders]
         self._arena = None
         self._arena_tried = False
         self._local_arena = None
@@ -129,10 +137,10 @@ class NativeBackend(Engine):
             return forced
         if self.size > 1 and self.arena(ctx) is not None:
             return "shm"
+        if "hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.leaders) < self.size:
+            return "hierarchical"
         if collective != "all_reduce":
             return NETWORK_DEFAULT[collective]
-        if self.spans_hosts and len(self.leaders) < self.size:
-            return "hierarchical"
         return network_all_reduce(nbytes, count, self.size)
 
     def _can(self, algorithm: str, ctx: OpContext) -> bool:
@@ -153,13 +161,14 @@ class NativeBackend(Engine):
         if error is not None:
             raise error
 
-    def _comm(self, ctx: OpContext, algorithm: str, call: int, sizes: tuple[int, int]) -> Comm:
+    def _comm(self, ctx: OpContext, collective: str, algorithm: str, call: int, sizes: tuple[int, int],
+              root: int | None) -> Comm:
         comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                     ctx.timeout_text, self._arena if algorithm == "shm" else None, call)
         if comm.arena is not None:
             comm.arena.op = comm
         if algorithm == "hierarchical":
-            comm.hierarchy = self._hierarchy(ctx, call, *sizes)
+            comm.hierarchy = self._hierarchy(ctx, collective, call, sizes, root)
             if self._local_arena is not None:
                 self._local_arena.op = comm
         return comm
@@ -170,30 +179,36 @@ class NativeBackend(Engine):
                 arena.release()
         self._arena = self._local_arena = None
 
-    def _hierarchy(self, ctx: OpContext, call: int, nbytes: int, count: int) -> tuple[Comm, Comm | None, Callable]:
-        """The stages of a hierarchical all_reduce: this host's Comm (over its arena), the
-        leaders' Comm (None on a non-leader) and the leaders' all_reduce algorithm."""
+    def _hierarchy(self, ctx: OpContext, collective: str, call: int, sizes: tuple[int, int],
+                   root: int | None) -> Hierarchy:
+        """The stages of a hierarchical ``collective``: this host's Comm (over its arena), the
+        leaders' Comm (one rank per host: the lowest, or ``root`` on its host) and, for
+        all_reduce, the leaders' algorithm for ``sizes`` (bytes, count)."""
         if self._local_arena is None and len(self.local) > 1:
             self._local_arena = self._arena_for(ctx, self.local)
             if self._local_arena is None:
-                raise ValueError("hierarchical all_reduce needs shared memory between the ranks of a host")
+                raise ValueError(f"hierarchical {collective} needs shared memory between the ranks of a host")
+        hosts = [[root] + [g for g in ranks if g != root] if root in ranks else ranks for ranks in self.hosts]
+        host = next(h for h, ranks in enumerate(hosts) if self.rank in ranks)
         local = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                      ctx.timeout_text, self._local_arena, call)
         leaders = None
-        if self.rank in self.leaders:
-            leaders = Comm(self.transport, self.group_id, [self.ranks[g] for g in self.leaders],
-                           self.leaders.index(self.rank), ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text,
-                           call=call)
-        inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes, count, len(self.leaders))]
-        return local, leaders, inter
+        if self.rank == hosts[host][0]:
+            leaders = Comm(self.transport, self.group_id, [self.ranks[ranks[0]] for ranks in hosts], host, ctx.seq,
+                           ctx.deadline, ctx.name, ctx.timeout_text, call=call)
+        inter = None
+        if collective == "all_reduce":
+            inter = ALGORITHMS["all_reduce"][network_all_reduce(*sizes, len(hosts))]
+        return Hierarchy(local, leaders, hosts, host, inter)
 
-    def _run(self, ctx: OpContext, collective: str, call: int, *args, sizes: tuple[int, int] = (0, 0)) -> None:
-        """Run ``collective`` with the algorithm chosen for ``sizes`` (bytes, count); ``call``
-        is the call's fingerprint, carried by every message so that ranks in different
-        calls fail (DesyncError) instead of hanging."""
+    def _run(self, ctx: OpContext, collective: str, call: int, *args, sizes: tuple[int, int] = (0, 0),
+             root: int | None = None) -> None:
+        """Run ``collective`` (rooted at group rank ``root``, if any) with the algorithm chosen
+        for ``sizes`` (bytes, count); ``call`` is the call's fingerprint, carried by every
+        message so that ranks in different calls fail (DesyncError) instead of hanging."""
         algorithm = self.choose(collective, ctx, *sizes)
         self.transport.begin(self.group_id, ctx.seq, call)
-        comm = self._comm(ctx, algorithm, call, sizes)
+        comm = self._comm(ctx, collective, algorithm, call, sizes, root)
         engaged = self.transport.engage(sizes[0] or _payload_bytes(args))
         try:
             ALGORITHMS[collective][algorithm](comm, *args)
@@ -211,7 +226,7 @@ class NativeBackend(Engine):
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
         call = fingerprint("broadcast", buf.dtype, buf.size, root=root)
-        self._run(ctx, "broadcast", call, buf, root, self.segment_bytes)
+        self._run(ctx, "broadcast", call, buf, root, self.segment_bytes, root=root)
 
     def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
         prescale(buf, op)
@@ -224,7 +239,7 @@ class NativeBackend(Engine):
         work = buf if is_root or op.op != RedOpType.PREMUL_SUM else buf.copy()
         prescale(work, op)
         call = fingerprint("reduce", buf.dtype, buf.size, root=root, reduce_op=op.op)
-        self._run(ctx, "reduce", call, work, root, op, self.segment_bytes)
+        self._run(ctx, "reduce", call, work, root, op, self.segment_bytes, root=root)
         if is_root:
             finish(buf, op, self.size)
 
