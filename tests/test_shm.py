@@ -49,11 +49,11 @@ def test_engine_picks_shm_on_one_host_and_hierarchical_across_hosts():
                          [(c, a) for c, names in ALGORITHMS.items() for a in names])
 def test_every_algorithm_forced(collective, algorithm, monkeypatch):
     """Each algorithm of each collective, forced through PYDIST_ALGO_<COLLECTIVE>, passes
-    its conformance cases (4 thread-ranks; two hosts for hierarchical)."""
+    its conformance cases (4 thread-ranks; two hosts for hierarchical and rails)."""
     monkeypatch.setenv(f"PYDIST_ALGO_{collective.upper()}", algorithm)
     monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "256")
     monkeypatch.setenv("PYDIST_SEGMENT_BYTES", "64")
-    hosts = ["h0", "h0", "h1", "h1"] if algorithm == "hierarchical" else None
+    hosts = ["h0", "h0", "h1", "h1"] if algorithm in ("hierarchical", "rails") else None
     assert failures(run_threads(4, run_suite, [CASE_OF[collective]], hosts=hosts, timeout=240)) == []
 
 

@@ -51,7 +51,12 @@ class Hierarchy(NamedTuple):
     leaders: "Comm | None"  # one rank per host (None on the other ranks); leader h is host h's
     hosts: list[list[int]]  # every host's group ranks, host h's leader first
     host: int  # this rank's host
-    inter: Callable[..., None] | None  # all_reduce: the leaders' network algorithm
+    rail: "Comm | None"  # the ranks at this rank's place on every host (when hosts have equal counts)
+    inter: Callable[..., None] | None  # all_reduce: the network algorithm among leaders or along rails
+
+    def led_by(self, rank: int) -> int:
+        """The host whose leader is group rank ``rank`` (a root leads its own host)."""
+        return next(h for h, ranks in enumerate(self.hosts) if ranks[0] == rank)
 
 
 class Comm:

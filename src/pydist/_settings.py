@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 #: The algorithm names each collective accepts in PYDIST_ALGO_<COLLECTIVE> (the engine's
 #: ALGORITHMS table must offer exactly these: tests/test_settings.py checks).
 ALGORITHM_CHOICES: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("shm", "hierarchical", "recursive_doubling", "ring"),
+    "all_reduce": ("shm", "hierarchical", "rails", "recursive_doubling", "ring"),
     "broadcast": ("shm", "hierarchical", "binomial"),
     "reduce": ("shm", "hierarchical", "binomial"),
     "all_gather": ("shm", "hierarchical", "ring"),

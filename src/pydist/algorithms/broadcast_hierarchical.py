@@ -29,8 +29,7 @@ def broadcast(comm: Comm, buf: np.ndarray, root: int, segment_bytes: int) -> Non
     children: list[int] = []
     sends: list[Request] = []
     if leaders is not None:
-        root_host = next(h for h, ranks in enumerate(stages.hosts) if ranks[0] == root)
-        parent, children = tree(leaders.rank, root_host, leaders.size)
+        parent, children = tree(leaders.rank, stages.led_by(root), leaders.size)
         if parent is not None:
             receives = [leaders.irecv(parent, buf[s], tag(0, j)) for j, s in enumerate(pieces)]
     for j, s in enumerate(pieces):

@@ -30,5 +30,4 @@ def reduce(comm: Comm, buf: np.ndarray, root: int, op: ReduceOp, segment_bytes: 
     if local.arena is not None:
         host_reduce(local, acc, leader, op)
     if leaders is not None:
-        root_host = next(h for h, ranks in enumerate(stages.hosts) if ranks[0] == root)
-        network_reduce(leaders, acc, root_host, op, segment_bytes)
+        network_reduce(leaders, acc, stages.led_by(root), op, segment_bytes)

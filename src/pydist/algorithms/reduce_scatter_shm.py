@@ -3,7 +3,7 @@
 Each slot is cut into n sub-slots. Per chunk: every rank copies chunk j of its input for
 rank j into its sub-slot j, a barrier, then every rank reduces its own sub-slot of every
 slot into its output (reads n sub-chunks, one barrier per chunk). Inputs are never
-modified. The engine picks it for every reduce_scatter of a group of several ranks that
+modified; blocks may differ in size. The engine picks it for every reduce_scatter of a group of several ranks that
 all share this host's memory.
 """
 from __future__ import annotations
@@ -22,13 +22,16 @@ def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op:
     arena, deadline, dtype = comm.arena, comm.deadline, output.dtype
     n, me = arena.size, arena.rank
     sub = max(1, arena.slot_bytes // output.itemsize // n)
-    call = fingerprint("reduce_scatter", dtype, output.size, reduce_op=op.op)
-    for a, b in chunks(output.size, sub):
+    longest = max(block.size for block in inputs)  # blocks may differ (allreduce_rails' slices)
+    call = fingerprint("reduce_scatter", dtype, longest, reduce_op=op.op)
+    for a, b in chunks(longest, sub):
         parity = arena.next_parity()
         mine = arena.slot(parity, me, dtype)
         for member, block in enumerate(inputs):
-            mine[member * sub:member * sub + b - a] = block[a:b]
+            piece = block[a:b]
+            mine[member * sub:member * sub + piece.size] = piece
         arena.sync(deadline, call)
         call = 0
-        parts = [arena.slot(parity, m, dtype)[me * sub:me * sub + b - a] for m in range(n)]
-        reduce_many(parts, output[a:b], op)
+        out = output[a:b]
+        parts = [arena.slot(parity, m, dtype)[me * sub:me * sub + out.size] for m in range(n)]
+        reduce_many(parts, out, op)

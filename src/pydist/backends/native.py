@@ -29,11 +29,11 @@ from .._group_state import GroupState
 from .._ops import ReduceOp, RedOpType, finish, prescale
 from .._settings import settings
 from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm, allreduce_hierarchical,
-                          allreduce_recursive_doubling, allreduce_ring, allreduce_shm, alltoall_pairwise, alltoall_shm,
-                          barrier_dissemination, barrier_shm, broadcast_binomial, broadcast_hierarchical,
-                          broadcast_shm, gather_linear, gather_shm, reduce_binomial, reduce_hierarchical,
-                          reduce_scatter_hierarchical, reduce_scatter_ring, reduce_scatter_shm, reduce_shm,
-                          scatter_linear, scatter_shm)
+                          allreduce_rails, allreduce_recursive_doubling, allreduce_ring, allreduce_shm,
+                          alltoall_pairwise, alltoall_shm, barrier_dissemination, barrier_shm, broadcast_binomial,
+                          broadcast_hierarchical, broadcast_shm, gather_linear, gather_shm, reduce_binomial,
+                          reduce_hierarchical, reduce_scatter_hierarchical, reduce_scatter_ring, reduce_scatter_shm,
+                          reduce_shm, scatter_linear, scatter_shm)
 from ..transport._base import MessageKey, Request, Transport
 from .._fingerprint import fingerprint
 from ._base import Engine, OpContext
@@ -51,7 +51,8 @@ SMALL_ALL_REDUCE_BYTES = 64 * 1024
 #: per collective, its algorithms by name (their signatures differ by collective)
 ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
     "all_reduce": {"shm": allreduce_shm.all_reduce, "hierarchical": allreduce_hierarchical.all_reduce,
-                   "recursive_doubling": allreduce_recursive_doubling.all_reduce, "ring": allreduce_ring.all_reduce},
+                   "rails": allreduce_rails.all_reduce, "recursive_doubling": allreduce_recursive_doubling.all_reduce,
+                   "ring": allreduce_ring.all_reduce},
     "broadcast": {"shm": broadcast_shm.broadcast, "hierarchical": broadcast_hierarchical.broadcast,
                   "binomial": broadcast_binomial.broadcast},
     "reduce": {"shm": reduce_shm.reduce, "hierarchical": reduce_hierarchical.reduce,
@@ -66,6 +67,11 @@ ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
     "scatter": {"shm": scatter_shm.scatter, "linear": scatter_linear.scatter},
     "barrier": {"shm": barrier_shm.barrier, "dissemination": barrier_dissemination.barrier},
 }
+#: hierarchical algorithms: shared memory inside each host, the network between hosts. The
+#: engine picks "hierarchical" (one leader per host); "rails" (every rank carries a slice
+#: across hosts) only when forced: on this 2-core machine it used 24 % more CPU and was
+#: slower (docs/algorithms.md, "Several ranks per host").
+HIERARCHICAL = ("hierarchical", "rails")
 NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial", "all_gather": "ring", "reduce_scatter": "ring",
                    "all_to_all": "pairwise", "gather": "linear", "scatter": "linear", "barrier": "dissemination"}
 
@@ -129,10 +135,10 @@ class NativeBackend(Engine):
 
     def choose(self, collective: str, ctx: OpContext, nbytes: int = 0, count: int = 0) -> str:
         forced = self.forced.get(collective)
-        if forced in ("shm", "hierarchical") and not self._can(forced, ctx):
+        if forced in ("shm",) + HIERARCHICAL and not self._can(forced, ctx):
             raise ValueError(f"PYDIST_ALGO_{collective.upper()}={forced}: not possible for this group "
                              f"(shm needs every rank on one host with shared memory; hierarchical needs several "
-                             f"hosts)")
+                             f"hosts; rails needs several hosts with the same number of ranks, more than one)")
         if forced:
             return forced
         if self.size > 1 and self.arena(ctx) is not None:
@@ -146,7 +152,13 @@ class NativeBackend(Engine):
     def _can(self, algorithm: str, ctx: OpContext) -> bool:
         if algorithm == "shm":
             return self.size == 1 or self.arena(ctx) is not None
+        if algorithm == "rails":
+            return self.spans_hosts and self._even() and len(self.local) > 1
         return self.spans_hosts
+
+    def _even(self) -> bool:
+        """Every host has the same number of the group's ranks."""
+        return len({len(ranks) for ranks in self.hosts}) == 1
 
     # -- running --------------------------------------------------------------------------
     def _describe(self, member: int) -> str:
@@ -167,8 +179,8 @@ class NativeBackend(Engine):
                     ctx.timeout_text, self._arena if algorithm == "shm" else None, call)
         if comm.arena is not None:
             comm.arena.op = comm
-        if algorithm == "hierarchical":
-            comm.hierarchy = self._hierarchy(ctx, collective, call, sizes, root)
+        if algorithm in HIERARCHICAL:
+            comm.hierarchy = self._hierarchy(ctx, collective, algorithm, call, sizes, root)
             if self._local_arena is not None:
                 self._local_arena.op = comm
         return comm
@@ -179,11 +191,12 @@ class NativeBackend(Engine):
                 arena.release()
         self._arena = self._local_arena = None
 
-    def _hierarchy(self, ctx: OpContext, collective: str, call: int, sizes: tuple[int, int],
+    def _hierarchy(self, ctx: OpContext, collective: str, algorithm: str, call: int, sizes: tuple[int, int],
                    root: int | None) -> Hierarchy:
-        """The stages of a hierarchical ``collective``: this host's Comm (over its arena), the
-        leaders' Comm (one rank per host: the lowest, or ``root`` on its host) and, for
-        all_reduce, the leaders' algorithm for ``sizes`` (bytes, count)."""
+        """The stages of a hierarchical ``algorithm`` of ``collective``: this host's Comm (over
+        its arena), the leaders' Comm (one rank per host: the lowest, or ``root`` on its host),
+        this rank's rail and, for all_reduce, the network algorithm for ``sizes`` (bytes,
+        count) among the leaders or along each rail."""
         if self._local_arena is None and len(self.local) > 1:
             self._local_arena = self._arena_for(ctx, self.local)
             if self._local_arena is None:
@@ -196,10 +209,17 @@ class NativeBackend(Engine):
         if self.rank == hosts[host][0]:
             leaders = Comm(self.transport, self.group_id, [self.ranks[ranks[0]] for ranks in hosts], host, ctx.seq,
                            ctx.deadline, ctx.name, ctx.timeout_text, call=call)
+        rail = None
+        if self._even():
+            place = self.hosts[host].index(self.rank)
+            rail = Comm(self.transport, self.group_id, [self.ranks[ranks[place]] for ranks in self.hosts], host,
+                        ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text, call=call)
         inter = None
         if collective == "all_reduce":
-            inter = ALGORITHMS["all_reduce"][network_all_reduce(*sizes, len(hosts))]
-        return Hierarchy(local, leaders, hosts, host, inter)
+            nbytes, count = sizes
+            per_rail = len(self.local) if algorithm == "rails" else 1
+            inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes // per_rail, count // per_rail, len(hosts))]
+        return Hierarchy(local, leaders, hosts, host, rail, inter)
 
     def _run(self, ctx: OpContext, collective: str, call: int, *args, sizes: tuple[int, int] = (0, 0),
              root: int | None = None) -> None:
