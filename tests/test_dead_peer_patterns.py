@@ -1,6 +1,7 @@
 """A rank SIGKILLed in every communication pattern (tree, ring, pairwise, point-to-point), over
 tcp (shared memory off, or 4 ranks posing as 4 hosts; the caller reading the sockets while it
-waits, or only the I/O thread) and shared memory, with buffers up to
+waits, or only the I/O thread), shared memory, and the hierarchical and rails algorithms of 2
+hosts x 2 ranks (a host's leader, its peer, a rail; 1 MiB segments, so between segments too), with buffers up to
 16 MiB (broadcasts: always 16 MiB, so the root runs ahead): every survivor raises a
 DistNetworkError naming the dead rank within 2 s, and destroy_process_group then returns
 (the harness: tests/run_scripts/robust_ranks.py)."""
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.slow  # 4 real processes moving megabytes, several tria
 
 TCP = {"PYDIST_SHM": "0"}
 FOUR_HOSTS = {"PYDIST_HOST_ID": "host{rank}"}
+TWO_BY_TWO = {"PYDIST_HOST_ID": "host{rank//2}", "PYDIST_SEGMENT_BYTES": str(1 << 20)}  # ranks 0-1, 2-3 share a host
+HIERARCHICAL = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 SHM: dict[str, str] = {}
 BIG = 16 << 20
 
@@ -36,6 +39,11 @@ PATTERNS = [
     ("all_gather and reduce_scatter rings, tcp", ("all_gather", "reduce_scatter"), 1, None, TCP),
     ("all_to_all and p2p, tcp", ("all_to_all", "sendrecv"), 3, None, TCP),
     ("every kind, 4 hosts", robust_ranks.KINDS, 1, None, FOUR_HOSTS),
+    ("hierarchical, 2 hosts x 2: a host's leader (network stage)", HIERARCHICAL, 2, None, TWO_BY_TWO),
+    ("hierarchical, 2 hosts x 2: a leader's host peer (shared-memory stage)", HIERARCHICAL, 1, None, TWO_BY_TWO),
+    ("hierarchical broadcast, 2 hosts x 2: the root", ("broadcast",), 0, 0, TWO_BY_TWO),
+    ("rails, 2 hosts x 2: a rank carrying a slice", HIERARCHICAL, 3, None,
+     {**TWO_BY_TWO, "PYDIST_ALGO_ALL_REDUCE": "rails", "PYDIST_ALGO_BROADCAST": "rails"}),
 ]
 
 

@@ -127,3 +127,20 @@ def test_pydist_bench_across_hosts_prints_one_table(net3):
     assert len(table) == 3, results[0][1]
     assert "nproc=3 ranks" in results[0][1]
     assert all("pydist-bench" not in out for _, out, _ in results[1:])
+
+
+def test_uneven_hosts_three_ranks_and_one_pass_the_conformance_subset():
+    """3 + 1: the hierarchical algorithms with one host of three ranks and one of a single
+    rank (no shared-memory stage there), every collective exact."""
+    require_netns()
+    with Network(hosts=2) as net:
+        procs = [net.popen(host, [sys.executable, "-m", "pydist.testing.conformance"],
+                           env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": net.hosts[0].addr,
+                                "MASTER_PORT": str(PORT), "PYTHONUNBUFFERED": "1"},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank, host in enumerate((0, 0, 0, 1))]  # pydist-run wants equal ranks per host
+        results = finish(procs, timeout=600)
+    assert [code for code, _, _ in results] == [0] * 4, [out[-2000:] + err[-2000:] for _, out, err in results]
+    summaries = re.findall(r"rank (\d)/4: (\d+) case groups, (\d+) failures", "".join(out for _, out, _ in results))
+    assert sorted(int(rank) for rank, _, _ in summaries) == list(range(4))
+    assert all(groups == str(len(CASES)) and failures == "0" for _, groups, failures in summaries)

@@ -197,3 +197,41 @@ def test_a_segment_name_left_in_the_store_by_an_earlier_run_is_an_error_naming_t
     store.set("arena/7/name", "pydist-0123456789ab-arena-deadbeef-1")
     with pytest.raises(dist.DistStoreError, match="'arena/7/name'.*pydist-0123456789ab-arena-deadbeef-1.*rank 0"):
         share(store, "arena/7", [0, 1], 1, 64, "0123456789ab", "arena", Deadline.after(5))
+
+
+HIERARCHICAL_CASES = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b", "c", "c"], ["a", "a", "a", "b"], ["a", "b", "a", "c", "b"]],
+                         ids=["3x2", "3+1", "2+2+1 interleaved"])
+@pytest.mark.parametrize("segment_bytes", ["64", str(4 << 20)], ids=["pipelined", "one segment"])
+def test_hierarchical_algorithms_in_uneven_and_three_host_shapes(hosts, segment_bytes, monkeypatch):
+    """The hierarchical algorithm of every collective that has one (chosen by the engine
+    for these shapes), with many segments or one, exact at every rank."""
+    monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "256")
+    monkeypatch.setenv("PYDIST_SEGMENT_BYTES", segment_bytes)
+    for collective in HIERARCHICAL_CASES:
+        monkeypatch.setenv(f"PYDIST_ALGO_{collective.upper()}", "hierarchical")
+    results = run_threads(len(hosts), run_suite, HIERARCHICAL_CASES, hosts=hosts, transport="tcp", timeout=240)
+    assert failures(results) == []
+
+
+@pytest.mark.slow
+def test_rails_in_three_hosts_of_two(monkeypatch):
+    monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "256")
+    monkeypatch.setenv("PYDIST_SEGMENT_BYTES", "64")
+    monkeypatch.setenv("PYDIST_ALGO_ALL_REDUCE", "rails")
+    monkeypatch.setenv("PYDIST_ALGO_BROADCAST", "rails")
+    results = run_threads(6, run_suite, ["all_reduce", "broadcast"], hosts=["a", "b", "c", "a", "b", "c"],
+                          transport="tcp", timeout=240)
+    assert failures(results) == []
+
+
+def test_rails_with_uneven_hosts_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PYDIST_ALGO_ALL_REDUCE", "rails")
+
+    def fn(rank, size):
+        with pytest.raises(ValueError, match="PYDIST_ALGO_ALL_REDUCE=rails: not possible"):
+            dist.all_reduce(np.zeros(2))
+    run_threads(3, fn, transport="tcp", hosts=["a", "a", "b"])

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 #: ALGORITHMS table must offer exactly these: tests/test_settings.py checks).
 ALGORITHM_CHOICES: dict[str, tuple[str, ...]] = {
     "all_reduce": ("shm", "hierarchical", "rails", "recursive_doubling", "ring"),
-    "broadcast": ("shm", "hierarchical", "binomial"),
+    "broadcast": ("shm", "hierarchical", "rails", "binomial"),
     "reduce": ("shm", "hierarchical", "binomial"),
     "all_gather": ("shm", "hierarchical", "ring"),
     "reduce_scatter": ("shm", "hierarchical", "ring"),

@@ -230,8 +230,10 @@ def kill_trial_rank(rank: int, size: int, port: int, seed: int, reports: Any, ki
                     max_bytes: int = MAX_BYTES, env: dict[str, str] | None = None,
                     root: int | None = None, min_bytes: int = 1) -> None:
     """Loop over the random sequence until something raises; report when and what. ``env``
-    is set first ({rank} in a value is replaced by the rank); ``root`` fixes broadcast's source."""
-    os.environ.update({name: text.replace("{rank}", str(rank)) for name, text in (env or {}).items()})
+    is set first ({rank} in a value is replaced by the rank, {rank//2} by half of it); ``root``
+    fixes broadcast's source."""
+    os.environ.update({name: text.replace("{rank}", str(rank)).replace("{rank//2}", str(rank // 2))
+                       for name, text in (env or {}).items()})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
     dist.init_process_group("pydist", timeout=timedelta(seconds=30))
     i = 0

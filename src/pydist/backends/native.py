@@ -31,9 +31,9 @@ from .._settings import settings
 from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm, allreduce_hierarchical,
                           allreduce_rails, allreduce_recursive_doubling, allreduce_ring, allreduce_shm,
                           alltoall_pairwise, alltoall_shm, barrier_dissemination, barrier_shm, broadcast_binomial,
-                          broadcast_hierarchical, broadcast_shm, gather_linear, gather_shm, reduce_binomial,
-                          reduce_hierarchical, reduce_scatter_hierarchical, reduce_scatter_ring, reduce_scatter_shm,
-                          reduce_shm, scatter_linear, scatter_shm)
+                          broadcast_hierarchical, broadcast_rails, broadcast_shm, gather_linear, gather_shm,
+                          reduce_binomial, reduce_hierarchical, reduce_scatter_hierarchical, reduce_scatter_ring,
+                          reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
 from ..transport._base import MessageKey, Request, Transport
 from .._fingerprint import fingerprint
 from ._base import Engine, OpContext
@@ -54,7 +54,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
                    "rails": allreduce_rails.all_reduce, "recursive_doubling": allreduce_recursive_doubling.all_reduce,
                    "ring": allreduce_ring.all_reduce},
     "broadcast": {"shm": broadcast_shm.broadcast, "hierarchical": broadcast_hierarchical.broadcast,
-                  "binomial": broadcast_binomial.broadcast},
+                  "rails": broadcast_rails.broadcast, "binomial": broadcast_binomial.broadcast},
     "reduce": {"shm": reduce_shm.reduce, "hierarchical": reduce_hierarchical.reduce,
                "binomial": reduce_binomial.reduce},
     "all_gather": {"shm": allgather_shm.all_gather, "hierarchical": allgather_hierarchical.all_gather,

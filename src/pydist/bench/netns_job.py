@@ -52,16 +52,17 @@ def forwarded(argv: list[str]) -> list[str]:
     return kept
 
 
-def host_command(shape: Shape, host: int, master: str, bench_args: list[str]) -> list[str]:
-    """pydist-run on ``host`` of the job, starting pydist-bench in every rank."""
+def host_command(shape: Shape, host: int, master: str, bench_args: list[str], module: str = "pydist.bench"
+                 ) -> list[str]:
+    """pydist-run on ``host`` of the job, starting ``module`` (pydist-bench) in every rank."""
     return [sys.executable, "-m", "pydist.run", "--nnodes", str(shape.hosts), "--nproc-per-node",
             str(shape.ranks_per_host), "--node-rank", str(host), "--master-addr", master, "--master-port",
-            str(MASTER_PORT), "-m", "pydist.bench", *bench_args]
+            str(MASTER_PORT), "-m", module, *bench_args]
 
 
-def run(shape: Shape, link: str | None, bench_args: list[str], timeout: float) -> int:
-    """Run the job; print rank 0's output (launcher prefixes removed); 0, or 1 with the
-    failing hosts' error output."""
+def run(shape: Shape, link: str | None, bench_args: list[str], timeout: float, module: str = "pydist.bench") -> int:
+    """Run the job (``module`` with ``bench_args`` in every rank); print rank 0's output
+    (launcher prefixes removed); 0, or 1 with the failing hosts' error output."""
     from ..testing.netns import Network, netns_available
     ok, why = netns_available(shaping=link is not None)
     if not ok:
@@ -69,7 +70,7 @@ def run(shape: Shape, link: str | None, bench_args: list[str], timeout: float) -
         return 1
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "eth0"}
     with Network(hosts=shape.hosts, rate=link) as net:
-        procs = [net.popen(host, host_command(shape, host, net.hosts[0].addr, bench_args), env=env,
+        procs = [net.popen(host, host_command(shape, host, net.hosts[0].addr, bench_args, module), env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for host in range(shape.hosts)]
         try:
