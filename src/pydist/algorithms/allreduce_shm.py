@@ -30,14 +30,20 @@ def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0
     reduce_chunks(comm, buf, op, comm.call, deliver=True)
 
 
-def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver: bool) -> None:
+def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver: bool, sole: bool = False) -> None:
     """Reduce every member's ``buf`` chunk by chunk; the result replaces ``buf`` where
-    ``deliver`` (every rank for all_reduce, the root for reduce)."""
+    ``deliver`` (every rank for all_reduce, the root for reduce). ``sole``: only this rank
+    delivers (reduce's root); where it reduces a chunk alone and its part comes first or
+    second in the order, that part is read in place instead of being copied to its slot."""
     arena = comm.arena
     for a, b in chunks(buf.size, arena.slot_bytes // buf.itemsize):
         parity = arena.next_parity()
         slots = arena.slots(parity, buf.dtype, b - a)
-        slots[arena.rank][...] = buf[a:b]
+        if sole and arena.rank < 2 and _alone(arena.size, (b - a) * buf.itemsize):
+            slots = slots[:arena.rank] + [buf[a:b]] + slots[arena.rank + 1:]  # (the arena caches its list)
+            # reduce_many reads this part before it writes the result over it
+        else:
+            slots[arena.rank][...] = buf[a:b]
         arena.sync(comm.deadline, call)
         call = 0
         reduce_chunk(comm, parity, slots, buf[a:b], op, deliver)
@@ -49,7 +55,7 @@ def reduce_chunk(comm: Comm, parity: int, slots: list[np.ndarray], out: np.ndarr
     in); write the result into ``out`` when ``deliver``."""
     arena = comm.arena
     n, length = arena.size, out.size
-    if n <= 2 or length * out.itemsize < SPLIT_MIN_BYTES:
+    if _alone(n, length * out.itemsize):
         if deliver:
             reduce_many(slots, out, op)
         return
@@ -59,3 +65,8 @@ def reduce_chunk(comm: Comm, parity: int, slots: list[np.ndarray], out: np.ndarr
     arena.sync(comm.deadline)
     if deliver:
         out[...] = result[:length]
+
+
+def _alone(ranks: int, nbytes: int) -> bool:
+    """A chunk of ``nbytes`` over ``ranks`` is reduced whole by each rank that delivers it."""
+    return ranks <= 2 or nbytes < SPLIT_MIN_BYTES
