@@ -138,10 +138,16 @@ class Comm:
         return buffer[:nbytes].view(dtype)
 
     def abandon(self) -> None:
-        """Withdraw receives still pending (after an error), so nothing lands later; this
-        thread's scratch is dropped, since a frame already started may still land in it."""
+        """Withdraw receives still pending (after an error), so nothing lands later, here and in
+        a hierarchy's stages; this thread's scratch is dropped, since a frame already started
+        may still land in it."""
         _kept().clear()
         for request in self._receives:
             if not request.done():
                 self.transport.cancel(request)
         self._receives.clear()
+        stages = self.hierarchy
+        if stages is not None:
+            for comm in (stages.local, stages.leaders, stages.rail):
+                if comm is not None:
+                    comm.abandon()
