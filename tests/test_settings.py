@@ -38,7 +38,7 @@ def test_an_empty_value_means_the_default():
     ("PYDIST_SHM_SLOT_BYTES", "-64", "whole number"),
     ("PYDIST_SEGMENT_BYTES", "0", "at least 1"),
     ("PYDIST_TRACE_BUFFER", "many", "whole number"),
-    ("PYDIST_ALGO_BROADCAST", "ring", "expected one of shm, hierarchical, binomial"),
+    ("PYDIST_ALGO_BROADCAST", "ring", "expected one of shm, hierarchical, rails, binomial"),
     ("PYDIST_DEBUG", "verbose", "expected one of off, info, detail"),
     ("PYDIST_BACKEND", "nccl", "expected one of pydist, mpi"),
 ])
