@@ -205,7 +205,7 @@ HIERARCHICAL_CASES = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce
 @pytest.mark.slow
 @pytest.mark.parametrize("hosts", [["a", "a", "b", "b", "c", "c"], ["a", "a", "a", "b"], ["a", "b", "a", "c", "b"]],
                          ids=["3x2", "3+1", "2+2+1 interleaved"])
-@pytest.mark.parametrize("segment_bytes", ["64", str(4 << 20)], ids=["pipelined", "one segment"])
+@pytest.mark.parametrize("segment_bytes", ["512", str(4 << 20)], ids=["many segments", "one segment"])
 def test_hierarchical_algorithms_in_uneven_and_three_host_shapes(hosts, segment_bytes, monkeypatch):
     """The hierarchical algorithm of every collective that has one (chosen by the engine
     for these shapes), with many segments or one, exact at every rank."""
