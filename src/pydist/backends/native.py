@@ -102,6 +102,7 @@ class NativeBackend(Engine):
         self.spans_hosts = len(set(hosts)) > 1
         self.leaders = sorted({host: g for g, host in reversed(list(enumerate(hosts)))}.values())
         self.hosts = [[g for g, host in enumerate(hosts) if host == hosts[leader]] for leader in self.leaders]
+        self._layouts: dict[int | None, tuple] = {}  # see _layout
         self._arena = None
         self._arena_tried = False
         self._local_arena = None
@@ -201,25 +202,37 @@ class NativeBackend(Engine):
             self._local_arena = self._arena_for(ctx, self.local)
             if self._local_arena is None:
                 raise ValueError(f"hierarchical {collective} needs shared memory between the ranks of a host")
-        hosts = [[root] + [g for g in ranks if g != root] if root in ranks else ranks for ranks in self.hosts]
-        host = next(h for h, ranks in enumerate(hosts) if self.rank in ranks)
+        hosts, host, leader_ranks, rail_ranks = self._layout(root)
         local = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                      ctx.timeout_text, self._local_arena, call)
         leaders = None
         if self.rank == hosts[host][0]:
-            leaders = Comm(self.transport, self.group_id, [self.ranks[ranks[0]] for ranks in hosts], host, ctx.seq,
-                           ctx.deadline, ctx.name, ctx.timeout_text, call=call)
+            leaders = Comm(self.transport, self.group_id, leader_ranks, host, ctx.seq, ctx.deadline, ctx.name,
+                           ctx.timeout_text, call=call)
         rail = None
-        if self._even():
-            place = self.hosts[host].index(self.rank)
-            rail = Comm(self.transport, self.group_id, [self.ranks[ranks[place]] for ranks in self.hosts], host,
-                        ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text, call=call)
+        if algorithm == "rails" and rail_ranks is not None:
+            rail = Comm(self.transport, self.group_id, rail_ranks, host, ctx.seq, ctx.deadline, ctx.name,
+                        ctx.timeout_text, call=call)
         inter = None
         if collective == "all_reduce":
             nbytes, count = sizes
             per_rail = len(self.local) if algorithm == "rails" else 1
             inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes // per_rail, count // per_rail, len(hosts))]
         return Hierarchy(local, leaders, hosts, host, rail, inter)
+
+    def _layout(self, root: int | None) -> tuple[list[list[int]], int, list[int], list[int] | None]:
+        """For a hierarchy rooted at group rank ``root`` (None: unrooted), made once per root:
+        every host's group ranks with its leader first (the root leads its own host), this
+        rank's host, the leaders' world ranks, and this rank's rail in world ranks (None
+        unless every host has as many ranks)."""
+        layout = self._layouts.get(root)
+        if layout is None:
+            hosts = [[root] + [g for g in ranks if g != root] if root in ranks else ranks for ranks in self.hosts]
+            host = next(h for h, ranks in enumerate(hosts) if self.rank in ranks)
+            place = self.hosts[host].index(self.rank)
+            rail = [self.ranks[ranks[place]] for ranks in self.hosts] if self._even() else None
+            layout = self._layouts[root] = (hosts, host, [self.ranks[ranks[0]] for ranks in hosts], rail)
+        return layout
 
     def _run(self, ctx: OpContext, collective: str, call: int, *args, sizes: tuple[int, int] = (0, 0),
              root: int | None = None) -> None:
