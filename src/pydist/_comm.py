@@ -51,7 +51,7 @@ class Hierarchy(NamedTuple):
     leaders: "Comm | None"  # one rank per host (None on the other ranks); leader h is host h's
     hosts: list[list[int]]  # every host's group ranks, host h's leader first
     host: int  # this rank's host
-    rail: "Comm | None"  # the ranks at this rank's place on every host (when hosts have equal counts)
+    rail: "Comm | None"  # the rails algorithms: the ranks at this rank's place on every host
     inter: Callable[..., None] | None  # all_reduce: the network algorithm among leaders or along rails
 
     def led_by(self, rank: int) -> int:

@@ -100,8 +100,8 @@ class NativeBackend(Engine):
         hosts = [transport.host_of(r) for r in ranks]
         self.local = [g for g, host in enumerate(hosts) if host == hosts[rank]]  # group ranks on this host
         self.spans_hosts = len(set(hosts)) > 1
-        self.leaders = sorted({host: g for g, host in reversed(list(enumerate(hosts)))}.values())
-        self.hosts = [[g for g, host in enumerate(hosts) if host == hosts[leader]] for leader in self.leaders]
+        # every host's group ranks, hosts in the order of their lowest group rank (their leader)
+        self.hosts = [[g for g, host in enumerate(hosts) if host == name] for name in dict.fromkeys(hosts)]
         self._layouts: dict[int | None, tuple] = {}  # see _layout
         self._arena = None
         self._arena_tried = False
@@ -144,7 +144,7 @@ class NativeBackend(Engine):
             return forced
         if self.size > 1 and self.arena(ctx) is not None:
             return "shm"
-        if "hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.leaders) < self.size:
+        if "hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.hosts) < self.size:
             return "hierarchical"
         if collective != "all_reduce":
             return NETWORK_DEFAULT[collective]
