@@ -218,6 +218,27 @@ def test_hierarchical_algorithms_in_uneven_and_three_host_shapes(hosts, segment_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b", "c", "c"], ["a", "b", "a", "c", "b"]],
+                         ids=["3x2", "2+2+1 interleaved"])
+def test_a_subgroup_spanning_hosts_runs_the_hierarchical_algorithms(hosts, monkeypatch):
+    """new_group of all ranks but the last (2+2+1 and 2+1+1 hosts): the engine picks the
+    hierarchical algorithm of each collective inside the subgroup, and the results are exact."""
+    monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "256")
+    monkeypatch.setenv("PYDIST_SEGMENT_BYTES", "512")
+    ran: dict[str, set[int]] = {collective: set() for collective in HIERARCHICAL_CASES}
+    for collective in HIERARCHICAL_CASES:
+        algorithm = ALGORITHMS[collective]["hierarchical"]
+
+        def counted(*args, _collective=collective, _algorithm=algorithm, **kwargs):
+            ran[_collective].add(dist.get_rank())
+            return _algorithm(*args, **kwargs)
+        monkeypatch.setitem(ALGORITHMS[collective], "hierarchical", counted)
+    results = run_threads(len(hosts), run_suite, ["spanning_subgroup"], hosts=hosts, transport="tcp", timeout=240)
+    assert failures(results) == []
+    assert ran == {collective: set(range(len(hosts) - 1)) for collective in HIERARCHICAL_CASES}
+
+
+@pytest.mark.slow
 def test_rails_in_three_hosts_of_two(monkeypatch):
     monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "256")
     monkeypatch.setenv("PYDIST_SEGMENT_BYTES", "64")

@@ -242,11 +242,43 @@ def case_subgroups(rank: int, size: int, check: Checker) -> None:
     check.equal("subgroup broadcast (group_src)", buf, value(members[0], 3, "float64"))
 
 
+def case_spanning_subgroup(rank: int, size: int, check: Checker) -> None:
+    """A group of every rank but the last (``new_group`` sorts, as torch's does): across hosts
+    its hosts have unequal rank counts (2+2+1 in a 3 x 2 job), so the hierarchical algorithms
+    run inside a subgroup, with group ranks that differ from global ones and a non-zero root."""
+    if size < 3:
+        return
+    n = size - 1
+    group = new_group(list(range(n)))
+    if rank >= n:
+        return
+    for count in (1, 3 * n + 1, 1000):
+        buf = value(rank, count, "float64")
+        c.all_reduce(buf, group=group)
+        check.equal(f"spanning all_reduce n={count}", buf, reduced(n, count, "float64", RedOpType.SUM))
+        buf = value(rank, count, "int32")
+        c.broadcast(buf, src=n - 1, group=group)
+        check.equal(f"spanning broadcast n={count}", buf, value(n - 1, count, "int32"))
+        mine = value(rank, count, "int64")
+        buf = mine.copy()
+        c.reduce(buf, dst=1, op=make_op(RedOpType.MAX), group=group)
+        check.equal(f"spanning reduce n={count}", buf, reduced(n, count, "int64", RedOpType.MAX) if rank == 1 else mine)
+        flat = np.zeros(count * n, "float32")
+        c.all_gather_into_tensor(flat, value(rank, count, "float32"), group=group)
+        check.equal(f"spanning all_gather_into_tensor n={count}", flat,
+                    np.concatenate([value(r, count, "float32") for r in range(n)]))
+        out = np.zeros(count, "float32")
+        c.reduce_scatter_tensor(out, np.concatenate([value(rank, count, "float32", salt=j) for j in range(n)]),
+                                group=group)
+        check.equal(f"spanning reduce_scatter_tensor n={count}", out, reduced(n, count, "float32", RedOpType.SUM,
+                                                                              salt=rank))
+
+
 CASES: dict[str, Callable[[int, int, Checker], None]] = {
     "broadcast": case_broadcast, "all_reduce": case_all_reduce, "reduce": case_reduce,
     "all_gather": case_all_gather, "gather_scatter": case_gather_scatter, "reduce_scatter": case_reduce_scatter,
     "all_to_all": case_all_to_all, "barrier_async": case_barrier_and_async, "p2p": case_p2p,
-    "objects": case_objects, "subgroups": case_subgroups,
+    "objects": case_objects, "subgroups": case_subgroups, "spanning_subgroup": case_spanning_subgroup,
 }
 
 
