@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import time
 
@@ -61,47 +62,76 @@ def test_buffer_zero_turns_the_recorder_off(monkeypatch):
 
 
 def _every_collective(rank: int, size: int) -> list[dict]:
+    """Every collective once (object ones included), with rank-dependent sizes where torch
+    allows them; returns this rank's recorded entries."""
     t = np.arange(6, dtype=F32)
     parts = [np.zeros(6, F32) for _ in range(size)]
     pydist.broadcast(t, src=1)
     pydist.all_reduce(t, op=pydist.ReduceOp.MAX)
-    pydist.reduce(t, dst=0, op=pydist.ReduceOp.PRODUCT)
+    pydist.reduce(t, dst=2, op=pydist.ReduceOp.PRODUCT)
     pydist.all_gather(parts, t)
     pydist.all_gather_into_tensor(np.zeros(6 * size, F32), t)
     pydist.gather(t, parts if rank == 0 else None, dst=0)
+    pydist.gather(t[:4].astype(np.int32), [np.zeros(4, np.int32) for _ in range(size)] if rank == 2 else None, dst=2)
     pydist.scatter(t, parts if rank == 1 else None, src=1)
     pydist.reduce_scatter(t, parts)
     pydist.reduce_scatter_tensor(t, np.zeros(6 * size, F32), op=pydist.ReduceOp.MIN)
     pydist.all_to_all([np.zeros(6, np.int64) for _ in range(size)], [np.ones(6, np.int64) for _ in range(size)])
-    pydist.all_to_all_single(np.zeros(6 * size, F32), np.ones(6 * size, F32))
+    sent = [rank + j for j in range(size)]  # rows rank sends to j; rank j sends rank i rows j + i
+    pydist.all_to_all_single(np.zeros(sum(j + rank for j in range(size)), F32), np.ones(sum(sent), F32),
+                             output_split_sizes=[j + rank for j in range(size)], input_split_sizes=sent)
+    pydist.gather_object({"rank": rank}, [None] * size if rank == 1 else None, dst=1)
     pydist.barrier()
     pydist.all_reduce(t, async_op=True).wait()
     return entries(traces(rank)[0])
 
 
-def test_every_collective_is_recorded_with_its_call():
-    recorded = run_threads(2, _every_collective)
-    calls = [(e["seq"], e["op"], e["dtype"], e["count"], e["root"], e["reduce_op"], e["state"]) for e in recorded[0]]
-    assert calls == [
-        (1, "broadcast", "float32", 6, 1, None, "completed"),
-        (2, "all_reduce", "float32", 6, None, "MAX", "completed"),
-        (3, "reduce", "float32", 6, 0, "PRODUCT", "completed"),
-        (4, "all_gather", "float32", 6, None, None, "completed"),
-        (5, "all_gather_into_tensor", "float32", 6, None, None, "completed"),
-        (6, "gather", "float32", 6, 0, None, "completed"),
-        (7, "scatter", "float32", 6, 1, None, "completed"),
-        (8, "reduce_scatter", "float32", 6, None, "SUM", "completed"),
-        (9, "reduce_scatter_tensor", "float32", 6, None, "MIN", "completed"),
-        (10, "all_to_all", "int64", 12, None, None, "completed"),
-        (11, "all_to_all_single", "float32", 12, None, None, "completed"),
-        (12, "barrier", None, 0, None, None, "completed"),
-        (13, "all_reduce", "float32", 6, None, "SUM", "completed"),
+def _expected_calls(rank: int, size: int) -> list[tuple]:
+    """(seq, op, dtype, count, root, reduce_op, async_op) of every entry _every_collective
+    records on ``rank``: count is what the recorder documents per collective."""
+    mine = len(pickle.dumps({"rank": rank}))
+    return [
+        (1, "broadcast", "float32", 6, 1, None, False),
+        (2, "all_reduce", "float32", 6, None, "MAX", False),
+        (3, "reduce", "float32", 6, 2, "PRODUCT", False),
+        (4, "all_gather", "float32", 6, None, None, False),
+        (5, "all_gather_into_tensor", "float32", 6, None, None, False),
+        (6, "gather", "float32", 6, 0, None, False),
+        (7, "gather", "int32", 4, 2, None, False),
+        (8, "scatter", "float32", 6, 1, None, False),
+        (9, "reduce_scatter", "float32", 6, None, "SUM", False),
+        (10, "reduce_scatter_tensor", "float32", 6, None, "MIN", False),
+        (11, "all_to_all", "int64", 6 * size, None, None, False),
+        (12, "all_to_all_single", "float32", sum(rank + j for j in range(size)), None, None, False),
+        (13, "gather", "int64", 1, 1, None, False),  # gather_object: the sizes, then the pickles
+        (14, "gather_object", "uint8", mine, 1, None, False),
+        (15, "barrier", None, 0, None, None, False),
+        (16, "all_reduce", "float32", 6, None, "SUM", True),
     ]
-    assert [e["async_op"] for e in recorded[0]][-2:] == [False, True]
-    first = recorded[1][0]
-    assert first["bytes"] == 24 and first["algorithm"] is None and first["call_site"] is None
-    assert first["time_queued"] <= first["time_started"] <= first["time_finished"]
-    assert first["mono_queued"] <= first["mono_started"] <= first["mono_finished"]
+
+
+#: the engine's algorithm per op: ranks sharing memory, and one rank per host
+SHM = "shm"
+NETWORK = {"broadcast": "binomial", "all_reduce": "recursive_doubling", "reduce": "binomial",
+           "all_gather": "ring", "all_gather_into_tensor": "ring", "gather": "linear", "gather_object": "linear",
+           "scatter": "linear", "reduce_scatter": "ring", "reduce_scatter_tensor": "ring", "all_to_all": "pairwise",
+           "all_to_all_single": "pairwise", "barrier": "dissemination"}
+
+
+@pytest.mark.parametrize("where", ["one host", "three hosts"])
+def test_every_collective_is_recorded_with_its_call_at_every_rank(where):
+    hosts = None if where == "one host" else ["a", "b", "c"]
+    recorded = run_threads(3, _every_collective, transport="tcp", hosts=hosts)
+    for rank, got in enumerate(recorded):
+        calls = [(e["seq"], e["op"], e["dtype"], e["count"], e["root"], e["reduce_op"], e["async_op"]) for e in got]
+        assert calls == _expected_calls(rank, 3), rank
+        assert all(e["state"] == "completed" and e["error"] is None and e["call_site"] is None for e in got)
+        assert [e["algorithm"] for e in got] == [SHM if hosts is None else NETWORK[e["op"]] for e in got]
+        itemsizes = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1, None: 0}
+        assert [e["bytes"] for e in got] == [e["count"] * itemsizes[e["dtype"]] for e in got]
+        for e in got:
+            assert e["time_queued"] <= e["time_started"] <= e["time_finished"]
+            assert e["mono_queued"] <= e["mono_started"] <= e["mono_finished"]
 
 
 def _one_call(rank: int, size: int) -> str | None:
@@ -278,6 +308,18 @@ def test_timeline_is_chrome_trace_json_with_every_op(tmp_path, monkeypatch):
         assert "all_reduce queued" in {e["name"] for e in queued}  # the 2nd async op waited for the 1st
         threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
         assert threads[0].startswith("group default_pg") and threads[1].startswith("group pg")
+
+
+def test_timeline_describes_every_collective_as_the_recorder_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYDIST_TIMELINE", str(tmp_path / "timeline-{rank}.json"))
+    recorded = run_threads(3, _every_collective, transport="tcp", hosts=["a", "b", "c"])
+    for rank, got in enumerate(recorded):
+        events = json.loads((tmp_path / f"timeline-{rank}.json").read_text())
+        ops = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
+        assert [(e["name"], e["args"]["seq"], e["args"].get("dtype"), e["args"]["count"], e["args"]["bytes"],
+                 e["args"].get("root"), e["args"].get("reduce_op"), e["args"]["algorithm"], e["args"]["async_op"])
+                for e in ops] == [(e["op"], e["seq"], e["dtype"], e["count"], e["bytes"], e["root"], e["reduce_op"],
+                                   e["algorithm"], e["async_op"]) for e in got], rank
 
 
 def test_timeline_without_rank_placeholder_and_reinit_appends(tmp_path, monkeypatch):

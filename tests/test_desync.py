@@ -88,6 +88,49 @@ def test_loopback_ranks_in_different_calls_all_raise(case, monkeypatch):
     _check(failed.value, 3, case)
 
 
+def _every_collective_in_two_dtypes(rank: int, size: int, op: str) -> None:
+    """Rank 1 calls ``op`` on float64 data, the others on float32; then a barrier, so that
+    a rank whose part ended without hearing from the others (a root that only sends) fails too."""
+    dtype = np.float64 if rank == 1 else np.float32
+    t, parts = np.ones(4, dtype), [np.ones(4, dtype) for _ in range(size)]
+    calls = {
+        "broadcast": lambda: pydist.broadcast(t, src=0),
+        "all_reduce": lambda: pydist.all_reduce(t),
+        "reduce": lambda: pydist.reduce(t, dst=0),
+        "all_gather": lambda: pydist.all_gather(parts, t),
+        "all_gather_into_tensor": lambda: pydist.all_gather_into_tensor(np.ones(4 * size, dtype), t),
+        "gather": lambda: pydist.gather(t, parts if rank == 0 else None, dst=0),
+        "scatter": lambda: pydist.scatter(t, parts if rank == 0 else None, src=0),
+        "reduce_scatter": lambda: pydist.reduce_scatter(t, parts),
+        "reduce_scatter_tensor": lambda: pydist.reduce_scatter_tensor(t, np.ones(4 * size, dtype)),
+        "all_to_all": lambda: pydist.all_to_all([np.ones(4, dtype) for _ in range(size)], parts),
+        "all_to_all_single": lambda: pydist.all_to_all_single(np.ones(4 * size, dtype), np.ones(4 * size, dtype)),
+    }
+    calls[op]()
+    pydist.barrier()
+
+
+#: op -> (engine collective, its description's root/count/reduce-op text)
+EVERY = {"broadcast": ("broadcast", "4 x {}, root 0"), "all_reduce": ("all_reduce", "4 x {}, SUM"),
+         "reduce": ("reduce", "4 x {}, root 0, SUM"), "all_gather": ("all_gather", "4 x {}"),
+         "all_gather_into_tensor": ("all_gather", "4 x {}"), "gather": ("gather", "{}, root 0"),
+         "scatter": ("scatter", "{}, root 0"), "reduce_scatter": ("reduce_scatter", "4 x {}, SUM"),
+         "reduce_scatter_tensor": ("reduce_scatter", "4 x {}, SUM"), "all_to_all": ("all_to_all", "{}"),
+         "all_to_all_single": ("all_to_all", "{}")}
+
+
+@pytest.mark.parametrize("where", ["network", "shared memory"])
+@pytest.mark.parametrize("op", sorted(EVERY))
+def test_every_collective_with_another_dtype_on_one_rank_raises_naming_both_calls(op, where):
+    hosts = ["a", "b"] if where == "network" else None
+    with pytest.raises(RankFailed) as failed:
+        run_threads(2, _every_collective_in_two_dtypes, op, transport="tcp", hosts=hosts, pg_timeout=20, timeout=60)
+    text = str(failed.value)
+    kind, args = EVERY[op]
+    assert "ranks called different operations" in text, text
+    assert f"{kind}({args.format('float64')})" in text and f"{kind}({args.format('float32')})" in text, text
+
+
 def _one_process(rank: int, size: int, case: str) -> str:
     try:
         _calls(rank, size, case)

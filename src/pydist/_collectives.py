@@ -13,17 +13,14 @@ from typing import Any, Sequence
 from ._buffers import Buffer, as_buffer
 from ._deadline import to_seconds
 from ._group import ProcessGroup
-from ._init import resolve_group, warn_non_member
+from ._init import member_group
+from ._opspec import describe
 from ._ops import RedOpType, as_reduce_op, check_op_dtype
 from ._work import Work
 from .algorithms._partition import block_bounds
 
 
-def _group(group: Any, op: str) -> ProcessGroup | None:
-    target = resolve_group(group)
-    if target is None:
-        warn_non_member(op)
-    return target
+_BARRIER = describe("barrier", "barrier")
 
 
 def root_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
@@ -93,7 +90,7 @@ def _reduce_op(op: Any, buffer: Buffer):
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank."""
-    target = _group(group, "broadcast")
+    target = member_group(group, "broadcast")
     if target is None:
         return None
     root = root_rank(target, src, group_src, "src")
@@ -104,13 +101,14 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
             raise ValueError("tensor: broadcast takes a writable tensor on every rank (the others receive into "
                              "theirs); the source's is read-only") from None
         raise
-    return target.run("broadcast", lambda ctx: target.backend.broadcast(ctx, buf.array, root), [buf], async_op)
+    spec = describe("broadcast", "broadcast", buf, root=root)
+    return target.run(spec, lambda ctx: target.backend.broadcast(ctx, buf.array, root), [buf], async_op)
 
 
 def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` over the group; every rank gets the result in place. A torch sparse COO
     tensor is summed as gloo does (``pydist.torch._sparse``; SUM only)."""
-    target = _group(group, "all_reduce")
+    target = member_group(group, "all_reduce")
     if target is None:
         return None
     try:
@@ -121,26 +119,28 @@ def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op
             return all_reduce_sparse(tensor, op, target, async_op)
         raise
     reduce_op = _reduce_op(op, buf)
-    return target.run("all_reduce", lambda ctx: target.backend.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
+    spec = describe("all_reduce", "all_reduce", buf, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """Reduce ``tensor`` over the group into ``tensor`` of rank ``dst`` (others unchanged)."""
-    target = _group(group, "reduce")
+    target = member_group(group, "reduce")
     if target is None:
         return None
     root = root_rank(target, dst, group_dst, "dst")
     buf = as_buffer(tensor, "tensor")
     reduce_op = _reduce_op(op, buf)
     outputs = [buf] if target.rank() == root else []
-    return target.run("reduce", lambda ctx: target.backend.reduce(ctx, buf.array, root, reduce_op), outputs,
+    spec = describe("reduce", "reduce", buf, root=root, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.reduce(ctx, buf.array, root, reduce_op), outputs,
                       async_op, results=[tensor])
 
 
 def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
     """``tensor_list[i]`` = rank i's ``tensor``, on every rank."""
-    target = _group(group, "all_gather")
+    target = member_group(group, "all_gather")
     if target is None:
         return None
     inp = as_buffer(tensor, "tensor", writable=False)
@@ -148,7 +148,8 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     _same_dtype(outs, inp)
     _sizes_match(outs[target.rank():target.rank() + 1], inp.array.size, "tensor_list")
     arrays = [b.array for b in outs]
-    return target.run("all_gather", lambda ctx: target.backend.all_gather(ctx, arrays, inp.array), outs, async_op,
+    spec = describe("all_gather", "all_gather", inp, count=max(array.size for array in arrays))
+    return target.run(spec, lambda ctx: target.backend.all_gather(ctx, arrays, inp.array), outs, async_op,
                       results=[list(tensor_list)])
 
 
@@ -162,15 +163,15 @@ def _blocks_of(buffer: Buffer, parts: int, name: str, per_part: int) -> list:
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
                            async_op: bool = False) -> Work | None:
     """``output_tensor`` = every rank's ``input_tensor`` concatenated in rank order."""
-    target = _group(group, "all_gather_into_tensor")
+    target = member_group(group, "all_gather_into_tensor")
     if target is None:
         return None
     inp = as_buffer(input_tensor, "input_tensor", writable=False)
     out = as_buffer(output_tensor, "output_tensor")
     _same_dtype([out], inp)
     blocks = _blocks_of(out, target.size(), "output_tensor", inp.array.size)
-    return target.run("all_gather_into_tensor", lambda ctx: target.backend.all_gather(ctx, blocks, inp.array),
-                      [out], async_op)
+    spec = describe("all_gather_into_tensor", "all_gather", inp)
+    return target.run(spec, lambda ctx: target.backend.all_gather(ctx, blocks, inp.array), [out], async_op)
 
 
 def _on_root_only(objs: Any, is_root: bool, name: str, root_name: str) -> None:
@@ -183,7 +184,7 @@ def _on_root_only(objs: Any, is_root: bool, name: str, root_name: str) -> None:
 def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """``gather_list[i]`` on rank ``dst`` = rank i's ``tensor``."""
-    target = _group(group, "gather")
+    target = member_group(group, "gather")
     if target is None:
         return None
     root = root_rank(target, dst, group_dst, "dst")
@@ -194,14 +195,15 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     _same_dtype(outs, inp)
     _sizes_match(outs, inp.array.size, "gather_list")
     arrays = [b.array for b in outs] if is_root else None
-    return target.run("gather", lambda ctx: target.backend.gather(ctx, inp.array, arrays, root), outs, async_op,
+    spec = describe("gather", "gather", inp, root=root)
+    return target.run(spec, lambda ctx: target.backend.gather(ctx, inp.array, arrays, root), outs, async_op,
                       results=[list(gather_list or ())] if is_root else [])  # checked: a list on the root
 
 
 def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,
             async_op: bool = False, group_src: int | None = None) -> Work | None:
     """``tensor`` on rank i = ``scatter_list[i]`` of rank ``src``."""
-    target = _group(group, "scatter")
+    target = member_group(group, "scatter")
     if target is None:
         return None
     root = root_rank(target, src, group_src, "src")
@@ -212,13 +214,14 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
     _same_dtype(ins, out)
     _sizes_match(ins, out.array.size, "scatter_list")
     arrays = [b.array for b in ins] if is_root else None
-    return target.run("scatter", lambda ctx: target.backend.scatter(ctx, out.array, arrays, root), [out], async_op)
+    spec = describe("scatter", "scatter", out, root=root)
+    return target.run(spec, lambda ctx: target.backend.scatter(ctx, out.array, arrays, root), [out], async_op)
 
 
 def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group: Any = None,
                    async_op: bool = False) -> Work | None:
     """``output`` on rank i = reduction over ranks of their ``input_list[i]``."""
-    target = _group(group, "reduce_scatter")
+    target = member_group(group, "reduce_scatter")
     if target is None:
         return None
     out = as_buffer(output, "output")
@@ -227,14 +230,15 @@ def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group
     _sizes_match(ins, out.array.size, "input_list")
     reduce_op = _reduce_op(op, out)
     arrays = [b.array for b in ins]
-    return target.run("reduce_scatter",
-                      lambda ctx: target.backend.reduce_scatter(ctx, out.array, arrays, reduce_op), [out], async_op)
+    spec = describe("reduce_scatter", "reduce_scatter", out, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.reduce_scatter(ctx, out.array, arrays, reduce_op), [out],
+                      async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = RedOpType.SUM, group: Any = None,
                           async_op: bool = False) -> Work | None:
     """``output`` on rank i = reduction over ranks of block i of their ``input``."""
-    target = _group(group, "reduce_scatter_tensor")
+    target = member_group(group, "reduce_scatter_tensor")
     if target is None:
         return None
     out = as_buffer(output, "output")
@@ -242,14 +246,15 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = RedOpType.SUM, grou
     _same_dtype([inp], out)
     blocks = _blocks_of(inp, target.size(), "input", out.array.size)
     reduce_op = _reduce_op(op, out)
-    return target.run("reduce_scatter_tensor",
-                      lambda ctx: target.backend.reduce_scatter(ctx, out.array, blocks, reduce_op), [out], async_op)
+    spec = describe("reduce_scatter_tensor", "reduce_scatter", out, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.reduce_scatter(ctx, out.array, blocks, reduce_op), [out],
+                      async_op)
 
 
 def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = None,
                async_op: bool = False) -> Work | None:
     """``output_tensor_list[j]`` on rank i = ``input_tensor_list[i]`` of rank j."""
-    target = _group(group, "all_to_all")
+    target = member_group(group, "all_to_all")
     if target is None:
         return None
     outs = _buffer_list(output_tensor_list, "output_tensor_list", target.size(), writable=True)
@@ -258,7 +263,8 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
     me = target.rank()
     _sizes_match(outs[me:me + 1], ins[me].array.size, "output_tensor_list")
     out_arrays, in_arrays = [b.array for b in outs], [b.array for b in ins]
-    return target.run("all_to_all", lambda ctx: target.backend.all_to_all(ctx, out_arrays, in_arrays), outs,
+    spec = describe("all_to_all", "all_to_all", ins[0], count=sum(array.size for array in in_arrays))
+    return target.run(spec, lambda ctx: target.backend.all_to_all(ctx, out_arrays, in_arrays), outs,
                       async_op, results=[list(output_tensor_list)])
 
 
@@ -286,7 +292,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
                       input_split_sizes: list[int] | None = None, group: Any = None,
                       async_op: bool = False) -> Work | None:
     """Split ``input`` along dim 0, send part j to rank j, concatenate what arrives in ``output``."""
-    target = _group(group, "all_to_all_single")
+    target = member_group(group, "all_to_all_single")
     if target is None:
         return None
     out = as_buffer(output, "output")
@@ -298,14 +304,15 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     if outs[me].size != ins[me].size:
         raise ValueError(f"output and input split sizes disagree for this rank's own part: "
                          f"{outs[me].size} vs {ins[me].size} elements")
-    return target.run("all_to_all_single", lambda ctx: target.backend.all_to_all(ctx, outs, ins), [out], async_op)
+    spec = describe("all_to_all_single", "all_to_all", inp)
+    return target.run(spec, lambda ctx: target.backend.all_to_all(ctx, outs, ins), [out], async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
             timeout: timedelta | None = None) -> Work | None:
     """Return once every rank of the group has entered barrier."""
-    target = _group(group, "barrier")
+    target = member_group(group, "barrier")
     if target is None:
         return None
     seconds = None if timeout is None else to_seconds(timeout)
-    return target.run("barrier", lambda ctx: target.backend.barrier(ctx), [], async_op, timeout=seconds)
+    return target.run(_BARRIER, lambda ctx: target.backend.barrier(ctx), [], async_op, timeout=seconds)

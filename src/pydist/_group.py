@@ -1,7 +1,7 @@
 """ProcessGroup: a set of ranks, its backend, its operation queue and sequence numbers.
 
-``run(name, body, outputs, async_op)`` is how every collective executes: the body gets an
-OpContext (sequence number, deadline from the group timeout) and runs on the backend in
+``run(spec, body, outputs, async_op)`` is how every collective executes: the body gets an
+OpContext (the call's OpSpec, sequence number, deadline from the group timeout) and runs on the backend in
 issue order (OpQueue); staged output buffers are written back before the Work completes.
 ``state`` is the group's lifecycle on this rank (ready, aborted, broken, destroyed; the
 first error; the members known dead): one object, shared with the backend's transport,
@@ -17,6 +17,7 @@ from ._deadline import Deadline
 from ._errors import OpTimeoutError, timed_out_waiting
 from ._executor import OpQueue
 from ._group_state import GroupState
+from ._opspec import OpSpec
 from ._progress import EXPLAIN_BUDGET, ProgressBoard
 from ._work import Work
 from .debug.recorder import attach as attach_trace
@@ -82,26 +83,24 @@ class ProcessGroup:
             return None
 
     # -- running operations ---------------------------------------------------------------
-    def run(self, name: str, body: Callable[[OpContext], None], outputs: list[Buffer],
+    def run(self, spec: OpSpec, body: Callable[[OpContext], None], outputs: list[Buffer],
             async_op: bool, results: list[Any] | None = None, timeout: float | None = None) -> Work | None:
-        """Execute ``body`` in order with the others; Work when async, else None after it ends.
-
-        ``timeout`` (seconds) narrows the group's timeout for this operation.
-        """
+        """Execute ``body`` (the call ``spec`` describes) in order with the others; Work when
+        async, else None after it ends. ``timeout`` (seconds) narrows the group's timeout for
+        this operation."""
         seconds = self._timeout if timeout is None else timeout
         timeout_text = self._timeout_text if timeout is None else timed_out_waiting(seconds)
-
         staged = [buffer for buffer in outputs if buffer.staged]
-
         trace = self._trace
-        entry = trace.queued(name, body, outputs, async_op)
+        entry = trace.queued(spec, async_op)
 
         def operation(seq: int) -> None:
             trace.started(entry, seq)
             try:
                 if self.progress is not None:
-                    self.progress.started(self.group_id, seq, name)
-                context = OpContext(name, seq, Deadline(_deadline.now() + seconds), timeout_text, self._explained)
+                    self.progress.started(self.group_id, seq, spec.name)
+                context = OpContext(spec.name, seq, Deadline(_deadline.now() + seconds), timeout_text,
+                                    self._explained, spec, entry)
                 try:
                     body(context)
                 except OpTimeoutError as error:  # engines that did not explain it themselves (MPI)
@@ -118,7 +117,7 @@ class ProcessGroup:
 
         if not async_op and self._queue.run_inline(operation):
             return None
-        work = Work(f"{name} on group {self.group_name}",
+        work = Work(f"{spec.name} on group {self.group_name}",
                     results if results is not None else [b.obj for b in outputs])
         self._queue.submit(operation, work, blocking=not async_op)
         if async_op:

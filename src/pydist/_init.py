@@ -85,9 +85,14 @@ def resolve_group(group: Any) -> ProcessGroup | None:
     return group
 
 
-def warn_non_member(op: str) -> None:
-    warnings.warn(f"Running {op} on global rank {current().rank} which does not belong to the given group.",
-                  stacklevel=3)
+def member_group(group: Any, op: str) -> ProcessGroup | None:
+    """The ProcessGroup that call ``op`` targets; None, with torch's warning, on a rank that
+    is not a member (the call is then a no-op, as in torch)."""
+    target = resolve_group(group)
+    if target is None:
+        warnings.warn(f"Running {op} on global rank {current().rank} which does not belong to the given group.",
+                      stacklevel=3)
+    return target
 
 
 def _timeout_seconds(timeout: Any) -> float:

@@ -14,8 +14,8 @@ import numpy as np
 
 from . import _collectives as coll
 from . import _p2p as p2p
-from ._init import resolve_group, warn_non_member
-from ._group import ProcessGroup
+from ._init import member_group
+from ._opspec import describe
 
 
 def _dumps(obj: Any) -> np.ndarray:
@@ -26,13 +26,6 @@ def _loads(data: np.ndarray) -> Any:
     return pickle.load(io.BytesIO(data.tobytes()))
 
 
-def _member(group: Any, op: str) -> ProcessGroup | None:
-    target = resolve_group(group)
-    if target is None:
-        warn_non_member(op)
-    return target
-
-
 def _split(data: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     return [data[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
@@ -40,7 +33,7 @@ def _split(data: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
 
 def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
     """``object_list[i]`` = rank i's ``obj``, on every rank."""
-    target = _member(group, "all_gather_object")
+    target = member_group(group, "all_gather_object")
     if target is None:
         return
     n = target.size()
@@ -57,7 +50,7 @@ def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
 def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Any = None,
                   group_dst: int | None = None) -> None:
     """``object_gather_list[i]`` on ``dst`` = rank i's ``obj``."""
-    target = _member(group, "gather_object")
+    target = member_group(group, "gather_object")
     if target is None:
         return
     root = coll.root_rank(target, dst, group_dst, "dst")
@@ -69,7 +62,8 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
     coll.gather(np.array([mine.size], np.int64), list(sizes.reshape(n, 1)) if is_root else None,
                 group=target, group_dst=root)
     parts = [np.empty(int(s), np.uint8) for s in sizes] if is_root else None
-    target.run("gather_object", lambda ctx: target.backend.gather(ctx, mine, parts, root), [], False)
+    target.run(describe("gather_object", "gather", mine, root=root),
+               lambda ctx: target.backend.gather(ctx, mine, parts, root), [], False)
     if is_root:
         assert object_gather_list is not None and parts is not None  # the root's (checked above)
         object_gather_list[:] = [_loads(part) for part in parts]
@@ -78,7 +72,7 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
 def broadcast_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
                           group_src: int | None = None) -> None:
     """Replace ``object_list`` on every rank by ``src``'s (same length everywhere)."""
-    target = _member(group, "broadcast_object_list")
+    target = member_group(group, "broadcast_object_list")
     if target is None:
         return
     root = coll.root_rank(target, src, group_src, "src")
@@ -97,7 +91,7 @@ def broadcast_object_list(object_list: list, src: int | None = None, group: Any 
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
                         src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
     """``scatter_object_output_list[0]`` on rank i = ``scatter_object_input_list[i]`` of ``src``."""
-    target = _member(group, "scatter_object_list")
+    target = member_group(group, "scatter_object_list")
     if target is None:
         return
     root = coll.root_rank(target, src, group_src, "src")
@@ -115,14 +109,15 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     size = np.zeros(1, np.int64)
     coll.scatter(size, sizes, group=target, group_src=root)
     data = np.empty(int(size[0]), np.uint8)
-    target.run("scatter_object_list", lambda ctx: target.backend.scatter(ctx, data, payloads, root), [], False)
+    target.run(describe("scatter_object_list", "scatter", data, root=root),
+               lambda ctx: target.backend.scatter(ctx, data, payloads, root), [], False)
     scatter_object_output_list[0] = _loads(data)
 
 
 def send_object_list(object_list: list, dst: int | None = None, group: Any = None, device: Any = None,
                      group_dst: int | None = None, use_batch: bool = False) -> None:
     """Send a list of objects to ``dst`` (which calls recv_object_list with a list as long)."""
-    if _member(group, "send_object_list") is None:
+    if member_group(group, "send_object_list") is None:
         return
     payloads = [_dumps(o) for o in object_list]
     p2p.send(np.array([p.size for p in payloads], np.int64), dst, group, group_dst=group_dst)
@@ -132,7 +127,7 @@ def send_object_list(object_list: list, dst: int | None = None, group: Any = Non
 def recv_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
                      group_src: int | None = None, use_batch: bool = False) -> int:
     """Fill ``object_list`` with objects sent by ``src`` (None: any rank); returns the sender."""
-    if _member(group, "recv_object_list") is None:
+    if member_group(group, "recv_object_list") is None:
         return -1
     sizes = np.zeros(len(object_list), np.int64)
     sender = p2p.recv(sizes, src, group, group_src=group_src)

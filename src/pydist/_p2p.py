@@ -15,7 +15,7 @@ from ._comm import with_context
 from ._deadline import timed_wait
 from ._errors import DistBackendError, PeerFailedError, timed_out_waiting
 from ._group import ProcessGroup
-from ._init import resolve_group, warn_non_member
+from ._init import member_group
 from ._work import Work
 from ._collectives import root_rank
 
@@ -81,9 +81,8 @@ def _check_tag(tag: Any) -> int:
 
 def _post_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None,
                op: str) -> _Posted | None:
-    target = resolve_group(group)
+    target = member_group(group, op)
     if target is None:
-        warn_non_member(op)
         return None
     peer = _peer(target, dst, group_dst, "dst")
     buf = as_buffer(tensor, "tensor", writable=False)
@@ -93,9 +92,8 @@ def _post_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: in
 
 def _post_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
                op: str) -> _Posted | None:
-    target = resolve_group(group)
+    target = member_group(group, op)
     if target is None:
-        warn_non_member(op)
         return None
     peer = None if src is None and group_src is None else _peer(target, src, group_src, "src")
     buf = as_buffer(tensor, "tensor")

@@ -13,12 +13,13 @@ from .._errors import DistBackendError
 from ..transport.arena import Arena
 
 
-def exchange_sizes(comm, call: int, table: list[int]) -> list[np.ndarray]:
-    """Every member's ``table`` (same length everywhere), after a barrier."""
+def exchange_sizes(comm, table: list[int]) -> list[np.ndarray]:
+    """Every member's ``table`` (same length everywhere), after a barrier that checks the
+    call's fingerprint."""
     arena: Arena = comm.arena
     parity = arena.next_parity()
     arena.slot(parity, arena.rank, np.dtype(np.int64))[:len(table)] = table
-    arena.sync(comm.deadline, call)
+    arena.sync(comm, comm.call)
     return [arena.slot(parity, m, np.dtype(np.int64))[:len(table)].copy() for m in range(arena.size)]
 
 

@@ -16,7 +16,7 @@ from ._partition import chunks
 
 def all_gather(comm: Comm, outputs: list[np.ndarray], input: np.ndarray, segment_bytes: int = 0) -> None:
     """``outputs[i]`` = rank i's ``input``, on every rank."""
-    arena, deadline, dtype = comm.arena, comm.deadline, input.dtype
+    arena, dtype = comm.arena, input.dtype
     me = arena.rank
     longest = max(out.size for out in outputs)
     call = fingerprint("all_gather", dtype, longest)
@@ -24,7 +24,7 @@ def all_gather(comm: Comm, outputs: list[np.ndarray], input: np.ndarray, segment
         parity = arena.next_parity()
         mine = input[a:b]
         arena.slot(parity, me, dtype)[:mine.size] = mine
-        arena.sync(deadline, call)
+        arena.sync(comm, call)
         call = 0
         for member, out in enumerate(outputs):
             part = out[a:b]

@@ -44,7 +44,7 @@ def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver:
             # reduce_many reads this part before it writes the result over it
         else:
             slots[arena.rank][...] = buf[a:b]
-        arena.sync(comm.deadline, call)
+        arena.sync(comm, call)
         call = 0
         reduce_chunk(comm, parity, slots, buf[a:b], op, deliver)
 
@@ -62,7 +62,7 @@ def reduce_chunk(comm: Comm, parity: int, slots: list[np.ndarray], out: np.ndarr
     lo, hi = block_bounds(length, n)[arena.rank]
     result = arena.shared(parity, out.dtype)
     reduce_many([s[lo:hi] for s in slots], result[lo:hi], op)
-    arena.sync(comm.deadline)
+    arena.sync(comm)
     if deliver:
         out[...] = result[:length]
 

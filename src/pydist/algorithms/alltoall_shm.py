@@ -12,17 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from .._fingerprint import fingerprint
 from ._partition import chunks
 from ._shm_sizes import exchange_sizes, mismatch
 
 
 def all_to_all(comm: Comm, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
     """``outputs[j]`` on rank i = ``inputs[i]`` of rank j."""
-    arena, deadline = comm.arena, comm.deadline
+    arena = comm.arena
     n, me, dtype = arena.size, arena.rank, outputs[0].dtype
-    tables = exchange_sizes(comm, fingerprint("all_to_all", dtype),
-                            [x.size for x in inputs] + [x.size for x in outputs])
+    tables = exchange_sizes(comm, [x.size for x in inputs] + [x.size for x in outputs])
     for sender in range(n):
         for receiver in range(n):
             sent, expected = tables[sender][receiver], tables[receiver][n + sender]
@@ -35,7 +33,7 @@ def all_to_all(comm: Comm, outputs: list[np.ndarray], inputs: list[np.ndarray]) 
         for member, part in enumerate(inputs):
             piece = part[a:b]
             mine[member * sub:member * sub + piece.size] = piece
-        arena.sync(deadline)
+        arena.sync(comm)
         for member, out in enumerate(outputs):
             piece = out[a:b]
             piece[...] = arena.slot(parity, member, dtype)[me * sub:me * sub + piece.size]

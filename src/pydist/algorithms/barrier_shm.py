@@ -10,4 +10,4 @@ from .._comm import Comm
 
 def barrier(comm: Comm) -> None:
     """Return once every rank of the group has called barrier."""
-    comm.arena.sync(comm.deadline, comm.call)
+    comm.arena.sync(comm, comm.call)

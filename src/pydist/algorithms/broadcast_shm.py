@@ -16,14 +16,14 @@ from ._partition import chunks
 
 def broadcast(comm: Comm, buf: np.ndarray, root: int, segment_bytes: int = 0) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
-    arena, deadline, dtype = comm.arena, comm.deadline, buf.dtype
+    arena, dtype = comm.arena, buf.dtype
     is_root = arena.rank == arena.members.index(root)
     call = comm.call
     for a, b in chunks(buf.size, arena.slot_bytes // buf.itemsize):
         area = arena.shared(arena.next_parity(), dtype)
         if is_root:
             area[:b - a] = buf[a:b]
-        arena.sync(deadline, call)
+        arena.sync(comm, call)
         call = 0
         if not is_root:
             buf[a:b] = area[:b - a]

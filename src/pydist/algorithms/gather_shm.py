@@ -11,24 +11,23 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from .._fingerprint import fingerprint
 from ._partition import chunks
 from ._shm_sizes import check_rooted, exchange_sizes
 
 
 def gather(comm: Comm, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
     """``outputs[i]`` on ``root`` = rank i's ``input``."""
-    arena, deadline, dtype = comm.arena, comm.deadline, input.dtype
+    arena, dtype = comm.arena, input.dtype
     n, me, owner = arena.size, arena.rank, arena.members.index(root)
     expected = [out.size for out in outputs] if outputs is not None else [0] * n
-    tables = exchange_sizes(comm, fingerprint("gather", dtype, root=root), expected + [input.size])
+    tables = exchange_sizes(comm, expected + [input.size])
     check_rooted(comm, tables, owner, owner_sends=False)
     longest = int(max(t[n] for t in tables))
     for a, b in chunks(longest, arena.slot_bytes // input.itemsize):
         parity = arena.next_parity()
         mine = input[a:b]
         arena.slot(parity, me, dtype)[:mine.size] = mine
-        arena.sync(deadline)
+        arena.sync(comm)
         if outputs is not None:
             for member, out in enumerate(outputs):
                 part = out[a:b]

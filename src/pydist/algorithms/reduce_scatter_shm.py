@@ -19,7 +19,7 @@ from ._partition import chunks
 def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp,
                    segment_bytes: int = 0) -> None:
     """``output`` = reduction over ranks of every rank's ``inputs[rank]``."""
-    arena, deadline, dtype = comm.arena, comm.deadline, output.dtype
+    arena, dtype = comm.arena, output.dtype
     n, me = arena.size, arena.rank
     sub = max(1, arena.slot_bytes // output.itemsize // n)
     longest = max(block.size for block in inputs)  # blocks may differ (allreduce_rails' slices)
@@ -30,7 +30,7 @@ def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op:
         for member, block in enumerate(inputs):
             piece = block[a:b]
             mine[member * sub:member * sub + piece.size] = piece
-        arena.sync(deadline, call)
+        arena.sync(comm, call)
         call = 0
         out = output[a:b]
         parts = [arena.slot(parity, m, dtype)[me * sub:me * sub + out.size] for m in range(n)]

@@ -11,17 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from .._comm import Comm
-from .._fingerprint import fingerprint
 from ._partition import chunks
 from ._shm_sizes import check_rooted, exchange_sizes
 
 
 def scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
     """``output`` on rank i = ``inputs[i]`` of ``root``."""
-    arena, deadline, dtype = comm.arena, comm.deadline, output.dtype
+    arena, dtype = comm.arena, output.dtype
     n, me, owner = arena.size, arena.rank, arena.members.index(root)
     parts = [part.size for part in inputs] if inputs is not None else [0] * n
-    tables = exchange_sizes(comm, fingerprint("scatter", dtype, root=root), parts + [output.size])
+    tables = exchange_sizes(comm, parts + [output.size])
     check_rooted(comm, tables, owner, owner_sends=True)
     longest = int(max(tables[owner][:n]))
     for a, b in chunks(longest, arena.slot_bytes // output.itemsize):
@@ -30,6 +29,6 @@ def scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray] | None, roo
             for member, part in enumerate(inputs):
                 piece = part[a:b]
                 arena.slot(parity, member, dtype)[:piece.size] = piece
-        arena.sync(deadline)
+        arena.sync(comm)
         mine = output[a:b]
         mine[...] = arena.slot(parity, me, dtype)[:mine.size]

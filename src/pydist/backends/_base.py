@@ -9,25 +9,31 @@ transport Requests and do not go through the queue (they progress independently)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from .._deadline import Deadline
 from .._errors import OpTimeoutError
 from .._group_state import GroupState
+from .._opspec import OpSpec
 from .._ops import ReduceOp
 from ..transport._base import Request
 
 
 class OpContext(NamedTuple):
     """One operation's name, sequence number in its group, and deadline; ``explain`` turns
-    its timeout into one naming the ranks that never reached it (a bounded store lookup)."""
+    its timeout into one naming the ranks that never reached it (a bounded store lookup);
+    ``spec``: what the call is (its fingerprint ``spec.call`` goes into every message);
+    ``entry``: its flight-recorder entry (None: not recorded), where the engine notes the
+    algorithm it chose."""
     name: str
     seq: int
     deadline: Deadline
     timeout_text: str = "Timed out waiting"  # gloo's wording, with the timeout: _errors.timed_out_waiting
     explain: Callable[[OpTimeoutError, int], OpTimeoutError] | None = None  # (timeout, seq)
+    spec: OpSpec = OpSpec("operation", "barrier")
+    entry: Any = None
 
     def explained(self, error: BaseException) -> BaseException:
         """``error``, or for a timeout not explained yet, the explained one."""

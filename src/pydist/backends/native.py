@@ -35,7 +35,6 @@ from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm,
                           reduce_binomial, reduce_hierarchical, reduce_scatter_hierarchical, reduce_scatter_ring,
                           reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
 from ..transport._base import MessageKey, Request, Transport
-from .._fingerprint import fingerprint
 from ._base import Engine, OpContext
 
 #: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
@@ -178,12 +177,8 @@ class NativeBackend(Engine):
               root: int | None) -> Comm:
         comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                     ctx.timeout_text, self._arena if algorithm == "shm" else None, call)
-        if comm.arena is not None:
-            comm.arena.op = comm
         if algorithm in HIERARCHICAL:
             comm.hierarchy = self._hierarchy(ctx, collective, algorithm, call, sizes, root)
-            if self._local_arena is not None:
-                self._local_arena.op = comm
         return comm
 
     def close(self) -> None:
@@ -234,12 +229,16 @@ class NativeBackend(Engine):
             layout = self._layouts[root] = (hosts, host, [self.ranks[ranks[0]] for ranks in hosts], rail)
         return layout
 
-    def _run(self, ctx: OpContext, collective: str, call: int, *args, sizes: tuple[int, int] = (0, 0),
+    def _run(self, ctx: OpContext, collective: str, *args, sizes: tuple[int, int] = (0, 0),
              root: int | None = None) -> None:
         """Run ``collective`` (rooted at group rank ``root``, if any) with the algorithm chosen
-        for ``sizes`` (bytes, count); ``call`` is the call's fingerprint, carried by every
-        message so that ranks in different calls fail (DesyncError) instead of hanging."""
+        for ``sizes`` (bytes, count), noted in the call's recorder entry. The call's
+        fingerprint (``ctx.spec.call``) goes with every message and arena sync, so that ranks
+        in different calls fail (DesyncError) instead of hanging."""
         algorithm = self.choose(collective, ctx, *sizes)
+        if ctx.entry is not None:
+            ctx.entry.algorithm = algorithm
+        call = ctx.spec.call
         self.transport.begin(self.group_id, ctx.seq, call)
         comm = self._comm(ctx, collective, algorithm, call, sizes, root)
         engaged = self.transport.engage(sizes[0] or _payload_bytes(args))
@@ -258,49 +257,43 @@ class NativeBackend(Engine):
                 self.transport.disengage()
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
-        call = fingerprint("broadcast", buf.dtype, buf.size, root=root)
-        self._run(ctx, "broadcast", call, buf, root, self.segment_bytes, root=root)
+        self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
 
     def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
         prescale(buf, op)
-        self._run(ctx, "all_reduce", fingerprint("all_reduce", buf.dtype, buf.size, reduce_op=op.op),
-                  buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
+        self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
         finish(buf, op, self.size)
 
     def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> None:
         is_root = self.rank == root
         work = buf if is_root or op.op != RedOpType.PREMUL_SUM else buf.copy()
         prescale(work, op)
-        call = fingerprint("reduce", buf.dtype, buf.size, root=root, reduce_op=op.op)
-        self._run(ctx, "reduce", call, work, root, op, self.segment_bytes, root=root)
+        self._run(ctx, "reduce", work, root, op, self.segment_bytes, root=root)
         if is_root:
             finish(buf, op, self.size)
 
     def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> None:
-        call = fingerprint("all_gather", input.dtype, max(out.size for out in outputs))
-        self._run(ctx, "all_gather", call, outputs, input, self.segment_bytes)
+        self._run(ctx, "all_gather", outputs, input, self.segment_bytes)
 
     def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "gather", fingerprint("gather", input.dtype, root=root), input, outputs, root)
+        self._run(ctx, "gather", input, outputs, root)
 
     def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "scatter", fingerprint("scatter", output.dtype, root=root), output, inputs, root)
+        self._run(ctx, "scatter", output, inputs, root)
 
     def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None:
         if op.op == RedOpType.PREMUL_SUM:
             inputs = [block.copy() for block in inputs]
             for block in inputs:
                 prescale(block, op)
-        call = fingerprint("reduce_scatter", output.dtype, output.size, reduce_op=op.op)
-        self._run(ctx, "reduce_scatter", call, output, inputs, op, self.segment_bytes)
+        self._run(ctx, "reduce_scatter", output, inputs, op, self.segment_bytes)
         finish(output, op, self.size)
 
     def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
-        self._run(ctx, "all_to_all", fingerprint("all_to_all", outputs[0].dtype if outputs else None),
-                  outputs, inputs)
+        self._run(ctx, "all_to_all", outputs, inputs)
 
     def barrier(self, ctx: OpContext) -> None:
-        self._run(ctx, "barrier", fingerprint("barrier"))
+        self._run(ctx, "barrier")
 
     def _p2p_key(self, tag: int) -> MessageKey:
         return MessageKey(self.group_id, 0, tag)

@@ -3,7 +3,7 @@ times. Shared by the flight recorder's files (_registry) and the timeline."""
 from __future__ import annotations
 
 import time
-from typing import Any, overload
+from typing import Any
 
 STATE_NAMES = ("queued", "started", "completed", "failed")
 QUEUED, STARTED, COMPLETED, FAILED = range(4)
@@ -15,15 +15,6 @@ _WALL_ANCHOR = time.time() - time.monotonic()
 def wall(monotonic: float) -> float:
     """The wall-clock time (epoch seconds) of a time.monotonic() reading of this process."""
     return _WALL_ANCHOR + monotonic
-
-
-@overload
-def dtype_name(dtype: None) -> None: ...
-@overload
-def dtype_name(dtype: Any) -> str: ...
-def dtype_name(dtype: Any) -> str | None:
-    """A recorded dtype (a name, a numpy dtype, or None) as its name."""
-    return None if dtype is None else dtype if isinstance(dtype, str) else str(dtype)
 
 
 def itemsize(dtype: Any) -> int:

@@ -26,7 +26,7 @@ from collections import deque
 from typing import Any
 
 from .._settings import settings
-from ._format import COMPLETED, FAILED, STARTED, STATE_NAMES, dtype_name, itemsize, wall
+from ._format import COMPLETED, FAILED, STARTED, STATE_NAMES, itemsize, wall
 from .timeline import Timeline
 
 FORMAT_VERSION = 1
@@ -110,7 +110,7 @@ def _finish(session: RankTraces, reason: str) -> None:
 def failure(trace: Any, entry: Any) -> None:
     """An operation of ``trace``'s group raised a DistError: write the rank's traces."""
     session = trace.session
-    reason = f"{entry.error} [{entry.op} seq {entry.seq} on group {trace.name}]"
+    reason = f"{entry.error} [{entry.spec.name} seq {entry.seq} on group {trace.name}]"
     now = time.monotonic()
     with _LOCK:
         if session.first_failure is None:
@@ -137,9 +137,10 @@ def _dump_quietly(session: RankTraces, directory: str, reason: str) -> None:
 def call_fields(entry: Any) -> dict:
     """An entry's call (dtype, count, bytes, root, reduce_op) and its optional fields
     (algorithm, error, call_site); None where there is none."""
-    return {"dtype": dtype_name(entry.dtype), "count": entry.count, "bytes": entry.count * itemsize(entry.dtype),
-            "root": None if entry.root < 0 else entry.root,
-            "reduce_op": None if entry.reduce_op is None else entry.reduce_op.name,
+    spec = entry.spec
+    return {"dtype": spec.dtype, "count": spec.count, "bytes": spec.count * itemsize(spec.dtype),
+            "root": None if spec.root < 0 else spec.root,
+            "reduce_op": None if spec.reduce_op is None else spec.reduce_op.name,
             "algorithm": entry.algorithm, "error": entry.error if entry.state == FAILED else None,
             "call_site": entry.call_site}
 
@@ -150,7 +151,7 @@ def entry_record(entry: Any) -> dict:
     state = entry.state  # a reused entry's older fields are stale until its state reaches them
     started = entry.started if state >= STARTED else None
     finished = entry.finished if state >= COMPLETED else None
-    return {"seq": entry.seq if state >= STARTED else None, "op": entry.op, **call_fields(entry),
+    return {"seq": entry.seq if state >= STARTED else None, "op": entry.spec.name, **call_fields(entry),
             "async_op": entry.async_op,
             "state": STATE_NAMES[entry.state],
             "time_queued": wall(entry.queued), "time_started": started and wall(started),

@@ -26,7 +26,7 @@ import socket
 import threading
 from typing import Any
 
-from ._format import FAILED, STATE_NAMES, dtype_name, itemsize, wall
+from ._format import FAILED, STATE_NAMES, itemsize, wall
 
 _TAIL = "\n]\n"
 QUEUED_SPAN_SECONDS = 10e-6  # a shorter wait is the call's own overhead, not a queue
@@ -107,17 +107,18 @@ class Timeline:
     def operation(self, trace: Any, entry: Any) -> None:
         """The events of one finished (or failed) operation, formatted by hand (json.dumps
         costs ~15 us per operation); the queued span only when the operation waited."""
-        dtype, count = entry.dtype, entry.count
+        spec = entry.spec
+        dtype, count = spec.dtype, spec.count
         text = (f'"group":{_quote(trace.name)},"seq":{entry.seq},"state":"{STATE_NAMES[entry.state]}",'
                 f'"async_op":{"true" if entry.async_op else "false"},'
                 f'"queued_us":{(entry.started - entry.queued) * 1e6:.3f},"count":{count},'
                 f'"bytes":{count * itemsize(dtype)}')
         if dtype is not None:
-            text += f',"dtype":{_quote(dtype_name(dtype))}'
-        if entry.root >= 0:
-            text += f',"root":{entry.root}'
-        if entry.reduce_op is not None:
-            text += f',"reduce_op":"{entry.reduce_op.name}"'
+            text += f',"dtype":{_quote(dtype)}'
+        if spec.root >= 0:
+            text += f',"root":{spec.root}'
+        if spec.reduce_op is not None:
+            text += f',"reduce_op":"{spec.reduce_op.name}"'
         if entry.algorithm is not None:
             text += f',"algorithm":{_quote(entry.algorithm)}'
         if entry.state == FAILED:
@@ -126,10 +127,10 @@ class Timeline:
             text += f',"call_site":{json.dumps(entry.call_site)}'
         where = f'"pid":{self.rank},"tid":{trace.tid}'
         started = _us(entry.started)
-        events = [f'{{"name":{_quote(entry.op)},"cat":"op","ph":"X","ts":{started:.3f},'
+        events = [f'{{"name":{_quote(spec.name)},"cat":"op","ph":"X","ts":{started:.3f},'
                   f'"dur":{(entry.finished - entry.started) * 1e6:.3f},{where},"args":{{{text}}}}}']
         if entry.started - entry.queued >= QUEUED_SPAN_SECONDS:
-            name, span = _quote(f"{entry.op} queued"), f'"cat":"queue","id":"{trace.group_id:x}.{entry.seq}",{where}'
+            name, span = _quote(f"{spec.name} queued"), f'"cat":"queue","id":"{trace.group_id:x}.{entry.seq}",{where}'
             events += [f'{{"name":{name},"ph":"b","ts":{_us(entry.queued):.3f},{span}}}',
                        f'{{"name":{name},"ph":"e","ts":{started:.3f},{span}}}']
         self._write_text(*events)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .._group import ProcessGroup
+from .._opspec import describe
 from .._ops import RedOpType, as_reduce_op
 from .._work import Work
 
@@ -115,7 +116,8 @@ def all_reduce_sparse(tensor: torch.Tensor, op: Any, group: ProcessGroup, async_
     descriptions = np.zeros((size, DESCRIPTION_LENGTH), np.int64)
     mine = _describe(local)
     rows = list(descriptions)
-    described = group.run("all_reduce_sparse", lambda ctx: group.backend.all_gather(ctx, rows, mine), [], async_op)
+    described = group.run(describe("all_reduce_sparse", "all_gather", mine),
+                          lambda ctx: group.backend.all_gather(ctx, rows, mine), [], async_op)
     payload = _payload(local)
 
     def exchange(ctx: Any) -> None:
@@ -124,11 +126,14 @@ def all_reduce_sparse(tensor: torch.Tensor, op: Any, group: ProcessGroup, async_
         _check_agreement(descriptions)
         value_bytes = local.element_size() * int(np.prod(local.shape[local.sparse_dim():], dtype=np.int64))
         parts = [np.empty(_index_bytes(row) + value_bytes * int(row[_NNZ]), np.uint8) for row in descriptions]
-        group.backend.all_gather(ctx, parts, payload)
+        exact = describe("all_reduce_sparse", "all_gather", payload, count=max(part.size for part in parts))
+        group.backend.all_gather(ctx._replace(spec=exact), parts, payload)
         with torch.no_grad():
             total = _rank_tensor(parts[0], descriptions[0], local)
             for part, row in zip(parts[1:], descriptions[1:]):
                 total = total + _rank_tensor(part, row, local)
             tensor.copy_(total.coalesce())
 
-    return group.run("all_reduce_sparse", exchange, [], async_op, results=[tensor])
+    # recorded with this rank's payload; the engine gets the exact call (the largest part) above
+    spec = describe("all_reduce_sparse", "all_gather", payload)
+    return group.run(spec, exchange, [], async_op, results=[tensor])

@@ -31,7 +31,9 @@ LINE = 64
 
 
 class _Operation(Protocol):
-    """What the arena needs of the running operation (a Comm) to word a timeout."""
+    """What the arena needs of the running operation (a Comm): its deadline, and its
+    description and timeout wording for errors."""
+    deadline: Deadline
     timeout_text: str
 
     def describe(self) -> str: ...
@@ -69,7 +71,6 @@ class Arena:
         self.phase = self._words[self._line[index]]
         self._uses = 0
         self.alive: Callable[[], None] | None = None
-        self.op: _Operation | None = None  # the running operation's Comm, for error messages
 
     def release(self) -> None:
         """Give the memory back: unlink the segment if nobody did yet (a member never
@@ -77,7 +78,7 @@ class Arena:
         # released: dropped so that the segment unmaps, never read again
         self._signal = self._words = self._slots = None  # type: ignore[assignment]
         self._typed, self._slot_cache = {}, {}
-        self.op = self.alive = None
+        self.alive = None
         if self._keepalive is not None:
             self._keepalive.unlink()
             self._keepalive.close()
@@ -114,8 +115,9 @@ class Arena:
         """The shared slot of ``parity`` as ``dtype`` elements."""
         return self._views(dtype)[parity][self.size]
 
-    def sync(self, deadline: Deadline, fingerprint: int = 0) -> None:
-        """Barrier of the members; with a fingerprint, raise when the members' calls differ."""
+    def sync(self, op: _Operation, fingerprint: int = 0) -> None:
+        """Barrier of the members within ``op``'s deadline; with a fingerprint (the call's),
+        raise when the members' calls differ."""
         self.phase += 1
         line = self._line[self.rank]
         if fingerprint:
@@ -124,23 +126,21 @@ class Arena:
         words, phase = self._words, self.phase
         for member, word in enumerate(self._line):
             if words[word] < phase and member != self.rank:  # not there yet: spin, yield, sleep
-                self._wait(member, deadline)
+                self._wait(member, op)
         if fingerprint:
-            self._check(fingerprint)
+            self._check(fingerprint, op)
 
-    def _wait(self, member: int, deadline: Deadline) -> None:
+    def _wait(self, member: int, op: _Operation) -> None:
         try:
-            self._signal.wait_at_least(self._line[member], self.phase, deadline, self.alive)
+            self._signal.wait_at_least(self._line[member], self.phase, op.deadline, self.alive)
         except WaitTimeout:
-            op = self.op
-            what = f"{op.describe()}: {op.timeout_text}" if op is not None else "shared memory: Timed out waiting"
-            raise OpTimeoutError(f"{what} for {self._describe(member)}; that rank has not reached this "
-                                   f"operation or is stuck") from None
+            raise OpTimeoutError(f"{op.describe()}: {op.timeout_text} for {self._describe(member)}; that rank has "
+                                 "not reached this operation or is stuck") from None
 
-    def _check(self, fingerprint: int) -> None:
+    def _check(self, fingerprint: int, op: _Operation) -> None:
         for member in range(self.size):
             theirs = self._words[self._line[member] + 1 + (self.phase & 1)]
             if theirs != fingerprint:
-                raise DesyncError(f"ranks called different operations: {self._describe(member)} called "
-                                       f"{describe_fingerprint(theirs)} while this rank called "
-                                       f"{describe_fingerprint(fingerprint)}")
+                raise DesyncError(f"{op.describe()}: ranks called different operations: {self._describe(member)} "
+                                  f"called {describe_fingerprint(theirs)} while this rank called "
+                                  f"{describe_fingerprint(fingerprint)}")
