@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from ._errors import DistBackendError, DistError
 from ._group_state import DESTROYED, GroupState
@@ -56,9 +56,9 @@ class OpQueue:
             self._execute_and_release(seq, operation, work)
         return work
 
-    def run_inline(self, body: Callable[[int], None]) -> bool:
-        """The latency path: run ``body(seq)`` now in the caller's thread if the group is
-        idle (True), else do nothing (False: the caller submits instead). Errors propagate;
+    def run_inline(self, body: Callable[..., None], *args: Any) -> bool:
+        """The latency path: run ``body(seq, *args)`` now in the caller's thread if the group
+        is idle (True), else do nothing (False: the caller submits instead). Errors propagate;
         a DistError breaks the queue as in ``submit``."""
         state = self.state
         with self._lock:
@@ -72,7 +72,7 @@ class OpQueue:
         try:
             if state.failed is not None:
                 raise self._broken_error(seq)
-            body(seq)
+            body(seq, *args)
         except DistError as error:
             state.fail(error)
             raise

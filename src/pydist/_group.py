@@ -88,42 +88,47 @@ class ProcessGroup:
         """Execute ``body`` (the call ``spec`` describes) in order with the others; Work when
         async, else None after it ends. ``timeout`` (seconds) narrows the group's timeout for
         this operation."""
-        seconds = self._timeout if timeout is None else timeout
-        timeout_text = self._timeout_text if timeout is None else timed_out_waiting(seconds)
-        staged = [buffer for buffer in outputs if buffer.staged]
-        trace = self._trace
-        entry = trace.queued(spec, async_op)
-
-        def operation(seq: int) -> None:
-            trace.started(entry, seq)
-            try:
-                if self.progress is not None:
-                    self.progress.started(self.group_id, seq, spec.name)
-                context = OpContext(spec.name, seq, Deadline(_deadline.now() + seconds), timeout_text,
-                                    self._explained, spec, entry)
-                try:
-                    body(context)
-                except OpTimeoutError as error:  # engines that did not explain it themselves (MPI)
-                    explained = context.explained(error)
-                    if explained is error:
-                        raise
-                    raise explained from error.__cause__
-                for buffer in staged:
-                    buffer.finish()
-            except BaseException as error:
-                trace.failed(entry, error)
-                raise
-            trace.completed(entry)
-
-        if not async_op and self._queue.run_inline(operation):
-            return None
+        entry = self._trace.queued(spec, async_op)
+        if not async_op and self._queue.run_inline(self._operate, spec, body, outputs, entry, timeout):
+            return None  # the latency path: run now in this thread, no Work
         work = Work(f"{spec.name} on group {self.group_name}",
                     results if results is not None else [b.obj for b in outputs])
-        self._queue.submit(operation, work, blocking=not async_op)
+        self._queue.submit(lambda seq: self._operate(seq, spec, body, outputs, entry, timeout), work,
+                           blocking=not async_op)
         if async_op:
             return work
         work.wait()
         return None
+
+    def _operate(self, seq: int, spec: OpSpec, body: Callable[[OpContext], None], outputs: list[Buffer],
+                 entry: Any, timeout: float | None) -> None:
+        """Run operation ``seq``: ``body`` within the deadline, then the staged outputs
+        written back; the recorder and the progress board told."""
+        trace = self._trace
+        trace.started(entry, seq)
+        try:
+            if self.progress is not None:
+                self.progress.started(self.group_id, seq, spec.name)
+            if timeout is None:
+                context = OpContext(spec.name, seq, Deadline(_deadline.now() + self._timeout), self._timeout_text,
+                                    self._explained, spec, entry)
+            else:
+                context = OpContext(spec.name, seq, Deadline(_deadline.now() + timeout), timed_out_waiting(timeout),
+                                    self._explained, spec, entry)
+            try:
+                body(context)
+            except OpTimeoutError as error:  # engines that did not explain it themselves (MPI)
+                explained = context.explained(error)
+                if explained is error:
+                    raise
+                raise explained from error.__cause__
+            for buffer in outputs:
+                if buffer.staged:
+                    buffer.finish()
+        except BaseException as error:
+            trace.failed(entry, error)
+            raise
+        trace.completed(entry)
 
     def _explained(self, error: OpTimeoutError, seq: int) -> OpTimeoutError:
         """``error`` with the ranks that never reached operation ``seq`` appended."""

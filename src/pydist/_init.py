@@ -88,6 +88,10 @@ def resolve_group(group: Any) -> ProcessGroup | None:
 def member_group(group: Any, op: str) -> ProcessGroup | None:
     """The ProcessGroup that call ``op`` targets; None, with torch's warning, on a rank that
     is not a member (the call is then a no-op, as in torch)."""
+    if group is None:  # the common case first
+        target = current().default_group
+        if target is not None:
+            return target
     target = resolve_group(group)
     if target is None:
         warnings.warn(f"Running {op} on global rank {current().rank} which does not belong to the given group.",

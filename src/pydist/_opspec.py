@@ -16,14 +16,16 @@ from ._buffers import Buffer, dtype_name
 from ._fingerprint import fingerprint
 from ._ops import RedOpType
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class OpSpec:
     """One call. ``name``: the public function ("all_gather_into_tensor"); ``kind``: the
     engine collective it runs ("all_gather"); ``dtype``: the data's dtype name as the user
     gave it (torch's or numpy's), None without data; ``count``: the elements per rank that
     describe it (the buffer of broadcast/all_reduce/reduce, the largest part of an all_gather,
     the output of scatter/reduce_scatter, the input of gather, the total input of all_to_all);
-    ``root``: a group rank, -1 when unrooted; ``call``: the fingerprint (``_fingerprint``)."""
+    ``root``: a group rank, -1 when unrooted; ``call``: the fingerprint (``_fingerprint``).
+    Specs compare and hash by identity: ``describe`` hands out one object per distinct call
+    (bounded), so an engine can cache per spec cheaply."""
     name: str
     kind: str
     dtype: str | None = None

@@ -45,7 +45,7 @@ class ProgressBoard:
     def __init__(self, store, rank: int):
         self._store = store
         self._rank = rank
-        self._latest: dict[str, tuple[int, str]] = {}
+        self._latest: dict[int, tuple[int, str]] = {}  # by group id (JSON writes the keys as strings)
         self._version = 0  # bumped by every started()
         self._stop = threading.Event()
         self._publish()  # the key exists from the start: readers never block on it
@@ -54,7 +54,7 @@ class ProgressBoard:
 
     def started(self, group_id: int, seq: int, name: str) -> None:
         """This rank starts operation ``seq`` (``name``) of group ``group_id``."""
-        self._latest[str(group_id)] = (seq, name)
+        self._latest[group_id] = (seq, name)
         self._version += 1
 
     def _publish(self) -> None:

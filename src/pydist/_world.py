@@ -48,12 +48,18 @@ class World:
 
 
 _PROCESS_WORLD = World()
-_THREAD = threading.local()
+
+
+class _ThreadWorld(threading.local):
+    world: World | None = None  # a thread-rank's own World (tests); None: the process's
+
+
+_THREAD = _ThreadWorld()
 
 
 def current() -> World:
     """This thread's World (a thread-rank's own, in tests) or the process's."""
-    return getattr(_THREAD, "world", None) or _PROCESS_WORLD
+    return _THREAD.world or _PROCESS_WORLD
 
 
 def process_world() -> World:

@@ -27,6 +27,13 @@ SPLIT_MIN_BYTES = 64 * 1024
 
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
+    arena = comm.arena
+    if buf.nbytes <= arena.slot_bytes and _alone(arena.size, buf.nbytes):  # the latency path: one chunk
+        slots = arena.slots(arena.next_parity(), buf.dtype, buf.size)
+        slots[arena.rank][...] = buf
+        arena.sync(comm, comm.call)
+        reduce_many(slots, buf, op)
+        return
     reduce_chunks(comm, buf, op, comm.call, deliver=True)
 
 

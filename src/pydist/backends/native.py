@@ -26,6 +26,7 @@ import numpy as np
 from .._comm import Comm, Hierarchy, as_bytes
 from .._errors import DistError, GroupAbortedError, OpTimeoutError
 from .._group_state import GroupState
+from .._opspec import OpSpec
 from .._ops import ReduceOp, RedOpType, finish, prescale
 from .._settings import settings
 from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm, allreduce_hierarchical,
@@ -46,6 +47,9 @@ from ._base import Engine, OpContext
 #: 64 KiB is conservative on loopback; it stays until the cross-host engine measures real links
 #: (veth, 1 Gbit/s), where the ring's smaller byte count matters sooner.
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
+
+#: calls whose algorithm a group's engine remembers (then it forgets them all and starts again)
+CHOICES_KEPT = 1024
 
 #: per collective, its algorithms by name (their signatures differ by collective)
 ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
@@ -102,9 +106,11 @@ class NativeBackend(Engine):
         # every host's group ranks, hosts in the order of their lowest group rank (their leader)
         self.hosts = [[g for g, host in enumerate(hosts) if host == name] for name in dict.fromkeys(hosts)]
         self._layouts: dict[int | None, tuple] = {}  # see _layout
+        self._chosen: dict[OpSpec, str] = {}  # the algorithm of each call seen (choose is a pure function of it)
         self._arena = None
         self._arena_tried = False
         self._local_arena = None
+        self._shm_comm: Comm | None = None  # see _comm
         self.state = transport.group_state(group_id, ranks)  # the group's lifecycle (see _group_state)
 
     # -- algorithm choice -----------------------------------------------------------------
@@ -175,8 +181,16 @@ class NativeBackend(Engine):
 
     def _comm(self, ctx: OpContext, collective: str, algorithm: str, call: int, sizes: tuple[int, int],
               root: int | None) -> Comm:
+        if algorithm == "shm":  # one Comm for all: it never holds receives (the arena carries the data)
+            comm = self._shm_comm
+            if comm is None:
+                comm = self._shm_comm = Comm(self.transport, self.group_id, self.ranks, self.rank, 0, ctx.deadline,
+                                             ctx.name, arena=self._arena)
+            comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call = (ctx.seq, ctx.deadline, ctx.name,
+                                                                                   ctx.timeout_text, call)
+            return comm
         comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
-                    ctx.timeout_text, self._arena if algorithm == "shm" else None, call)
+                    ctx.timeout_text, None, call)
         if algorithm in HIERARCHICAL:
             comm.hierarchy = self._hierarchy(ctx, collective, algorithm, call, sizes, root)
         return comm
@@ -185,7 +199,7 @@ class NativeBackend(Engine):
         for arena in (self._arena, self._local_arena):
             if arena is not None:
                 arena.release()
-        self._arena = self._local_arena = None
+        self._arena = self._local_arena = self._shm_comm = None
 
     def _hierarchy(self, ctx: OpContext, collective: str, algorithm: str, call: int, sizes: tuple[int, int],
                    root: int | None) -> Hierarchy:
@@ -235,13 +249,22 @@ class NativeBackend(Engine):
         for ``sizes`` (bytes, count), noted in the call's recorder entry. The call's
         fingerprint (``ctx.spec.call``) goes with every message and arena sync, so that ranks
         in different calls fail (DesyncError) instead of hanging."""
-        algorithm = self.choose(collective, ctx, *sizes)
+        spec = ctx.spec
+        algorithm = self._chosen.get(spec) if spec.kind == collective else None
+        if algorithm is None:
+            algorithm = self.choose(collective, ctx, *sizes)
+            if spec.kind == collective:
+                if len(self._chosen) >= CHOICES_KEPT:
+                    self._chosen.clear()
+                self._chosen[spec] = algorithm
         if ctx.entry is not None:
             ctx.entry.algorithm = algorithm
-        call = ctx.spec.call
-        self.transport.begin(self.group_id, ctx.seq, call)
+        call = spec.call
+        on_network = algorithm != "shm"  # shm: no message, the arena compares the fingerprints
+        if on_network:
+            self.transport.begin(self.group_id, ctx.seq, call)
         comm = self._comm(ctx, collective, algorithm, call, sizes, root)
-        engaged = self.transport.engage(sizes[0] or _payload_bytes(args))
+        engaged = on_network and self.transport.engage(sizes[0] or _payload_bytes(args))
         try:
             ALGORITHMS[collective][algorithm](comm, *args)
         except BaseException as error:
