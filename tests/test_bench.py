@@ -83,12 +83,13 @@ def test_split_ops_round_counts_to_whole_blocks_per_rank():
     assert size_plan("all_to_all", [1024], "float64", 4) == [(1024, 128)]
     assert size_plan("all_reduce", [1, 4, 8], "float64", 2) == [(8, 1)]
     assert size_plan("sendrecv", [4, 6], "int8", 2) == [(4, 4), (6, 6)]
+    assert size_plan("barrier", [4, 1024], "float32", 2) == [(0, 0)]  # no data: one row
 
 
 def test_busbw_factors_follow_nccl_tests():
     factors = {op: spec.bus_factor(4) for op, spec in OPS.items()}
     assert factors == {"all_reduce": 1.5, "all_gather": 0.75, "reduce_scatter": 0.75, "broadcast": 1.0,
-                       "all_to_all": 0.75, "sendrecv": 1.0}
+                       "all_to_all": 0.75, "sendrecv": 1.0, "barrier": 0.0}
     assert bandwidths("all_reduce", 2_000_000_000, 2.0, 4) == (1.0, 1.5)
 
 
@@ -139,7 +140,7 @@ def test_every_op_produces_rows_with_consistent_bandwidths(op):
     assert factor == pytest.approx(OPS[op].bus_factor(2))
     for row in report["rows"]:
         result = row["results"]["pydist"]
-        assert row["bytes"] > 0 and row["count"] > 0 and result["time_us"] > 0
+        assert (row["bytes"] > 0 and row["count"] > 0) == (op != "barrier") and result["time_us"] > 0
         algbw = row["bytes"] / (result["time_us"] * 1e-6) / 1e9
         assert result["algbw_gbps"] == pytest.approx(algbw, rel=1e-6)
         assert result["busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-6)

@@ -186,8 +186,8 @@ class NativeBackend(Engine):
             if comm is None:
                 comm = self._shm_comm = Comm(self.transport, self.group_id, self.ranks, self.rank, 0, ctx.deadline,
                                              ctx.name, arena=self._arena)
-            comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call = (ctx.seq, ctx.deadline, ctx.name,
-                                                                                   ctx.timeout_text, call)
+            comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call, comm.arena = (
+                ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text, call, self._arena)
             return comm
         comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                     ctx.timeout_text, None, call)

@@ -54,6 +54,7 @@ class TorchStyleComm:
             "reduce_scatter": lambda: d.reduce_scatter_tensor(y, x),
             "broadcast": lambda: d.broadcast(x, src=0),
             "all_to_all": lambda: d.all_to_all_single(y, x),
+            "barrier": d.barrier,
         }
         if op == "sendrecv":
             return ping_pong(self.rank, lambda peer: d.send(x, peer), lambda peer: d.recv(x, peer))
@@ -87,6 +88,7 @@ class MpiComm:
             "reduce_scatter": lambda: c.Reduce_scatter_block(inp, out),
             "broadcast": lambda: c.Bcast(inp, root=0),
             "all_to_all": lambda: c.Alltoall(inp, out),
+            "barrier": c.Barrier,
         }
         if op == "sendrecv":
             return ping_pong(self.rank, lambda peer: c.Send(inp, peer), lambda peer: c.Recv(inp, peer))

@@ -6,7 +6,8 @@ all_to_all what one rank sends in total — so ops that split a buffer into one 
 rank round the element count down to a multiple of nproc (at least one element per rank).
 ``algbw = bytes / time``; ``busbw = algbw * factor`` with all_reduce 2(n-1)/n, all_gather,
 reduce_scatter and all_to_all (n-1)/n, broadcast and sendrecv 1. sendrecv is a ping-pong
-between ranks 0 and 1 whose time is one way: round trip / 2.
+between ranks 0 and 1 whose time is one way: round trip / 2. barrier moves no data: one row,
+0 bytes, whatever ``--sizes`` says.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("broadcast", lambda n: 1.0),
     OpSpec("all_to_all", lambda n: (n - 1) / n, split=True),
     OpSpec("sendrecv", lambda n: 1.0, min_ranks=2, transfers_per_call=2),
+    OpSpec("barrier", lambda n: 0.0),
 )}
 
 
@@ -49,7 +51,7 @@ def element_count(op: str, nbytes: int, dtype: str, nproc: int) -> int:
 
 def buffer_counts(op: str, count: int, nproc: int) -> tuple[int, int]:
     """(input, output) elements per rank; output 0 means the op works in place on the input."""
-    if op in ("all_reduce", "broadcast", "sendrecv"):
+    if op in ("all_reduce", "broadcast", "sendrecv", "barrier"):
         return count, 0
     if op == "all_gather":
         return count // nproc, count
@@ -60,6 +62,8 @@ def buffer_counts(op: str, count: int, nproc: int) -> tuple[int, int]:
 
 def size_plan(op: str, sizes: list[int], dtype: str, nproc: int) -> list[tuple[int, int]]:
     """(bytes, count) per benchmarked size: requested sizes after rounding, without repeats."""
+    if op == "barrier":
+        return [(0, 0)]
     itemsize = np.dtype(dtype).itemsize
     plan: list[tuple[int, int]] = []
     for nbytes in sizes:
