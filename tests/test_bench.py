@@ -249,10 +249,16 @@ def test_timeout_stops_every_worker():
     assert done.returncode == 1 and "timed out after 1 s" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_stops_every_worker(signum):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+
+
+@pytest.mark.parametrize("signum, started_by", [(signal.SIGINT, None), (signal.SIGTERM, None),
+                                                (signal.SIGINT, _ignore_sigint)],
+                         ids=["SIGINT", "SIGTERM", "SIGINT, inherited as ignored"])
+def test_ctrl_c_or_sigterm_stops_every_worker(signum, started_by):
     proc = start_command(BENCH + ["--sizes", "64M", "--iters", "5000", "--budget", "0"],
-                         env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
+                         env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER}, preexec_fn=started_by)
     try:
         deadline = time.monotonic() + 30
         while len(marked_processes()) < 3 and time.monotonic() < deadline:  # the CLI and its 2 workers

@@ -127,15 +127,19 @@ def _run_one(result: BackendResult, position: str, args: argparse.Namespace, con
             record(event)
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
 def _measure_all(results: list[BackendResult], args: argparse.Namespace, config: dict, progress: StatusLine) -> int:
     """Run every available backend in turn; 0, or 1 if the main one failed (its error printed).
-    SIGTERM is treated like Ctrl-C meanwhile, so the workers are stopped on the way out."""
+    SIGTERM and SIGINT raise KeyboardInterrupt meanwhile (SIGINT too, as pydist-run and torchrun
+    do: a shell starts background jobs with it ignored), so the workers are stopped on the way out."""
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    previous = {signum: signal.signal(signum, _interrupt) for signum in _STOP_SIGNALS} if main_thread else {}
     try:
         for index, result in enumerate(results):
             if result.status != "ok":
@@ -150,8 +154,8 @@ def _measure_all(results: list[BackendResult], args: argparse.Namespace, config:
                     return 1
         return 0
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
