@@ -17,7 +17,7 @@ from torch.utils.data.distributed import DistributedSampler
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ddp_programs.ddp_torchrun_style import RandomRegression, Trainer  # noqa: E402
 
-from _harness import emit, init_from_env, state  # noqa: E402
+from _harness import collect_before_exit, emit, init_from_env, state  # noqa: E402
 
 
 class RecordingTrainer(Trainer):
@@ -45,6 +45,8 @@ def main(backend: str, total_epochs: int, snapshot_path: str) -> None:
     emit({"backend": backend, "rank": int(os.environ["RANK"]), "resumed_at": resumed_at,
           "losses": trainer.losses, "state": state(trainer.model.module)})
     destroy_process_group()
+    del trainer, model
+    collect_before_exit()
 
 
 if __name__ == "__main__":

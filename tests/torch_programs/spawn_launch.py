@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _harness import WORLD_SIZE, emit, free_port, init_from_env, loss_of, make_model, rank_batches, state
+from _harness import (WORLD_SIZE, collect_before_exit, emit, free_port, init_from_env, loss_of, make_model,
+                      rank_batches, state)
 
 
 def worker(rank: int, backend: str, port: int, results) -> None:
@@ -25,6 +26,8 @@ def worker(rank: int, backend: str, port: int, results) -> None:
         optimizer.step()
     dist.destroy_process_group()
     results.put((rank, state(ddp.module)))
+    del ddp, optimizer
+    collect_before_exit()
 
 
 if __name__ == "__main__":
