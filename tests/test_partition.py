@@ -64,6 +64,11 @@ def test_a_partition_fails_every_rank_at_its_timeout_and_the_processes_exit(tmp_
                                                         "after raising"
     for rank in (0, 1):  # the other side's records stopped at the cut: not passed off as current
         message = reports[rank]["message"]
+        if rank == 1 and "the store failed" in message:
+            # rank 0 (the store's process) raised first and exited before rank 1 timed out: then
+            # rank 1 can only say that the store is gone
+            assert reports[0]["raised"] < reports[1]["raised"], reports
+            continue
         assert "not heard from lately (cut off from the store, or stopped): 2 (" in message, message
         assert "ranks that never reached it" not in message, message
 

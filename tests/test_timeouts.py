@@ -207,6 +207,22 @@ def test_explaining_a_timeout_is_bounded_when_the_store_does_not_answer():
     assert "the store did not answer within 0.2 s" in text, text
 
 
+class _StoreThatFails:
+    def set(self, key, value):
+        raise ConnectionResetError("the store's host closed the connection")
+
+
+def test_explaining_a_timeout_says_so_when_the_store_is_gone():
+    """The store's process exited first (it raised and left): the timeout says why it cannot
+    name the ranks behind, rather than nothing."""
+    from pydist._progress import ProgressBoard
+    board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
+    board._store, board._rank, board._latest = _StoreThatFails(), 0, {}
+    text = board.explain(1, 2, [0, 1], budget=5.0)
+    assert text == ("; which ranks never reached it is unknown: the store failed (ConnectionResetError: the store's "
+                    "host closed the connection)"), text
+
+
 def test_progress_is_published_once_settled_or_once_a_second_while_it_changes():
     """A rank waiting inside an operation (its record no longer changing) is published at the
     next tick, not up to a second later; one running operations back to back, once a second;

@@ -85,7 +85,7 @@ class ProgressBoard:
         """Which of ``ranks`` (world ranks) had not started operation ``seq`` of the group,
         as last published; a note instead when the store does not answer within ``budget``
         seconds (its host stopped or unreachable: the timeout error must not wait for the
-        store's own timeout); "" if the store failed."""
+        store's own timeout) or when it failed (its host's process is gone)."""
         answer: list[str] = []
         asking = threading.Thread(target=lambda: answer.append(self._ask(group_id, seq, ranks)),
                                   name=f"pydist-explain-{self._rank}", daemon=True)
@@ -99,8 +99,8 @@ class ProgressBoard:
         try:
             self._publish()
             raw = self._store.multi_get([f"progress/{r}" for r in ranks]) if ranks else []
-        except Exception:  # noqa: BLE001 - the explanation is best effort
-            return ""
+        except Exception as error:  # noqa: BLE001 - the explanation is best effort
+            return f"; which ranks never reached it is unknown: the store failed ({type(error).__name__}: {error})"
         behind, unheard, now = [], [], time.time()
         for rank, data in zip(ranks, raw):
             record = json.loads(data)
