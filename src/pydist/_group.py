@@ -109,12 +109,9 @@ class ProcessGroup:
         try:
             if self.progress is not None:
                 self.progress.started(self.group_id, seq, spec.name)
-            if timeout is None:
-                context = OpContext(spec.name, seq, Deadline(_deadline.now() + self._timeout), self._timeout_text,
-                                    self._explained, spec, entry)
-            else:
-                context = OpContext(spec.name, seq, Deadline(_deadline.now() + timeout), timed_out_waiting(timeout),
-                                    self._explained, spec, entry)
+            seconds, text = (self._timeout, self._timeout_text) if timeout is None else (timeout,
+                                                                                           timed_out_waiting(timeout))
+            context = OpContext(spec.name, seq, Deadline(_deadline.now() + seconds), text, self._explained, spec, entry)
             try:
                 body(context)
             except OpTimeoutError as error:  # engines that did not explain it themselves (MPI)

@@ -250,10 +250,11 @@ class NativeBackend(Engine):
         fingerprint (``ctx.spec.call``) goes with every message and arena sync, so that ranks
         in different calls fail (DesyncError) instead of hanging."""
         spec = ctx.spec
-        algorithm = self._chosen.get(spec) if spec.kind == collective else None
+        remembered = spec.kind == collective  # a context whose spec describes another call: not cached
+        algorithm = self._chosen.get(spec) if remembered else None
         if algorithm is None:
             algorithm = self.choose(collective, ctx, *sizes)
-            if spec.kind == collective:
+            if remembered:
                 if len(self._chosen) >= CHOICES_KEPT:
                     self._chosen.clear()
                 self._chosen[spec] = algorithm
