@@ -271,3 +271,24 @@ def test_a_cancelled_receive_gets_no_more_of_a_frame_already_started():
     assert receiver.between_frames()
     assert bytes(buffer[:1000]) == b"\x01" * 1000 and not buffer[1000:].any()
     assert isinstance(request.error, DistBackendError)
+
+
+@pytest.mark.parametrize("split", [0, 1, 47, 48, 60, 95, 96, 130])
+def test_whole_frames_and_a_partial_one_in_one_feed_arrive_in_order(split):
+    """Frames wholly inside a feed take the receiver's whole-frame path, the rest the
+    decoder's: wherever the stream is cut, every message lands in its receive, in order."""
+    from pydist.transport._framing import Kind, encode_header
+    from pydist.transport._receiver import FrameReceiver
+    matcher = Matcher()
+    receiver = FrameReceiver(1, matcher, lambda header, payload: None)
+    buffers = [np.zeros(size, np.uint8) for size in (12, 0, 40)]
+    requests = [Request(1, b.data) for b in buffers]
+    for request in requests:
+        matcher.post(request, 1, MessageKey(5, 1, 0))
+    stream = b"".join(encode_header(Kind.DATA, 5, 1, 0, b.nbytes) + bytes([i + 1]) * b.nbytes
+                      for i, b in enumerate(buffers))
+    receiver.feed(memoryview(stream[:split]))
+    receiver.feed(memoryview(stream[split:]))
+    assert all(r.done() and r.error is None for r in requests)
+    assert [bytes(b) for b in buffers] == [bytes([i + 1]) * b.nbytes for i, b in enumerate(buffers)]
+    assert receiver.between_frames()

@@ -40,3 +40,41 @@ def test_a_receive_half_filled_when_its_sender_goes_fails_naming_the_sender():
     finally:
         sender.close(Deadline.after(0))
         receiver.close(Deadline.after(0))
+
+
+def test_a_receive_whose_waiter_stopped_polling_is_delivered_by_the_progress_thread():
+    """A waiter drains the ring itself only for ``spin_seconds``; a message sent after that
+    (the waiter now asleep) is delivered by the receiver's progress thread."""
+    sender, receiver = _pair()
+    try:
+        receiver.spin_seconds = 0.0
+        into = np.zeros(4, np.uint8)
+        request = Request(0, memoryview(into).cast("B"))
+        receiver.matcher.post(request, 0, KEY)
+        assert not receiver.drive(request, 0.01)  # nothing sent: it polls, sleeps, times out
+        sender.isend(1, memoryview(b"\x01\x02\x03\x04"), KEY)
+        assert receiver.drive(request, 30)
+        assert request.error is None and bytes(into) == b"\x01\x02\x03\x04"
+    finally:
+        sender.close(Deadline.after(0))
+        receiver.close(Deadline.after(0))
+
+
+def test_a_sender_wakes_no_sleeper_while_the_receiver_polls(monkeypatch):
+    """While a thread of the receiving process polls (announced on its Signal), ringing it
+    makes no futex wake (its progress thread stays asleep); once it leaves, ringing wakes."""
+    from pydist.transport import _atomics
+    from pydist.transport._signal import Signal
+    memory, base = anonymous(4096)
+    signal = Signal(memory.data, base, 64, oversubscribed=True)
+    memory.data.cast("I")[(64 + 4) // 4] = 1  # one sleeper
+    woken = []
+    monkeypatch.setattr(_atomics, "futex_wake", woken.append)
+    assert signal.polling(1) == 1
+    signal.ring()
+    assert woken == []
+    assert signal.polling(-1) == 0
+    signal.ring()
+    assert woken == [base + 64]
+    signal.wake()
+    assert len(woken) == 2

@@ -24,8 +24,15 @@ class _Posted(NamedTuple):
     group: ProcessGroup
     request: Any
     buffer: Buffer | None  # a receive's buffer (staged copies are written back when done)
-    description: str
     peer: int | None  # global rank, None for any source
+    tag: int
+
+    @property
+    def description(self) -> str:
+        """'send to rank 1 (tag 0)', 'recv from any rank (tag 3)': formatted only when needed."""
+        if self.buffer is None:
+            return f"send to rank {self.peer} (tag {self.tag})"
+        return f"recv from {'any rank' if self.peer is None else f'rank {self.peer}'} (tag {self.tag})"
 
 
 def _wait(posted: _Posted, timeout: float | None = None) -> None:
@@ -87,7 +94,7 @@ def _post_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: in
     peer = _peer(target, dst, group_dst, "dst")
     buf = as_buffer(tensor, "tensor", writable=False)
     request = target.backend.isend(buf.array, peer, _check_tag(tag))
-    return _Posted(target, request, None, f"send to rank {target.ranks[peer]} (tag {tag})", target.ranks[peer])
+    return _Posted(target, request, None, target.ranks[peer], tag)
 
 
 def _post_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
@@ -98,8 +105,7 @@ def _post_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: in
     peer = None if src is None and group_src is None else _peer(target, src, group_src, "src")
     buf = as_buffer(tensor, "tensor")
     request = target.backend.irecv(buf.array, peer, _check_tag(tag))
-    who = "any rank" if peer is None else f"rank {target.ranks[peer]}"
-    return _Posted(target, request, buf, f"recv from {who} (tag {tag})", None if peer is None else target.ranks[peer])
+    return _Posted(target, request, buf, None if peer is None else target.ranks[peer], tag)
 
 
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,

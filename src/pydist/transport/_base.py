@@ -7,7 +7,6 @@ contiguous byte views (``memoryview`` of format 'B'); receives land straight in 
 from __future__ import annotations
 
 import threading
-import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
@@ -25,7 +24,7 @@ class MessageKey(NamedTuple):
 class Request:
     """One posted send or receive. Completes once, with an error or (receives) a source rank."""
 
-    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "poll", "drive", "call", "_completed",
+    __slots__ = ("peer", "buffer", "nbytes", "error", "source", "order", "drive", "call", "_completed",
                  "_gate", "_callbacks")
 
     def __init__(self, peer: int | None, buffer: memoryview, call: int = 0):
@@ -36,14 +35,23 @@ class Request:
         self.error: BaseException | None = None
         self.source: int | None = peer
         self.order = 0  # post order, for any-source matching
-        self.poll: tuple | None = None  # (progress function, seconds to spin on it) before sleeping
         #: drive(request, timeout): how the waiter waits when its transport decides it (reading
-        #: the sockets itself, or asleep while another thread does): True done, False timed out
+        #: the sockets or rings itself, or asleep while another thread does): True done, False timed out
         self.drive: Callable[[Request, float | None], bool] | None = None
         self._completed = False
         self._callbacks: list | None = None
         self._gate = threading.Lock()
         self._gate.acquire()
+
+    @classmethod
+    def finished(cls, peer: int, buffer: memoryview) -> "Request":
+        """A send already delivered whole: complete from the start (no gate to open)."""
+        request = cls.__new__(cls)
+        request.peer = request.source = peer
+        request.buffer, request.nbytes, request.call, request.order = buffer, buffer.nbytes, 0, 0
+        request.error = request.drive = request._callbacks = None
+        request._completed, request._gate = True, _OPEN
+        return request
 
     def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
         """Finish the request; only the first completion counts."""
@@ -76,13 +84,6 @@ class Request:
             return True
         if self.drive is not None:
             return self.drive(self, timeout)
-        if self.poll is not None:  # drive the transport from this thread for a moment
-            progress, spin = self.poll
-            end = time.perf_counter() + spin
-            while not self._completed and time.perf_counter() < end:
-                progress()
-            if self._completed:
-                return True
         return self.sleep(timeout)
 
     def sleep(self, timeout: float | None) -> bool:
@@ -94,6 +95,7 @@ class Request:
 
 
 _COMPLETION = threading.Lock()
+_OPEN = threading.Lock()  # the gate of requests finished from the start: never held for long
 
 
 def completed_request(peer: int | None, buffer: memoryview, error: BaseException | None = None) -> Request:

@@ -120,6 +120,10 @@ class FrameDecoder:
                 events.append(header)
         return events
 
+    def at_boundary(self) -> bool:
+        """No frame is partly decoded: the next byte fed starts a header."""
+        return not self.payload_left and not self._partial
+
     def skip_payload(self, n: int) -> None:
         """Account for ``n`` payload bytes the caller read directly into its destination."""
         if n > self.payload_left:

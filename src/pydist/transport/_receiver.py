@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ._base import MessageKey, Request
-from ._framing import Chunk, FrameDecoder, FramingError, Header, Kind
+from ._framing import HEADER_SIZE, Chunk, FrameDecoder, FramingError, Header, Kind, decode_header
 from ._matching import Matcher, Unexpected, mismatch
 
 
@@ -30,8 +30,22 @@ class FrameReceiver:
         self._filled = 0
 
     def feed(self, data: memoryview) -> None:
-        """Consume bytes of the stream (any split); FramingError on garbage."""
-        for event in self.decoder.feed(data):
+        """Consume bytes of the stream (any split); FramingError on garbage. Whole frames
+        at the start of ``data`` are delivered without the decoder's events (the small-
+        message path); the rest goes through it."""
+        pos, end = 0, data.nbytes
+        while end - pos >= HEADER_SIZE and self._header is None and self.decoder.at_boundary():
+            header = decode_header(data, pos)
+            stop = pos + HEADER_SIZE + header.nbytes
+            if stop > end:
+                break
+            self._start(header)
+            if header.nbytes:
+                self._payload(Chunk(data[pos + HEADER_SIZE:stop], True))
+            pos = stop
+        if pos == end:
+            return
+        for event in self.decoder.feed(data[pos:] if pos else data):
             if isinstance(event, Header):
                 self._start(event)
             else:

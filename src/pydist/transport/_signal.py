@@ -1,7 +1,7 @@
 """Waiting for counters in shared memory: spin, then yield, then sleep on a futex.
 
-A Signal is a doorbell word and a sleepers word in shared memory, shared by a set of
-monotonically increasing 64-bit counters. ``publish`` stores a counter and, only when
+A Signal is a doorbell word, a sleepers word and a pollers word in shared memory, shared by
+a set of monotonically increasing 64-bit counters. ``publish`` stores a counter and, only when
 someone sleeps, rings the doorbell; ``wait_at_least`` spins on the counter briefly (long
 when every rank has a core of its own, short when ranks outnumber cores, so that 4-8 ranks
 on 2 cores do not starve the rank they wait for), yields the CPU, then sleeps on the
@@ -14,6 +14,13 @@ doorbell, re-reads the counter and sleeps only while the doorbell is unchanged. 
 goes first, the sleeper either sees the counter or is woken (the futex syscall orders the
 rest), so no wake-up is lost. Data written before ``publish`` is visible to a waiter after
 ``wait_at_least`` returns (release/acquire).
+
+``ring`` skips the futex wake while a thread of the owner polls what the ring announces
+(``polling``): waking a sleeping thread of a process whose other thread is already reading
+only makes the two fight for that process's GIL. The poller, on leaving, re-checks for
+work and rings itself; the ringer bumps the doorbell (a locked add) before reading the
+pollers word, the poller leaves with a locked add before re-checking, so one of them sees
+the other.
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ class WaitTimeout(Exception):
 
 
 class Signal:
-    """Doorbell + sleepers at ``offset`` (8 bytes) of a shared buffer whose base address is ``base``."""
+    """Doorbell + sleepers + pollers at ``offset`` (12 bytes) of a shared buffer whose base
+    address is ``base``."""
 
     def __init__(self, memory: memoryview, base: int, offset: int, oversubscribed: bool):
         self._words = memory.cast("Q")  # the whole buffer as 64-bit words
@@ -40,6 +48,8 @@ class Signal:
         self._doorbell = base + offset
         self._sleepers = base + offset + 4
         self._sleepers_index = (offset + 4) // 4
+        self._pollers = base + offset + 8
+        self._pollers_index = (offset + 8) // 4
         self.spins, self.yields = (30, 300) if oversubscribed else (20000, 50)
 
     def address(self, index: int) -> int:
@@ -59,10 +69,21 @@ class Signal:
             atomics.futex_wake(self._doorbell)
 
     def ring(self) -> None:
-        """Wake sleepers without changing a counter (something else they watch changed)."""
+        """Wake sleepers without changing a counter (something else they watch changed),
+        unless a poller will see the change."""
+        atomics.fetch_add_u32(self._doorbell, 1)
+        if self._sleeping() and not self._halves[self._pollers_index]:
+            atomics.futex_wake(self._doorbell)
+
+    def wake(self) -> None:
+        """Ring and wake the sleepers even while someone polls (stopping a sleeper)."""
         atomics.fetch_add_u32(self._doorbell, 1)
         if self._sleeping():
             atomics.futex_wake(self._doorbell)
+
+    def polling(self, delta: int) -> int:
+        """Count a poller in (+1) or out (-1); returns the pollers left (a full barrier)."""
+        return atomics.fetch_add_u32(self._pollers, delta) + delta
 
     def _sleeping(self) -> int:
         """Sleepers now; called right after a sequentially consistent write (x86: a plain load

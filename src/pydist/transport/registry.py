@@ -73,10 +73,9 @@ class NetworkTransport(Protocol):
 class HostLocalTransport(Protocol):
     """What the world uses of a host-local transport (ShmTransport is one)."""
 
-    spin_seconds: float  # how long a waiting receiver calls ``poll`` before sleeping
-
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request: ...
-    def poll(self) -> bool: ...  # move arrivals into the matcher from the caller's thread; True if any
+    # how a receive from a peer it carries is waited for (Request.drive): True done, False timed out
+    def drive(self, request: Request, timeout: float | None) -> bool: ...
     def peer_gone(self, peer: int, error: BaseException) -> None: ...  # deliver what it sent, then fail it
     def close(self, deadline: Deadline) -> None: ...
 

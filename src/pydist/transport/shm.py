@@ -7,12 +7,15 @@ what fits at once from the caller's thread and rings the receiver's doorbell; th
 pushed by the sender's progress thread as the receiver frees space (it rings the sender
 when the sender said it waits for space). Each process has one progress thread: it drains
 its incoming rings into posted receives (or holds messages as unexpected, see _matching)
-and pushes pending sends; when idle it sleeps on its doorbell futex. Frame decoding is the
-sans-IO FrameReceiver shared with tcp.
+and pushes pending sends; when idle it sleeps on its doorbell futex. A thread blocked on a
+receive does that work itself for a while (``drive``), and peers then leave the progress
+thread asleep: handing each message to another thread of the process costs a GIL
+hand-off. Frame decoding is the sans-IO FrameReceiver shared with tcp.
 """
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -21,13 +24,15 @@ from .._deadline import Deadline
 from .._errors import PeerFailedError
 from . import _atomics as atomics
 from ._base import MessageKey, Request
-from ._framing import Kind, encode_header
+from ._framing import HEADER, HEADER_SIZE, MAGIC, VERSION, Kind, encode_header
 from ._matching import Matcher
 from ._shm_segment import Keepalive
 from ._receiver import FrameReceiver
 from ._signal import SLEEP_SLICE, Signal
 
 LINE = 64
+#: Messages up to this size are written whole by the sending thread when the ring has room.
+INLINE_BYTES = 64 << 10
 
 
 def ring_bytes_for(local_ranks: int, requested: int) -> int:
@@ -108,10 +113,30 @@ class ShmTransport:
 
     # -- sending --------------------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        writer = self._writers[peer]
+        if data.nbytes <= INLINE_BYTES and self._write_whole(peer, writer, data, key, call):
+            return Request.finished(peer, data)
         request = Request(peer, data)
         header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
         self._send(peer, [header, data], request)
         return request
+
+    def _write_whole(self, peer: int, writer: _Writer, data: memoryview, key: MessageKey, call: int) -> bool:
+        """The small-message path: when nothing is queued before it and the frame fits the
+        ring's free space without wrapping, write header and payload in place; True if done."""
+        ring, size = writer.ring, HEADER_SIZE + data.nbytes
+        with writer.lock:
+            if writer.pending or writer.error is not None:
+                return False
+            tail = self._words[ring.tail_word]
+            offset = tail % ring.capacity
+            if offset + size > ring.capacity or ring.capacity - (tail - self._load(ring.head_word)) < size:
+                return False
+            HEADER.pack_into(ring.data, offset, MAGIC, VERSION, Kind.DATA, 0, key.group, key.seq, key.tag,
+                             data.nbytes, call)
+            ring.data[offset + HEADER_SIZE:offset + size] = data
+            self._publish_tail(peer, ring, tail + size)
+        return True
 
     def _send(self, peer: int, parts: list[memoryview], request: Request | None) -> None:
         writer = self._writers[peer]
@@ -202,7 +227,8 @@ class ShmTransport:
             busy = False
             for peer in self._readers:
                 busy |= self._drain(peer)
-            for peer in list(self._gone):  # after the drain: what the peer wrote before leaving counts
+            # after the drain: what a peer wrote before leaving counts
+            for peer in list(self._gone) if self._gone else ():
                 error = self._gone.pop(peer)
                 self.fail_peer(peer, error)
                 self._readers[peer][1].abandon(error)  # a message it left half-written
@@ -210,6 +236,23 @@ class ShmTransport:
             return busy
         finally:
             self._drain_lock.release()
+
+    def drive(self, request: Request, timeout: float | None) -> bool:
+        """Wait for ``request``: drain and push from this thread for up to ``spin_seconds``
+        (announced as polling, so peers do not wake the progress thread), then sleep while
+        the progress thread does. True once complete, False when ``timeout`` passed."""
+        signal, start = self._signals[self._me], time.perf_counter()
+        spin = self.spin_seconds if timeout is None else min(self.spin_seconds, timeout)
+        signal.polling(1)
+        try:
+            while not request.done() and time.perf_counter() - start < spin:
+                self._poll()
+        finally:
+            if signal.polling(-1) == 0 and self._has_work():  # what arrived since the last drain
+                signal.ring()
+        if request.done():
+            return True
+        return request.sleep(None if timeout is None else max(timeout - (time.perf_counter() - start), 0.0))
 
     def _poll(self) -> bool:
         busy = self.poll()
@@ -266,10 +309,10 @@ class ShmTransport:
         if self._stopping:
             return
         while not self.idle() and not deadline.expired():
-            self._signals[self._me].ring()
+            self._signals[self._me].wake()
             threading.Event().wait(0.001)
         self._stopping = True
-        self._signals[self._me].ring()
+        self._signals[self._me].wake()
         self._thread.join(timeout=5)
         gone = PeerFailedError(f"rank {self.rank} closed its shared-memory channels", rank=self.rank)
         for peer in self._writers:

@@ -80,7 +80,7 @@ class WorldTransport(Transport):
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         request = Request(peer, data, call)
         if self.host_local is not None and (peer is None or peer in self._local_set):
-            request.poll = (self.host_local.poll, self.host_local.spin_seconds)  # the waiter polls it first
+            request.drive = self.host_local.drive  # the waiter drains the rings itself first
         else:
             request.drive = self.network.driver(data.nbytes)  # the waiter reads the network itself
         self.matcher.post(request, peer, key)
