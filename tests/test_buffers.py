@@ -98,3 +98,18 @@ def test_torch_tensors_through_collectives(transport):
         assert out["strided"] == [[0.0, float(total), 0.0]] * 4
         assert out["result_is_tensor"] and out["max"] == [size - 1 + i for i in range(4)]
         assert out["f16"] == [float(size - 1)] * 2
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint16", "int32", "int64", "float16", "float32", "float64",
+                                   "complex64", "complex128"])
+def test_as_bytes_is_the_arrays_own_memory(dtype):
+    """The transports read and write a buffer through as_bytes: a view of the same bytes
+    (no copy), writable for a writable array, read-only for a read-only one."""
+    from pydist._comm import as_bytes
+    values = np.arange(6).astype(dtype).reshape(2, 3)
+    view = as_bytes(values)
+    assert view.nbytes == values.nbytes and bytes(view) == values.tobytes()
+    view[:values.itemsize] = bytes(values.itemsize)
+    assert values.reshape(-1)[0] == 0 and not view.readonly
+    values.flags.writeable = False
+    assert as_bytes(values).readonly

@@ -21,8 +21,11 @@ from .transport._base import MessageKey, Request, Transport
 
 
 def as_bytes(array: np.ndarray) -> memoryview:
-    """A 1-D contiguous array's memory as a writable byte view (no copy)."""
-    return array.reshape(-1).view(np.uint8).data  # memoryview(array): numpy types __buffer__ for 3.12+ only
+    """A contiguous array's memory as a byte view (no copy; writable when the array is)."""
+    try:
+        return memoryview(array).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+ only
+    except TypeError:  # a format memoryview does not know
+        return array.reshape(-1).view(np.uint8).data
 
 
 def with_context(error: BaseException, prefix: str) -> BaseException:

@@ -97,6 +97,7 @@ class NativeBackend(Engine):
         self.ranks = ranks
         self.rank = rank
         self.size = len(ranks)
+        self._p2p_keys: dict[int, MessageKey] = {}  # by tag: the point-to-point message keys
         found = settings()
         self.segment_bytes = segment_bytes or found.segment_bytes
         self.forced = found.forced_algorithms()
@@ -320,7 +321,12 @@ class NativeBackend(Engine):
         self._run(ctx, "barrier")
 
     def _p2p_key(self, tag: int) -> MessageKey:
-        return MessageKey(self.group_id, 0, tag)
+        key = self._p2p_keys.get(tag)
+        if key is None:
+            if len(self._p2p_keys) >= 1024:  # tags in use are few; a program cycling through many is bounded
+                self._p2p_keys.clear()
+            key = self._p2p_keys[tag] = MessageKey(self.group_id, 0, tag)
+        return key
 
     def isend(self, buf: np.ndarray, dst: int, tag: int) -> Request:
         return self.transport.isend(self.ranks[dst], as_bytes(buf), self._p2p_key(tag))

@@ -20,11 +20,14 @@ rest), so no wake-up is lost. Data written before ``publish`` is visible to a wa
 only makes the two fight for that process's GIL. The poller, on leaving, re-checks for
 work and rings itself; the ringer bumps the doorbell (a locked add) before reading the
 pollers word, the poller leaves with a locked add before re-checking, so one of them sees
-the other.
+the other. On x86-64 a ring without sleepers is a fence and two plain reads (see
+_atomics.fence); the doorbell is bumped only for a sleeper, which counted itself in with a
+locked add before re-checking, so again one of the two sees the other.
 """
 from __future__ import annotations
 
 import os
+import threading
 from typing import Callable
 
 from .._deadline import Deadline
@@ -50,6 +53,7 @@ class Signal:
         self._sleepers_index = (offset + 4) // 4
         self._pollers = base + offset + 8
         self._pollers_index = (offset + 8) // 4
+        self._counting = threading.Lock()
         self.spins, self.yields = (30, 300) if oversubscribed else (20000, 50)
 
     def address(self, index: int) -> int:
@@ -69,8 +73,14 @@ class Signal:
             atomics.futex_wake(self._doorbell)
 
     def ring(self) -> None:
-        """Wake sleepers without changing a counter (something else they watch changed),
-        unless a poller will see the change."""
+        """Wake sleepers without changing a counter (something else they watch changed,
+        stored before), unless a poller will see the change."""
+        if atomics.PLAIN_ORDERING:  # the change, then the words: a fence, and no doorbell without sleepers
+            atomics.fence()
+            if self._halves[self._sleepers_index] and not self._halves[self._pollers_index]:
+                atomics.fetch_add_u32(self._doorbell, 1)
+                atomics.futex_wake(self._doorbell)
+            return
         atomics.fetch_add_u32(self._doorbell, 1)
         if self._sleeping() and not self._halves[self._pollers_index]:
             atomics.futex_wake(self._doorbell)
@@ -82,8 +92,14 @@ class Signal:
             atomics.futex_wake(self._doorbell)
 
     def polling(self, delta: int) -> int:
-        """Count a poller in (+1) or out (-1); returns the pollers left (a full barrier)."""
-        return atomics.fetch_add_u32(self._pollers, delta) + delta
+        """Count a poller of the owning process in (+1) or out (-1); returns the pollers
+        left. A full barrier: what is read after it was written after the count."""
+        if not atomics.PLAIN_ORDERING:
+            return atomics.fetch_add_u32(self._pollers, delta) + delta
+        with self._counting:  # only the owner's threads count: a process-local lock suffices
+            count = self._halves[self._pollers_index] = self._halves[self._pollers_index] + delta
+        atomics.fence()
+        return count
 
     def _sleeping(self) -> int:
         """Sleepers now; called right after a sequentially consistent write (x86: a plain load

@@ -109,7 +109,12 @@ class ShmTransport:
         return atomics.load_u64_acquire(self._base + 8 * word)
 
     def _store(self, ring: _Ring, word: int, value: int) -> None:
-        atomics.exchange_u64(ring.base + 8 * word, value)
+        """Store ``value``, then a full barrier (later loads see it ordered)."""
+        if atomics.PLAIN_ORDERING:
+            self._words[word] = value
+            atomics.fence()
+        else:
+            atomics.exchange_u64(ring.base + 8 * word, value)
 
     # -- sending --------------------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
