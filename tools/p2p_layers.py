@@ -4,25 +4,10 @@ Run: pydist-run --nproc-per-node 2 tools/p2p_layers.py [iterations]
 Layers: dist.send/recv; the group's engine isend/irecv + Request.wait; the world
 transport's isend/irecv + wait (what the engine calls).
 """
-import sys
-import time
-
 import numpy as np
+from _layer_timing import best
 
 import pydist as dist
-
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
-
-
-def best(pingpong):
-    times = []
-    for _ in range(3):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(N):
-            pingpong()
-        times.append((time.perf_counter() - start) / N / 2 * 1e6)
-    return min(times)
 
 
 def main():
@@ -59,7 +44,7 @@ def main():
             transport.irecv(peer, view, key).wait(None)
             transport.isend(peer, view, key).wait(None)
 
-    rows = [(name, best(f)) for name, f in (("dist.send/recv", api), ("engine isend/irecv", eng),
+    rows = [(name, best(f, per_call=2)) for name, f in (("dist.send/recv", api), ("engine isend/irecv", eng),
                                               ("world transport", world))]
     if rank == 0:
         for name, us in rows:

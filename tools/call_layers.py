@@ -1,0 +1,62 @@
+"""Small same-host collectives per layer of the call path (rank 0's us per call, best of 3 x N).
+
+Run: pydist-run --nproc-per-node N tools/call_layers.py [iterations]
+Each layer is called directly in a loop, 4 B float32: the public function (dist.all_reduce,
+dist.broadcast, dist.barrier); ProcessGroup.run with the same OpSpec and engine body; the
+engine's method (backend.all_reduce(ctx, ...)); the shared-memory algorithm on the engine's
+Comm; the arena's sync alone. The rows say what each layer adds to the one below it.
+"""
+import numpy as np
+from _layer_timing import N, best
+
+import pydist as dist
+from pydist._deadline import Deadline, now
+from pydist._opspec import describe
+from pydist._ops import ReduceOp
+from pydist.backends._base import OpContext
+from pydist.backends.native import ALGORITHMS
+
+def main():
+    dist.init_process_group("pydist")
+    group = dist.group.WORLD
+    engine = group.backend
+    buf = np.zeros(1, np.float32)
+    op = ReduceOp(ReduceOp.SUM)
+    specs = {"all_reduce": describe("all_reduce", "all_reduce", buf, reduce_op=op.op),
+             "broadcast": describe("broadcast", "broadcast", buf, root=0),
+             "barrier": describe("barrier", "barrier")}
+    bodies = {"all_reduce": lambda ctx: engine.all_reduce(ctx, buf, op),
+              "broadcast": lambda ctx: engine.broadcast(ctx, buf, 0),
+              "barrier": lambda ctx: engine.barrier(ctx)}
+    public = {"all_reduce": lambda: dist.all_reduce(buf), "broadcast": lambda: dist.broadcast(buf, 0),
+              "barrier": dist.barrier}
+    for name in public:
+        best(public[name])  # warm up; the engine builds its shared-memory Comm at the first call
+    seq = [10 ** 6]
+
+    def context(name):
+        seq[0] += 1
+        return OpContext(name, seq[0], Deadline(now() + 60), "timed out", lambda e, s: e, specs[name], None)
+
+    def layers(name):
+        spec, body = specs[name], bodies[name]
+        row = {"dist.*": best(public[name]), "group.run": best(lambda: group.run(spec, body, [], False)),
+               "engine": best(lambda: body(context(name)))}
+        if group.size() > 1:
+            comm = engine._shm_comm
+            algorithm = ALGORITHMS[name]["shm"]
+            args = {"all_reduce": (buf, op, engine.segment_bytes), "broadcast": (buf, 0, engine.segment_bytes),
+                    "barrier": ()}[name]
+            row["shm algorithm"] = best(lambda: algorithm(comm, *args))
+            row["arena.sync"] = best(lambda: comm.arena.sync(comm, spec.call))
+        return row
+
+    rows = [(name, layers(name)) for name in public]
+    if dist.get_rank() == 0:
+        print(f"# {group.size()} ranks, 4 B float32, rank 0's us per call, best of 3 x {N}")
+        for name, row in rows:
+            print(f"{name:11s} " + "  ".join(f"{layer} {us:5.1f}" for layer, us in row.items()))
+    dist.destroy_process_group()
+
+
+main()
