@@ -20,19 +20,25 @@ def _pair() -> tuple[ShmTransport, ShmTransport]:
                  for rank in (0, 1))
 
 
+def _half_sent(sender: ShmTransport, receiver: ShmTransport) -> Request:
+    """Rank 0 sends 1 MiB through a 64 KiB ring and stops (its progress thread ends, as if
+    killed): rank 1's receive holds part of it and waits for the rest."""
+    data = np.arange(1 << 18, dtype=np.float32)
+    request = Request(0, memoryview(np.zeros_like(data)).cast("B"))
+    receiver.matcher.post(request, 0, KEY)
+    sender.isend(1, memoryview(data).cast("B"), KEY)
+    sender.close(Deadline.after(0))  # pending bytes are never written
+    assert not request.wait(0.2), "the whole message went through a ring smaller than it"
+    return request
+
+
 def test_a_receive_half_filled_when_its_sender_goes_fails_naming_the_sender():
     """Rank 0 sends 1 MiB through a 64 KiB ring and stops (its progress thread ends, as if
     killed); rank 1 has taken part of it when it learns that rank 0 is gone: the receive
     fails with that error instead of waiting for the rest until the operation's timeout."""
     sender, receiver = _pair()
     try:
-        data = np.arange(1 << 18, dtype=np.float32)
-        into = np.zeros_like(data)
-        request = Request(0, memoryview(into).cast("B"))
-        receiver.matcher.post(request, 0, KEY)
-        sender.isend(1, memoryview(data).cast("B"), KEY)
-        sender.close(Deadline.after(0))  # pending bytes are never written
-        assert not request.wait(0.2), "the whole message went through a ring smaller than it"
+        request = _half_sent(sender, receiver)
         gone = PeerFailedError("rank 0 closed its connection to rank 1", rank=0)
         receiver.peer_gone(0, gone)
         assert request.wait(30), "the half-filled receive still waits after its sender left"
@@ -78,3 +84,21 @@ def test_a_sender_wakes_no_sleeper_while_the_receiver_polls(monkeypatch):
     assert woken == [base + 64]
     signal.wake()
     assert len(woken) == 2
+
+
+def test_a_half_filled_receive_of_an_aborted_group_fails_with_the_abort_when_its_sender_goes():
+    """Rank 0 aborts the group (it saw another rank die) and leaves while a message of that
+    group is half through the ring: the receive fails with the abort (naming the rank that
+    died), not with rank 0's departure, which is only its consequence."""
+    from pydist._errors import GroupAbortedError
+    sender, receiver = _pair()
+    try:
+        request = _half_sent(sender, receiver)
+        aborted = GroupAbortedError("rank 0 aborted: rank 5 died", rank=0)
+        receiver.matcher.fail_group(KEY.group, aborted)
+        receiver.peer_gone(0, PeerFailedError("rank 0 has shut down its process group", rank=0))
+        assert request.wait(30)
+        assert request.error is aborted
+    finally:
+        sender.close(Deadline.after(0))
+        receiver.close(Deadline.after(0))

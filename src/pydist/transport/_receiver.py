@@ -70,9 +70,12 @@ class FrameReceiver:
         return self._header is None
 
     def abandon(self, error: BaseException) -> None:
-        """The stream broke: fail the receive being filled, if any."""
+        """The stream broke: fail the receive being filled, if any, with ``error``, or with
+        the abort of its group when a peer aborted it first (the root cause: a peer that
+        raised, aborted the group and left broke the stream only after)."""
         if isinstance(self._target, Request):
-            self._target.complete(error)
+            aborted = self.matcher.aborted(self._header.group) if self._header is not None else None
+            self._target.complete(aborted or error)
         self._header, self._target, self._dest = None, None, None
 
     def _start(self, header: Header) -> None:
