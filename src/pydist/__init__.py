@@ -23,6 +23,7 @@ from ._objects import (all_gather_object, broadcast_object_list, gather_object, 
 from ._ops import ReduceOp, reduce_op
 from ._ops import _make_nccl_premul_sum as _make_nccl_premul_sum
 from ._p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from ._shrink import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group, split_group
 from ._work import Work
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
 
@@ -41,11 +42,12 @@ __all__ = [
     "Backend", "DistBackendError", "DistributedDataParallel", "DistError", "DistNetworkError", "DistStoreError",
     "FileStore", "GroupMember", "AuthenticationError", "DesyncError", "GroupAbortedError", "OpTimeoutError",
     "HashStore", "P2POp", "PeerFailedError", "PrefixStore", "ProcessGroup", "QueueEmptyError", "ReduceOp", "Store",
+    "SHRINK_ABORT", "SHRINK_DEFAULT",
     "TCPStore", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "monitored_barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
     "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group", "irecv",
     "is_available", "is_initialized", "isend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
     "recv", "recv_object_list", "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-    "scatter_object_list", "send", "send_object_list",
+    "scatter_object_list", "send", "send_object_list", "shrink_group", "split_group",
 ]

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 
 class DistError(RuntimeError):
-    """Base class of pydist's runtime failures."""
+    """Base class of pydist's runtime failures. ``dead_ranks``: the ranks of the group (global
+    ranks of the current world) this rank knew dead when an operation raised it, for
+    ``shrink_group``; empty when none or not an operation's error."""
+
+    dead_ranks: frozenset[int] = frozenset()
 
 
 class DistBackendError(DistError):

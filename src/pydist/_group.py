@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ._buffers import Buffer
 from . import _deadline
 from ._deadline import Deadline
-from ._errors import OpTimeoutError, timed_out_waiting
+from ._errors import DistError, OpTimeoutError, PeerFailedError, timed_out_waiting
 from ._executor import OpQueue
 from ._group_state import GroupState
 from ._opspec import OpSpec
@@ -124,8 +124,21 @@ class ProcessGroup:
                     buffer.finish()
         except BaseException as error:
             trace.failed(entry, error)
+            if isinstance(error, DistError):
+                self.note_dead(error)
             raise
         trace.completed(entry)
+
+    def note_dead(self, error: DistError) -> None:
+        """Set ``error.dead_ranks``: the members this rank knows dead (global ranks), the
+        rank a PeerFailedError names included (a failed send can tell before the transport
+        has recorded the loss)."""
+        dead = set(self._state.dead)
+        if isinstance(error, PeerFailedError) and error.rank is not None:
+            dead.add(error.rank)
+        if dead:
+            transport_ranks = getattr(self._backend, "ranks", self._ranks)
+            error.dead_ranks = frozenset(g for g, t in zip(self._ranks, transport_ranks) if t in dead)
 
     def _explained(self, error: OpTimeoutError, seq: int) -> OpTimeoutError:
         """``error`` with the ranks that never reached operation ``seq`` appended."""

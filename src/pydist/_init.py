@@ -15,7 +15,7 @@ from ._world import World, current, process_world
 from .algorithms.barrier_dissemination import barrier
 from .backends.native import NativeBackend
 from .rendezvous import rendezvous
-from .store import PrefixStore
+from .store import PrefixStore, TCPStore
 
 
 class Backend(str):
@@ -169,7 +169,8 @@ def _group_backend(world: World, group_id: int, members: list[int]):
         from .backends.mpi import group_backend
         return group_backend(members)
     assert world.transport is not None  # init_process_group made it before any group
-    return NativeBackend(world.transport, group_id, members, members.index(world.rank))
+    return NativeBackend(world.transport, group_id, [world.transport_rank(m) for m in members],
+                         members.index(world.rank))
 
 
 def _init_mpi(world: World, rank: int, world_size: int, seconds: float, group_name: str) -> None:
@@ -235,6 +236,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise
     world.store, world.owned_store, world.transport = prefixed, owned, transport
     world.rank, world.size, world.backend_name = rank, world_size, backend_name
+    world.transport_ranks, world.store_host = None, 0 if isinstance(owned, TCPStore) else None
     ranks = list(range(world_size))
     group_id, name = world.group_id(ranks)
     default = ProcessGroup(group_name or "default_pg", group_id, ranks, rank,
@@ -269,6 +271,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         world.owned_store.close()
     world.store = world.owned_store = world.transport = None
     world.rank = world.size = -1
+    world.transport_ranks = world.store_host = None
 
 
 def is_initialized() -> bool:

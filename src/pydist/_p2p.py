@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 from ._buffers import Buffer, as_buffer
 from ._comm import with_context
 from ._deadline import timed_wait
-from ._errors import DistBackendError, PeerFailedError, timed_out_waiting
+from ._errors import DistBackendError, DistError, PeerFailedError, timed_out_waiting
 from ._group import ProcessGroup
 from ._init import member_group
 from ._work import Work
@@ -45,7 +45,10 @@ def _wait(posted: _Posted, timeout: float | None = None) -> None:
     if posted.request.error is not None:
         if isinstance(posted.request.error, PeerFailedError):
             posted.group.backend.peer_failed(posted.request.error)
-        raise with_context(posted.request.error, posted.description)
+        error = with_context(posted.request.error, posted.description)
+        if isinstance(error, DistError):
+            posted.group.note_dead(error)
+        raise error
 
 
 class P2PWork(Work):

@@ -33,9 +33,21 @@ class World:
         self.size = -1
         self.backend_name = ""
         self.generation = 0
+        #: the transport's rank of each rank of this world (None: the same numbers); a shrunk
+        #: default group renumbers the world, the transport keeps its launch ranks
+        self.transport_ranks: list[int] | None = None
+        #: the transport rank whose process serves the store (env:// and tcp://: rank 0), or
+        #: None when it is served elsewhere (a launcher's agent, a file, the caller's store)
+        self.store_host: int | None = None
+        #: a store this rank started serving while leading a shrink, until the world takes it
+        self.served_store: Store | None = None
         self.group_counts: collections.Counter = collections.Counter()
         #: tests may replace how the transport is made: (rank, size, store, deadline) -> Transport
         self.transport_factory: Callable | None = None
+
+    def transport_rank(self, rank: int) -> int:
+        """The transport's rank of ``rank`` of this world."""
+        return rank if self.transport_ranks is None else self.transport_ranks[rank]
 
     def group_id(self, ranks: list[int]) -> tuple[int, str]:
         """An id and name for a group of these ranks, equal on every member (counted per

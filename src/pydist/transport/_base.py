@@ -110,6 +110,7 @@ class Transport(ABC):
 
     rank: int
     size: int
+    address: str = "127.0.0.1"  # where peers reach this rank (a store this rank serves listens there too)
 
     @abstractmethod
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
@@ -152,6 +153,10 @@ class Transport(ABC):
         when the transport has no shared memory for them. While waiting for another member
         to create it, ``alive()`` (if given) is called now and then and may raise."""
         return None
+
+    def use_store(self, store) -> None:  # noqa: B027 - a transport without later rendezvous keeps none
+        """Later rendezvous (shared-memory arenas of new groups) go through ``store``: the
+        world's store changed (a shrink replaced one whose host died)."""
 
     def engage(self, nbytes: int) -> bool:
         """A blocking operation of ``nbytes`` starts in the calling thread; a transport may

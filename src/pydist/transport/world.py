@@ -34,7 +34,7 @@ class WorldTransport(Transport):
                  host_id: str, shares_interpreter: bool = False):
         """``shares_interpreter``: ranks are threads of one process (tests), so waiting must
         never spin (spinning holds the GIL the awaited rank needs)."""
-        self.rank, self.size, self.store = rank, size, store
+        self.rank, self.size, self.store, self.address = rank, size, store, address
         self.settings: Settings = settings()
         self.matcher = Matcher(self.settings.max_unexpected_bytes)
         self.host_local: HostLocalTransport | None = None
@@ -85,6 +85,9 @@ class WorldTransport(Transport):
             request.drive = self.network.driver(data.nbytes)  # the waiter reads the network itself
         self.matcher.post(request, peer, key)
         return request
+
+    def use_store(self, store) -> None:
+        self.store = store
 
     def cancel(self, request: Request) -> None:
         self.network.cancel(request)

@@ -1,0 +1,125 @@
+"""Ranks that lose members and shrink, and a harness (tests/test_shrink.py, tools/shrink_trials.py).
+
+Imported, not run: forkserver children unpickle ``shrink_rank`` by module name.
+
+:func:`shrink_trial` starts ``size`` ranks (env://) that all_reduce in a loop (checking every
+result), SIGKILLs the ``victims`` by pid after ``delay`` seconds, and reports for every
+survivor what it raised, the group it shrank to (its new rank and size, the members), the
+all_reduce it then completed on it (checked) and when, in wall-clock time, so the harness
+gives each survivor's recovery time from the kill.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from pydist.testing import free_port
+from pydist.testing.processes import _CONTEXT
+
+
+def shrink_rank(rank: int, size: int, port: int, results, env: dict, subgroup: bool, flags: int,
+                async_in_flight: bool) -> None:
+    """One rank: all_reduce until an operation fails, then shrink (the default group, or a
+    subgroup of every rank when ``subgroup``), all_reduce once on the result and report."""
+    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
+    import pydist as dist
+    report: dict[str, Any] = {"rank": rank}
+    try:
+        dist.init_process_group("pydist", timeout=timedelta(seconds=30))
+        group = dist.new_group(list(range(size))) if subgroup else None
+        results.put(("ready", rank, os.getpid()))
+        buf, steps = np.ones(4, np.float32), 0
+        try:
+            while True:
+                buf[:] = 1
+                if async_in_flight:  # queued work of the group when it breaks: SHRINK_ABORT fails it
+                    works = [dist.all_reduce(buf, group=group, async_op=True) for _ in range(3)]
+                    for work in works:
+                        work.wait()
+                    buf[:] = 1
+                dist.all_reduce(buf, group=group)
+                if buf[0] != size:
+                    raise AssertionError(f"all_reduce gave {buf[0]}, expected {size}")
+                steps += 1
+        except dist.DistError as error:
+            report.update(error=type(error).__name__, dead_ranks=sorted(error.dead_ranks), steps=steps,
+                          raised_at=time.time())
+            dead = sorted(error.dead_ranks) or [error.rank]
+        shrunk = dist.shrink_group(dead, group=group, shrink_flags=flags)
+        buf[:] = 1
+        dist.all_reduce(buf, group=shrunk)
+        report.update(done_at=time.time(), value=float(buf[0]), new_rank=shrunk.rank(), new_size=shrunk.size(),
+                      members=dist.get_process_group_ranks(shrunk), world_rank=dist.get_rank(),
+                      world_size=dist.get_world_size())
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the harness
+        report["failure"] = traceback.format_exc()
+    results.put(("report", rank, report))
+
+
+def shrink_trial(size: int, victims: list[int], delay: float, env: dict | None = None, subgroup: bool = False,
+                 flags: int = 0, async_in_flight: bool = False, timeout: float = 60.0) -> dict:
+    """Run one trial (see the module note): {"killed_at", "reports": {rank: report}, "exit_codes"}."""
+    results = _CONTEXT.Queue()
+    port = free_port()
+    procs = [_CONTEXT.Process(target=shrink_rank, args=(r, size, port, results, env or {}, subgroup, flags,
+                                                          async_in_flight)) for r in range(size)]
+    for proc in procs:
+        proc.start()
+    reports: dict[int, dict] = {}
+    killed_at = None
+    try:
+        ready = 0
+        end = time.monotonic() + timeout
+        while ready < size:
+            kind, rank, payload = results.get(timeout=max(0.1, end - time.monotonic()))
+            if kind == "ready":
+                ready += 1
+            else:
+                reports[rank] = payload
+        time.sleep(delay)
+        killed_at = time.time()
+        for victim in victims:
+            os.kill(procs[victim].pid, signal.SIGKILL)
+        while len(reports) < size - len(victims):
+            kind, rank, payload = results.get(timeout=max(0.1, end - time.monotonic()))
+            if kind == "report":
+                reports[rank] = payload
+    except queue.Empty:
+        pass
+    finally:
+        for proc in procs:
+            proc.join(max(0.1, 10.0))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return {"killed_at": killed_at, "reports": reports, "exit_codes": [p.exitcode for p in procs],
+            "victims": victims, "size": size}
+
+
+def problems(trial: dict) -> list[str]:
+    """What a trial got wrong: a survivor missing, failing, with a wrong result or group."""
+    size, victims = trial["size"], trial["victims"]
+    survivors = [r for r in range(size) if r not in victims]
+    found = []
+    for rank in survivors:
+        report = trial["reports"].get(rank)
+        if report is None:
+            found.append(f"rank {rank}: no report (hung or died)")
+        elif "failure" in report:
+            found.append(f"rank {rank}: {report['failure']}")
+        elif report["value"] != len(survivors) or report["new_size"] != len(survivors):
+            found.append(f"rank {rank}: shrank to {report['new_size']} ranks, all_reduce {report['value']}")
+    return found
+
+
+def recovery_seconds(trial: dict) -> list[float]:
+    """Each survivor's time from the kill to its all_reduce done on the shrunk group."""
+    return [r["done_at"] - trial["killed_at"] for r in trial["reports"].values() if "done_at" in r]
