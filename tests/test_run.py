@@ -322,6 +322,26 @@ def test_the_first_failure_is_the_root_cause_not_its_echo(mode, error, pids):
         assert "rank      : 0 (local_rank: 0)" in failures or "ranks 0" in summary, result.stderr
 
 
+def test_on_failure_continue_lets_the_survivors_shrink_and_finish(pids):
+    """Rank 1 is SIGKILLed: the launcher says so and lets ranks 0 and 2 go on; they shrink
+    to a group of 2, all_reduce on it, exit 0, and so does the launcher."""
+    result, _seconds = run(["--nproc-per-node", "3", "--on-failure", "continue", WORKER, "shrink-on-failure"],
+                           pids[0], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "rank 1 (pid" in result.stderr and "failed with signal SIGKILL; the others go on" in result.stderr
+    assert "1 worker(s) failed and 2 finished: rank 1 (signal SIGKILL)" in result.stderr
+    assert "rank 0 recovered: rank 0 of 2, sum 2" in result.stdout
+    assert "rank 2 recovered: rank 1 of 2, sum 2" in result.stdout
+    assert "Root Cause" not in result.stderr
+
+
+def test_on_failure_continue_fails_the_job_when_no_worker_finishes(pids):
+    result, _seconds = run(["--nproc-per-node", "2", "--on-failure", "continue", WORKER, "fail", "exit3", "all"],
+                           pids[0], timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "Root Cause" in result.stderr and "exitcode  : 3" in result.stderr
+
+
 def _segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("pydist-")}
 

@@ -53,8 +53,8 @@ def main() -> None:
         for _ in range(int(args[0])):
             sys.stdout.write(str(rank) * 3000 + "\n")
     elif action == "fail":
-        mode, failing = args[0], int(args[1])
-        if rank == failing:
+        mode, failing = args[0], args[1]  # failing: a rank, or "all"
+        if failing in ("all", str(rank)):
             time.sleep(0.5)
             if mode == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -75,6 +75,26 @@ def main() -> None:
         time.sleep(0.5)
         dist.all_reduce(np.ones(4, np.float32))
         time.sleep(60)
+    elif action == "shrink-on-failure":  # rank 1 is killed; the others shrink and go on
+        import numpy as np
+
+        import pydist as dist
+
+        dist.init_process_group("pydist")
+        dist.barrier()
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        buf = np.ones(4, np.float32)
+        try:
+            while True:
+                dist.all_reduce(buf)
+                buf[:] = 1
+        except dist.DistError as error:
+            dist.shrink_group(sorted(error.dead_ranks))
+        buf[:] = 1
+        dist.all_reduce(buf)
+        print(f"rank {rank} recovered: rank {dist.get_rank()} of {dist.get_world_size()}, sum {buf[0]:g}", flush=True)
+        dist.destroy_process_group()
     elif action == "late-collective":
         import numpy as np
 

@@ -219,6 +219,9 @@ class RoundRun:
                 file.close()
         if self._outcome is None:
             self._outcome = self._finish()
+            lost = [w.exit for w in self.workers if w.exit is not None and w.exit.failed]
+            if lost and self._outcome.get("reason") == "done":  # --on-failure continue
+                self._report_lost(lost)
         if self._outcome.get("reason") == "failure":
             self._report(self._outcome)
         return self._outcome
@@ -290,6 +293,10 @@ class RoundRun:
         if worker.exit.failed:
             worker.exit.add_output(self.error_files[worker.local_rank], list(worker.stderr_tail))
         if worker.exit.failed and self._stopping_since is None:
+            if self.config.on_failure == "continue":
+                self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
+                                f"{worker.exit.describe()}; the others go on (--on-failure continue)")
+                return
             self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
                             f"{worker.exit.describe()}; stopping the other workers")
             self._stop_round({"reason": "failure", "exit": worker.exit.to_json()}, signal.SIGTERM)
@@ -336,6 +343,16 @@ class RoundRun:
         except (OSError, RuntimeError) as exc:
             return {"reason": "store", "message": f"lost the job's store while waiting for the other nodes: {exc}"}
         return {"reason": "done"}
+
+    def _report_lost(self, lost: list[WorkerExit]) -> None:
+        """--on-failure continue: the workers that failed while the others went on; the
+        round fails when none of this node's workers exited 0."""
+        lost.sort(key=lambda e: e.failed_at)
+        survivors = len(self.workers) - len(lost)
+        self.agent._say(f"{len(lost)} worker(s) failed and {survivors} finished: "
+                        + ", ".join(f"rank {e.rank} ({e.describe()})" for e in lost))
+        if not survivors:
+            self._outcome = {"reason": "failure", "exit": lost[0].to_json(), "restarts_used": self.config.max_restarts}
 
     def _report(self, outcome: dict[str, Any]) -> None:
         """Print the root-cause summary: the first failure by the time it happened (a worker's

@@ -7,7 +7,7 @@
                [--rdzv-endpoint HOST[:PORT]] [--rdzv-id ID] [--rdzv-conf K=V,...]
                [--standalone] [--max-restarts N] [--monitor-interval S] [--role NAME]
                [--log-dir DIR] [-r SPEC] [-t SPEC] [--local-ranks-filter R,...]
-               [--local-addr A] [--shutdown-timeout S]
+               [--local-addr A] [--shutdown-timeout S] [--on-failure restart|continue]
                [-m | --no-python | --run-path] script [script args...]
 
 Flags take dash or underscore spellings (``--nproc_per_node``) and, like torchrun, default
@@ -23,7 +23,9 @@ assigns node ranks, and allows ``--nnodes MIN:MAX``. ``--rdzv-conf`` takes
 to retry reaching the endpoint). Differences from torchrun: a single-node job's
 ``--master-port`` defaults to 0 (a free port, so jobs never collide; multi-node: 29500);
 ``--max-restarts`` counts restarts for the whole job; ``--shutdown-timeout`` (grace before
-SIGKILL) defaults to 5 s, not 30.
+SIGKILL) defaults to 5 s, not 30. ``--on-failure continue`` (pydist's own): a worker that
+fails is reported and the others run on (for jobs that recover with ``shrink_group``); the
+node's launcher exits 0 when at least one of its workers exited 0.
 """
 from __future__ import annotations
 
@@ -88,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--local-ranks-filter", default="", help="show only these local ranks' output on the console: 0,1,...")
     add("--local-addr", default="", help="this node's address, as the other nodes see it")
     add("--shutdown-timeout", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (default 5)")
+    add("--on-failure", default="restart", choices=["restart", "continue"],
+        help="a worker failing: stop the others and restart or end the job (torchrun's, the default), or "
+        "report it and let the others go on (they recover with shrink_group); exit 0 when a worker exited 0")
     parser.add_argument("--standalone", action="store_true", default=_flag_default("standalone"),
                         help="single node: a c10d store on a free local port, a random job id")
     mode = parser.add_mutually_exclusive_group()
@@ -191,6 +196,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         run_id=run_id or (str(uuid.uuid4()) if port == 0 else "none"),  # torchrun's default id is "none"
         role=args.role,
         max_restarts=int(args.max_restarts),
+        on_failure=args.on_failure,
         shutdown_timeout=float(args.shutdown_timeout),
         monitor_interval=float(args.monitor_interval),
         local_addr=args.local_addr,
