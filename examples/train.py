@@ -9,7 +9,8 @@ when rerun, resumes from it. The run ends with a one-line communication summary.
 
 ``--backend gloo --ddp torch`` runs the same training on torch's gloo backend and torch's
 DDP (and ``--backend pydist --ddp torch`` torch's DDP over pydist's plugin), to compare
-step times side by side.
+step times side by side. ``--fault-tolerant`` trains on through the loss of workers
+(``shrink_group``; see fault_tolerant.py).
 """
 from __future__ import annotations
 
@@ -83,7 +84,16 @@ def main() -> None:
     parser.add_argument("--snapshot", default="train_snapshot.pt")
     parser.add_argument("--backend", default="pydist", choices=["pydist", "gloo"])
     parser.add_argument("--ddp", default="pydist", choices=["pydist", "torch"])
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="go on without the workers that die (pydist, pydist DDP; see fault_tolerant.py)")
+    parser.add_argument("--kill-rank", type=int, default=-1, help="with --fault-tolerant: this launch rank kills "
+                        "itself at --kill-step (a demonstration)")
+    parser.add_argument("--kill-step", type=int, default=-1)
     args = parser.parse_args()
+    if args.fault_tolerant:
+        import fault_tolerant  # beside this script
+        fault_tolerant.run(args, *load_data(), make_model, accuracy)
+        return
 
     comm = Communication(args.backend, args.ddp)
     rank = comm.dist.get_rank()
