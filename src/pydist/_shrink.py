@@ -23,7 +23,7 @@ import hashlib
 import logging
 import struct
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._agreement import agree
 from ._deadline import Deadline
@@ -33,7 +33,7 @@ from ._init import _default_world, _group_backend, _timeout_seconds, resolve_gro
 from ._progress import ProgressBoard
 from ._world import World
 from .backends.native import NativeBackend
-from .store import PrefixStore, TCPStore
+from .store import PrefixStore, Store, TCPStore
 
 SHRINK_DEFAULT = 0x00
 SHRINK_ABORT = 0x01
@@ -46,78 +46,113 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 
 
-def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
-                 shrink_flags: int = SHRINK_DEFAULT, pg_options: Any = None) -> ProcessGroup:
-    """A new group of ``group``'s ranks without ``ranks_to_exclude`` (group ranks) and without
-    the ranks found dead meanwhile; see the module note."""
+class Shrunk(NamedTuple):
+    """What the survivors agreed on: the members (transport ranks, sorted), the new group's
+    id, and the store the leader serves when the old one's host is gone (port 0: none)."""
+    members: list[int]
+    group_id: int
+    store_host: str
+    store_port: int
+    server: Store | None  # the leader's server of that store
+
+
+def _agree(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int, store_host: int | None) -> Shrunk:
+    """Check the arguments, abort in-flight work if asked, and agree with the other
+    survivors (see the module note); ``store_host``: the transport rank serving the store
+    (None: elsewhere, it survives)."""
     _check_arguments(ranks_to_exclude, shrink_flags)
-    world = _default_world()
-    parent = resolve_group(group)
-    if parent is None:
-        raise RuntimeError("shrink_group: this rank is not a member of the group (NON_GROUP_MEMBER)")
     if parent.size() <= 1:
         raise ValueError(f"Cannot shrink a process group with size {parent.size()}. "
                          "Group must have at least 2 ranks to support shrinking.")
     excluded = _check_excluded(ranks_to_exclude, parent)
     if not isinstance(parent.backend, NativeBackend):
         raise TypeError(f"Process group backend for '{parent.group_name}' does not support shrinking operations.")
-    is_default = parent is world.default_group
-    transport = parent.backend.transport
-    deadline = Deadline.after(parent.timeout)
+    transport, me = parent.backend.transport, parent.ranks[parent.rank()]
     if shrink_flags & SHRINK_ABORT:
         transport.matcher.states.abort(parent.group_id, GroupAbortedError(
-            f"{parent.group_name}: aborted by shrink_group on rank {parent.ranks[parent.rank()]}",
-            rank=parent.ranks[parent.rank()]))
+            f"{parent.group_name}: aborted by shrink_group on rank {me}", rank=me))
     members = parent.backend.ranks  # the transport's ranks, in group order
-    store_gone = is_default and world.store_host is not None
+    served: list[Store] = []
+
+    def extra(left: list[int]) -> bytes:
+        group_id = _digest(f"shrunk:{parent.group_id:x}:{','.join(map(str, left))}")
+        if store_host is None or store_host in left:
+            return _EXTRA.pack(group_id, 0, b"")
+        served.append(TCPStore(transport.address, 0, None, is_master=True, wait_for_workers=False,
+                               multi_tenant=True))
+        return _EXTRA.pack(group_id, served[0].port, transport.address.encode())  # type: ignore[attr-defined]
+
     decision = agree(transport, _digest(f"shrink:{parent.group_id:x}"), sorted(members),
-                     {members[g] for g in excluded}, deadline,
-                     lambda left: _extra(world, parent, left, store_gone and world.store_host not in left))
+                     {members[g] for g in excluded}, Deadline.after(parent.timeout), extra)
     group_id, port, host = _EXTRA.unpack(decision.extra[:_EXTRA.size])
-    survivors = [g for g, r in enumerate(members) if r in decision.members]  # group ranks left
-    _log.info("shrink_group %s: ranks %s left, members now %s", parent.group_name,
-              [parent.ranks[g] for g in range(parent.size()) if g not in survivors], decision.members)
+    _log.info("shrink_group %s: members now %s (transport ranks)", parent.group_name, decision.members)
+    return Shrunk(decision.members, group_id, host.rstrip(b"\0").decode(), port, served[0] if served else None)
+
+
+def _store_of(shrunk: Shrunk, timeout: float) -> Store:
+    """The store the leader serves (its own server object on the leader)."""
+    return shrunk.server or TCPStore(shrunk.store_host, shrunk.store_port, None, is_master=False,
+                                     wait_for_workers=False, timeout=timedelta(seconds=timeout))
+
+
+def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
+                 shrink_flags: int = SHRINK_DEFAULT, pg_options: Any = None) -> ProcessGroup:
+    """A new group of ``group``'s ranks without ``ranks_to_exclude`` (group ranks) and without
+    the ranks found dead meanwhile; see the module note."""
+    world = _default_world()
+    parent = resolve_group(group)
+    if parent is None:
+        raise RuntimeError("shrink_group: this rank is not a member of the group (NON_GROUP_MEMBER)")
+    is_default = parent is world.default_group
+    shrunk = _agree(parent, ranks_to_exclude, shrink_flags, world.store_host if is_default else None)
+    left = set(shrunk.members)
+    survivors = [g for g in range(parent.size()) if world.transport_rank(parent.ranks[g]) in left]  # group ranks
     drain = 0.0 if shrink_flags & SHRINK_ABORT else parent.timeout
     if not is_default:
         parent.destroy(timeout=drain)
         if parent in world.groups:
             world.groups.remove(parent)
-        return _add_group(world, [parent.ranks[g] for g in survivors], group_id, parent.timeout,
+        return _add_group(world, [parent.ranks[g] for g in survivors], shrunk.group_id, parent.timeout,
                           f"{parent.group_desc}:shrunk")
     for each in reversed(world.groups):  # the default group's shrink renumbers: the others cannot stay
         each.destroy(timeout=drain if each is parent else 0.0)
     world.groups.clear()
-    _renumber(world, decision.members, host.rstrip(b"\0").decode(), port, parent.timeout, deadline)
-    world.default_group = _add_group(world, list(range(len(survivors))), group_id, parent.timeout,
+    _renumber(world, shrunk, parent.timeout)
+    world.default_group = _add_group(world, list(range(len(survivors))), shrunk.group_id, parent.timeout,
                                      "default:shrunken")
-    world.default_group.progress = world.progress
     return world.default_group
 
 
-def _extra(world: World, parent: ProcessGroup, left: list[int], new_store: bool) -> bytes:
-    """The leader's part of the decision: the new group's id and, when the store's host is
-    gone, the address of a store it now serves."""
-    group_id = _digest(f"shrunk:{parent.group_id:x}:{','.join(map(str, left))}")
-    if not new_store:
-        return _EXTRA.pack(group_id, 0, b"")
-    transport = world.transport
-    assert transport is not None  # a native group's world has one
-    server = TCPStore(transport.address, 0, None, is_master=True, wait_for_workers=False, multi_tenant=True)
-    world.served_store = server  # closed with the world (see _renumber)
-    return _EXTRA.pack(group_id, server.port, transport.address.encode())
+def shrink_standalone(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int = SHRINK_DEFAULT,
+                      ) -> tuple[ProcessGroup, Store | None]:
+    """``shrink_group`` for a group with a transport of its own (the torch plugin's): the new
+    group takes over the transport, ranked 0..n-1; and the new store when the old one's host
+    (transport rank 0, torch's env:// master) is gone, else None."""
+    shrunk = _agree(parent, ranks_to_exclude, shrink_flags, store_host=0)
+    assert isinstance(parent.backend, NativeBackend)  # _agree refuses others
+    transport = parent.backend.transport
+    store = _store_of(shrunk, parent.timeout) if shrunk.store_port else None
+    if store is not None:
+        transport.use_store(PrefixStore("pydist/shrunk", store))
+    index = shrunk.members.index(transport.rank)
+    group = ProcessGroup(parent.group_name, shrunk.group_id, list(range(len(shrunk.members))), index,
+                         NativeBackend(transport, shrunk.group_id, shrunk.members, index), parent.timeout,
+                         desc=f"{parent.group_desc}:shrunk")
+    group.owned_transport, parent.owned_transport = parent.owned_transport, None
+    parent.destroy(timeout=0.0 if shrink_flags & SHRINK_ABORT else parent.timeout)
+    return group, store
 
 
-def _renumber(world: World, members: list[int], host: str, port: int, timeout: float, deadline: Deadline) -> None:
-    """The world after its default group shrank to ``members`` (transport ranks): ranks
-    0..n-1, a fresh namespace in the store (a new store when the old one's host is gone),
-    a new progress board."""
+def _renumber(world: World, shrunk: Shrunk, timeout: float) -> None:
+    """The world after its default group shrank to ``shrunk.members`` (transport ranks):
+    ranks 0..n-1, a fresh namespace in the store (the new one when the old one's host is
+    gone), a new progress board."""
+    members = shrunk.members
     me = members.index(world.transport_rank(world.rank))
     if world.progress is not None:
         world.progress.close()
-    if port:
-        store = world.served_store or TCPStore(host, port, None, is_master=False, wait_for_workers=False,
-                                               timeout=timedelta(seconds=timeout))
-        world.served_store = None
+    if shrunk.store_port:
+        store = _store_of(shrunk, timeout)
         if world.owned_store is not None:
             world.owned_store.close()
         world.owned_store, world.store_host = store, members[0]

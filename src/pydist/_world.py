@@ -39,8 +39,6 @@ class World:
         #: the transport rank whose process serves the store (env:// and tcp://: rank 0), or
         #: None when it is served elsewhere (a launcher's agent, a file, the caller's store)
         self.store_host: int | None = None
-        #: a store this rank started serving while leading a shrink, until the world takes it
-        self.served_store: Store | None = None
         self.group_counts: collections.Counter = collections.Counter()
         #: tests may replace how the transport is made: (rank, size, store, deadline) -> Transport
         self.transport_factory: Callable | None = None

@@ -64,13 +64,59 @@ def shrink_rank(rank: int, size: int, port: int, results, env: dict, subgroup: b
     results.put(("report", rank, report))
 
 
+def torch_shrink_rank(rank: int, size: int, port: int, results, env: dict, subgroup: bool, flags: int,
+                      async_in_flight: bool) -> None:
+    """One rank of torch.distributed on the pydist plugin, with torch DDP: all_reduce until
+    an operation fails, pydist.torch.shrink_group, then on the shrunk default group an
+    all_reduce, a DDP rebuilt and a backward step, and a torch new_group's all_reduce."""
+    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
+    import torch
+    import torch.distributed as tdist
+
+    import pydist.torch
+    report: dict[str, Any] = {"rank": rank}
+    try:
+        tdist.init_process_group("pydist", timeout=timedelta(seconds=30))
+        model = torch.nn.Linear(4, 2)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        results.put(("ready", rank, os.getpid()))
+        buf = torch.ones(4)
+        try:
+            while True:
+                tdist.all_reduce(buf)
+                buf.fill_(1)
+        except pydist.DistError as error:
+            report.update(error=type(error).__name__, dead_ranks=sorted(error.dead_ranks), raised_at=time.time())
+            dead = sorted(error.dead_ranks) or [error.rank]
+        shrunk = pydist.torch.shrink_group(dead, shrink_flags=flags)
+        buf.fill_(1)
+        tdist.all_reduce(buf)
+        report.update(done_at=time.time(), value=float(buf[0]), new_rank=shrunk.rank(), new_size=shrunk.size(),
+                      members=list(range(tdist.get_world_size())), world_rank=tdist.get_rank(),
+                      world_size=tdist.get_world_size())
+        del ddp
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp(torch.ones(3, 4)).sum().backward()
+        report["grad"] = model.weight.grad.tolist()
+        sub = tdist.new_group(list(range(tdist.get_world_size())))
+        one = torch.ones(1)
+        tdist.all_reduce(one, group=sub)
+        report["new_group_sum"] = one.item()
+        del ddp
+        tdist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the harness
+        report["failure"] = traceback.format_exc()
+    results.put(("report", rank, report))
+
+
 def shrink_trial(size: int, victims: list[int], delay: float, env: dict | None = None, subgroup: bool = False,
-                 flags: int = 0, async_in_flight: bool = False, timeout: float = 60.0) -> dict:
-    """Run one trial (see the module note): {"killed_at", "reports": {rank: report}, "exit_codes"}."""
+                 flags: int = 0, async_in_flight: bool = False, timeout: float = 60.0, target=shrink_rank) -> dict:
+    """Run one trial (see the module note): {"killed_at", "reports": {rank: report}, "exit_codes"};
+    ``target``: shrink_rank (pydist) or torch_shrink_rank (torch on the plugin)."""
     results = _CONTEXT.Queue()
     port = free_port()
-    procs = [_CONTEXT.Process(target=shrink_rank, args=(r, size, port, results, env or {}, subgroup, flags,
-                                                          async_in_flight)) for r in range(size)]
+    procs = [_CONTEXT.Process(target=target, args=(r, size, port, results, env or {}, subgroup, flags,
+                                                     async_in_flight)) for r in range(size)]
     for proc in procs:
         proc.start()
     reports: dict[int, dict] = {}

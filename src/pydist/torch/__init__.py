@@ -7,7 +7,8 @@ Then ``torch.distributed.init_process_group("pydist")``, every torch.distributed
 pydist's own DistributedDataParallel.
 """
 from .backend import Options, ProcessGroupPydist, create_process_group, register
+from .shrink import shrink_group
 
 register()
 
-__all__ = ["Options", "ProcessGroupPydist", "create_process_group", "register"]
+__all__ = ["Options", "ProcessGroupPydist", "create_process_group", "register", "shrink_group"]

@@ -117,16 +117,26 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     profiling_name = BACKEND_NAME  # the prefix of its torch profiler events ("pydist:all_reduce")
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, engine: str = "pydist",
-                 global_ranks: list[int] | None = None):
+                 global_ranks: list[int] | None = None, group: ProcessGroup | None = None):
+        """``group``: an existing pydist group to wrap (a shrunk one) instead of a new one."""
         super().__init__(rank, size)
         self._group: ProcessGroup | None  # None once shut down
-        if engine == "mpi":
+        if group is not None:
+            self._group = group
+        elif engine == "mpi":
             self._group = standalone_mpi_group(global_ranks, rank, size, timeout.total_seconds(), "torch")
         else:
             self._group = standalone_group(TorchStore(store), rank, size, timeout.total_seconds(), "torch")
         self.engine = engine
         self._name = ""
         self._desc = ""
+
+    @property
+    def pydist_group(self) -> ProcessGroup:
+        """The pydist group this torch group runs on."""
+        if self._group is None:
+            raise ValueError(f"{self!r} was shut down (destroy_process_group)")
+        return self._group
 
     # -- identity -------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's names

@@ -1,0 +1,62 @@
+"""``pydist.torch.shrink_group``: torch.distributed.shrink_group for groups of backend "pydist".
+
+torch 2.13's ``torch.distributed.shrink_group`` cannot reach a Python backend: it asks the
+group for its CPU ``Backend`` (``pg._get_backend(cpu)``, which a plugin returning a
+ProcessGroup, as this one does, does not have) and registers the shrunk one as a C++
+``c10d::Backend``, which Python cannot construct (``class B(Backend)`` -> "No constructor
+defined"). So this function does torch's steps itself with the same signature, checks and
+wording: the survivors agree and get a pydist group over the same connections
+(``pydist._shrink.shrink_standalone``); it is wrapped as a torch ProcessGroup and
+registered as torch registers a shrunk group (the default one then becomes the new
+default: ranks renumbered, the other groups destroyed). When rank 0, the host of torch's
+env:// store, is gone, the new group's store is one the new rank 0 serves (pydist's store
+server speaks torch's protocol), so torch's later ``new_group`` calls work. torch DDP can
+then be built on the result.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as tdist
+import torch.distributed.distributed_c10d as c10d
+
+from .._shrink import SHRINK_DEFAULT, shrink_standalone
+from .backend import BACKEND_NAME, ProcessGroupPydist
+
+_log = logging.getLogger("pydist")
+
+
+def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: int = SHRINK_DEFAULT,
+                 pg_options: Any = None) -> tdist.ProcessGroup:
+    """torch.distributed.shrink_group for a group of backend "pydist" (see the module note)."""
+    target = group if group is not None else c10d._get_default_group()
+    if not isinstance(target, ProcessGroupPydist):
+        raise TypeError(f"group: pydist.torch.shrink_group shrinks groups of backend 'pydist', got "
+                        f"{type(target).__name__}; torch.distributed.shrink_group serves NCCL")
+    is_default = target == c10d._get_default_group()
+    name, desc = c10d._get_process_group_name(target), target.getGroupDesc()
+    original_ranks = tdist.get_process_group_ranks(target)
+    backend_config = c10d._world.pg_backend_config.get(target, BACKEND_NAME)
+    old_store = c10d._world.pg_map[target][1]
+    shrunk, new_store = shrink_standalone(target.pydist_group, ranks_to_exclude, shrink_flags)
+    remaining = [original_ranks[r] for r in shrunk.backend.ranks]  # type: ignore[attr-defined]
+    if is_default:
+        c10d._destroy_all_other_groups(exclude_group=target)
+    c10d._cleanup_process_group_global_state(target)
+    target._group = None  # its transport now belongs to the shrunk group
+    created = ProcessGroupPydist(None, shrunk.rank(), shrunk.size(), timedelta(seconds=shrunk.timeout), target.engine,
+                                 group=shrunk)
+    group_name = c10d._process_group_name(remaining, use_hashed_name=True)
+    created.setGroupName(group_name)
+    created.setGroupDesc("default:shrunken" if is_default else f"{desc or name}:shrunk")
+    store = old_store if new_store is None else tdist.TCPStore(new_store.host, new_store.port,  # type: ignore[attr-defined]
+                                                               is_master=False, wait_for_workers=False)
+    if is_default:
+        c10d._update_default_pg(created)
+    c10d._register_pg_in_world(pg=created, backend_name=BACKEND_NAME, store=store, group_name=group_name,
+                               backend_config=backend_config,
+                               rank_mapping={g: i for i, g in enumerate(remaining)})
+    _log.info("pydist.torch.shrink_group: %s -> %s, ranks %s", name, group_name, remaining)
+    return created
