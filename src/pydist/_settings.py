@@ -48,6 +48,13 @@ def _count(minimum: int, multiple: int = 1) -> Parser:
     return parse
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _choice(*names: str, lower: bool = False) -> Parser:
     def parse(text: str) -> str:
         value = text.lower() if lower else text
@@ -95,6 +102,11 @@ class Settings:
         "PYDIST_SEGMENT_BYTES", 4 << 20, _count(1), "bytes, >= 1",
         "Pipeline segment of the network algorithms (4 MiB: fastest measured over TCP, see "
         "docs/algorithms.md; small values exercise multi-segment paths).")
+    peer_timeout: float = _setting(
+        "PYDIST_PEER_TIMEOUT", 3.0, _seconds, "seconds, >= 0",
+        "A peer whose host stops answering (TCP keepalive probes each second once a connection is "
+        "idle, unacknowledged data) for this long is declared dead, naming it; 0: found only by "
+        "the operation timeout (a host that vanished without closing its sockets).")
     tcp_reader: str = _setting(
         "PYDIST_TCP_READER", "caller", _choice("caller", "io", lower=True), "caller / io",
         "Who reads a TCP peer's socket for a blocked receive: caller (its own thread, no hand-off; "

@@ -215,6 +215,13 @@ class Network:
         self.shaping[i] = new
         return new
 
+    def link_down(self, i: int) -> None:
+        """Cut host ``i`` off: its bridge port goes down, so the others' packets to it and its
+        to them vanish (no FIN, no RST), as when a host loses power or its cable."""
+        self._check_started()
+        ports = [f"h{i}"] + ([f"d{i}b"] if i in self._relayed else [])
+        run_tool(["ip", "-n", self._switch], [f"link set {port} down" for port in ports])
+
     def _relay_call(self, line: str) -> None:
         relay = self._res.relay
         # _relay_link started it, with pipes

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .._auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce, token_of
 from .._deadline import Deadline
 from .._errors import DistNetworkError
+from .._settings import settings
 from ..store._base import StoreTimeoutError
 from ._framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
 
@@ -184,7 +185,21 @@ class Acceptor:
 
 
 def _tune(sock: socket.socket) -> socket.socket:
+    """No Nagle delay; and the heartbeat (PYDIST_PEER_TIMEOUT): once the connection is idle
+    for a second the kernel probes the peer every second and drops the connection when
+    probes or sent data go unanswered for the peer timeout, so a host that vanished (power,
+    cable: no FIN, no RST) fails its connection like a dead process does. A live peer's
+    kernel answers the probes even while its process is busy or stopped."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    seconds = settings().peer_timeout
+    if seconds > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
+        probes = max(1, int(seconds) - 1)  # after 1 s idle, one a second: unanswered for ~the timeout
+        for level, option, value in ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+                                     (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
+                                     (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1),
+                                     (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes),
+                                     (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(seconds * 1000)))):
+            sock.setsockopt(level, option, value)
     return sock
 
 

@@ -15,6 +15,7 @@ its rank and host; a clean shutdown is announced by a BYE frame so the error can
 """
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -180,6 +181,10 @@ class _Connection:
         if self.bye_received:
             text = (f"rank {self.peer} on {self.host} has shut down its process group "
                     f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")
+        elif isinstance(cause, OSError) and cause.errno == errno.ETIMEDOUT:
+            text = (f"rank {self.peer} on {self.host} stopped answering rank {me} for "
+                    f"{settings().peer_timeout:g} s (PYDIST_PEER_TIMEOUT): its host or the network "
+                    f"between them is gone ({type(cause).__name__}: {cause})")
         else:
             text = (f"rank {self.peer} on {self.host} closed its connection to rank {me} "
                     f"unexpectedly: its process exited or was killed, or the network failed: {CLOSED}")
