@@ -36,6 +36,16 @@ def test_survivors_of_a_sigkill_shrink_the_world_and_all_reduce_on_it(victims, e
     assert all(trial["exit_codes"][r] == 0 for r in survivors)
 
 
+def test_a_rank_dying_during_the_shrink_is_shrunk_away_too():
+    """Rank 2 is killed; rank 3 dies inside shrink_group, after its proposal reached the
+    leader (so the decision still holds it): the new group's confirming barrier fails at
+    every survivor, which shrink again; ranks 0 and 1 end in one group of 2."""
+    trial = shrink_ranks.shrink_trial(4, [2], delay=0.3, env={"PYDIST_TEST_DIES_IN_SHRINK": "3"})
+    assert not shrink_ranks.problems(trial), shrink_ranks.problems(trial)
+    assert [trial["reports"][r]["members"] for r in (0, 1)] == [[0, 1], [0, 1]]
+    assert trial["exit_codes"][2] == trial["exit_codes"][3] == -9
+
+
 def test_a_subgroup_shrinks_and_the_world_keeps_its_numbering():
     trial = shrink_ranks.shrink_trial(4, [1], delay=0.3, subgroup=True)
     assert not shrink_ranks.problems(trial), shrink_ranks.problems(trial)

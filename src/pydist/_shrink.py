@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from ._agreement import agree
 from ._deadline import Deadline
-from ._errors import GroupAbortedError
+from ._errors import DistError, GroupAbortedError
 from ._group import ProcessGroup
 from ._init import _default_world, _group_backend, _timeout_seconds, resolve_group
 from ._progress import ProgressBoard
@@ -112,15 +112,33 @@ def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
         parent.destroy(timeout=drain)
         if parent in world.groups:
             world.groups.remove(parent)
-        return _add_group(world, [parent.ranks[g] for g in survivors], shrunk.group_id, parent.timeout,
-                          f"{parent.group_desc}:shrunk")
-    for each in reversed(world.groups):  # the default group's shrink renumbers: the others cannot stay
-        each.destroy(timeout=drain if each is parent else 0.0)
-    world.groups.clear()
-    _renumber(world, shrunk, parent.timeout)
-    world.default_group = _add_group(world, list(range(len(survivors))), shrunk.group_id, parent.timeout,
-                                     "default:shrunken")
-    return world.default_group
+        created = _add_group(world, [parent.ranks[g] for g in survivors], shrunk.group_id, parent.timeout,
+                             f"{parent.group_desc}:shrunk")
+    else:
+        for each in reversed(world.groups):  # the default group's shrink renumbers: the others cannot stay
+            each.destroy(timeout=drain if each is parent else 0.0)
+        world.groups.clear()
+        _renumber(world, shrunk, parent.timeout)
+        created = world.default_group = _add_group(world, list(range(len(survivors))), shrunk.group_id,
+                                                   parent.timeout, "default:shrunken")
+    dead = _unconfirmed(created)
+    return created if dead is None else shrink_group(dead, group=created, shrink_flags=SHRINK_ABORT)
+
+
+def _unconfirmed(group: ProcessGroup) -> list[int] | None:
+    """A barrier on the new group: a member that died during the shrink, after its proposal
+    reached the leader, fails it at every survivor. None when it passed, else the group
+    ranks to shrink away again."""
+    from ._collectives import barrier
+    try:
+        barrier(group=group)
+    except DistError as error:
+        dead = sorted(g for g in map(group.group_rank_of, error.dead_ranks) if g is not None)
+        if not dead:
+            raise
+        _log.info("shrink_group: ranks %s died during the shrink; shrinking again", dead)
+        return dead
+    return None
 
 
 def shrink_standalone(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int = SHRINK_DEFAULT,
@@ -140,7 +158,11 @@ def shrink_standalone(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_
                          desc=f"{parent.group_desc}:shrunk")
     group.owned_transport, parent.owned_transport = parent.owned_transport, None
     parent.destroy(timeout=0.0 if shrink_flags & SHRINK_ABORT else parent.timeout)
-    return group, store
+    dead = _unconfirmed(group)
+    if dead is None:
+        return group, store
+    again, newer = shrink_standalone(group, dead, SHRINK_ABORT)
+    return again, newer or store
 
 
 def _renumber(world: World, shrunk: Shrunk, timeout: float) -> None:

@@ -24,11 +24,26 @@ from pydist.testing import free_port
 from pydist.testing.processes import _CONTEXT
 
 
+def _die_after_proposing() -> None:
+    """This rank dies inside shrink_group, right after its proposal went to the leader."""
+    from pydist import _agreement
+    wait = _agreement._wait
+
+    def wait_then_die(request, deadline, transport, waiting_for):
+        wait(request, deadline, transport, waiting_for)
+        if "the proposal to rank" in waiting_for:
+            os.kill(os.getpid(), signal.SIGKILL)
+    _agreement._wait = wait_then_die
+
+
 def shrink_rank(rank: int, size: int, port: int, results, env: dict, subgroup: bool, flags: int,
                 async_in_flight: bool) -> None:
     """One rank: all_reduce until an operation fails, then shrink (the default group, or a
-    subgroup of every rank when ``subgroup``), all_reduce once on the result and report."""
+    subgroup of every rank when ``subgroup``), all_reduce once on the result and report.
+    PYDIST_TEST_DIES_IN_SHRINK=R (in ``env``): rank R dies inside the shrink."""
     os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
+    if env.get("PYDIST_TEST_DIES_IN_SHRINK") == str(rank):
+        _die_after_proposing()
     import pydist as dist
     report: dict[str, Any] = {"rank": rank}
     try:
@@ -59,9 +74,21 @@ def shrink_rank(rank: int, size: int, port: int, results, env: dict, subgroup: b
                       members=dist.get_process_group_ranks(shrunk), world_rank=dist.get_rank(),
                       world_size=dist.get_world_size())
         dist.destroy_process_group()
+        report["threads_left"] = _pydist_threads()
     except BaseException:  # noqa: BLE001 - reported to the harness
         report["failure"] = traceback.format_exc()
     results.put(("report", rank, report))
+
+
+def _pydist_threads(wait: float = 5.0) -> list[str]:
+    """pydist's threads still running after destroy_process_group (they get ``wait`` s to end)."""
+    import threading
+    end = time.monotonic() + wait
+    while True:
+        left = [t.name for t in threading.enumerate() if t.name.startswith("pydist") and t.is_alive()]
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.05)
 
 
 def torch_shrink_rank(rank: int, size: int, port: int, results, env: dict, subgroup: bool, flags: int,
@@ -134,7 +161,7 @@ def shrink_trial(size: int, victims: list[int], delay: float, env: dict | None =
         killed_at = time.time()
         for victim in victims:
             os.kill(procs[victim].pid, signal.SIGKILL)
-        while len(reports) < size - len(victims):
+        while len(reports) < size - len(victims) - ("PYDIST_TEST_DIES_IN_SHRINK" in (env or {})):
             kind, rank, payload = results.get(timeout=max(0.1, end - time.monotonic()))
             if kind == "report":
                 reports[rank] = payload
@@ -146,13 +173,14 @@ def shrink_trial(size: int, victims: list[int], delay: float, env: dict | None =
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+    also = [int((env or {}).get("PYDIST_TEST_DIES_IN_SHRINK", -1))]
     return {"killed_at": killed_at, "reports": reports, "exit_codes": [p.exitcode for p in procs],
-            "victims": victims, "size": size}
+            "victims": victims, "also_dies": [r for r in also if r >= 0], "size": size}
 
 
 def problems(trial: dict) -> list[str]:
     """What a trial got wrong: a survivor missing, failing, with a wrong result or group."""
-    size, victims = trial["size"], trial["victims"]
+    size, victims = trial["size"], trial["victims"] + trial["also_dies"]
     survivors = [r for r in range(size) if r not in victims]
     found = []
     for rank in survivors:
@@ -163,6 +191,11 @@ def problems(trial: dict) -> list[str]:
             found.append(f"rank {rank}: {report['failure']}")
         elif report["value"] != len(survivors) or report["new_size"] != len(survivors):
             found.append(f"rank {rank}: shrank to {report['new_size']} ranks, all_reduce {report['value']}")
+        elif report.get("threads_left"):
+            found.append(f"rank {rank}: threads left after destroy_process_group: {report['threads_left']}")
+    segments = [name for name in os.listdir("/dev/shm") if name.startswith("pydist")]
+    if segments:
+        found.append(f"shared-memory segments left: {segments}")
     return found
 
 
