@@ -49,28 +49,33 @@ def test_training_demo_learns_snapshots_and_resumes(tmp_path):
     assert re.findall(r"epoch +(\d+)/4", second.stdout) == ["4"], second.stdout
 
 
-@pytest.mark.parametrize("victim", [2, 0])
-def test_fault_tolerant_training_loses_a_worker_and_learns_as_without(victim):
-    """4 workers, one killed at step 20 (rank 0 too: the store's host): the others shrink,
-    take rank 0's state, and end with the accuracy of the same run without a failure, within
-    a point (the same global batches)."""
+FAULT_TOLERANT = ["--nproc-per-node", "4", "--on-failure", "continue", str(ROOT / "examples" / "train.py"),
+                  "--fault-tolerant", "--epochs", "3"]
+FINAL_ACCURACY = r"finished on \d ranks .*: held-out accuracy ([\d.]+) %"
+
+
+@pytest.fixture(scope="module")
+def accuracy_without_failure() -> float:
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
-    train = ["--nproc-per-node", "4", "--on-failure", "continue", str(ROOT / "examples" / "train.py"),
-             "--fault-tolerant", "--epochs", "3"]
-    killed = launch(*train, "--kill-rank", str(victim), "--kill-step", "20")
+    whole = launch(*FAULT_TOLERANT)
+    assert whole.returncode == 0, whole.stderr
+    return float(re.findall(FINAL_ACCURACY, whole.stdout)[0])
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_fault_tolerant_training_loses_a_worker_and_learns_as_without(victim, accuracy_without_failure):
+    """4 workers, one killed at step 20 (rank 0 too: the store's host): the others shrink,
+    take rank 0's state, and end with the accuracy of the same run without a failure, within
+    a point (the same global batches; only the gradients' summation order differs)."""
+    killed = launch(*FAULT_TOLERANT, "--kill-rank", str(victim), "--kill-step", "20")
     assert killed.returncode == 0, killed.stderr
     assert f"rank {victim} (pid" in killed.stderr and "failed with signal SIGKILL" in killed.stderr
     survivors = [r for r in range(4) if r != victim]
     assert re.search(rf"lost launch rank\(s\) \[{victim}\] at step 20 \(\w+\); recovered in \d+ ms on 3 ranks "
                      rf"{re.escape(str(survivors))}", killed.stdout), killed.stdout
-    whole = launch(*train)
-    assert whole.returncode == 0, whole.stderr
-    pattern = r"finished on \d ranks .*: held-out accuracy ([\d.]+) %"
-    final = [re.findall(pattern, run.stdout) for run in (killed, whole)]
-    # the same batches; only the gradients' summation order differs (3 parts instead of 4)
-    assert abs(float(final[0][0]) - float(final[1][0])) <= 1.0 and float(final[1][0]) >= 90.0, \
-        (killed.stdout, whole.stdout)
+    accuracy = float(re.findall(FINAL_ACCURACY, killed.stdout)[0])
+    assert abs(accuracy - accuracy_without_failure) <= 1.0 and accuracy_without_failure >= 90.0, killed.stdout
 
 
 def test_torch_tutorial_script_runs_under_pydist_run(tmp_path):

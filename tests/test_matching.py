@@ -292,3 +292,13 @@ def test_whole_frames_and_a_partial_one_in_one_feed_arrive_in_order(split):
     assert all(r.done() and r.error is None for r in requests)
     assert [bytes(b) for b in buffers] == [bytes([i + 1]) * b.nbytes for i, b in enumerate(buffers)]
     assert receiver.between_frames()
+
+
+def test_watchers_hear_of_a_gone_source_and_an_aborted_group():
+    """The world transport wakes the shared-memory arenas' sleepers through these calls,
+    after the death or the abort is recorded (so they see it when they look)."""
+    matcher, heard = Matcher(), []
+    matcher.watchers.append(lambda: heard.append(sorted(matcher.states.dead)))
+    matcher.fail_source(3, PeerFailedError("rank 3 died", rank=3))
+    matcher.fail_group(KEY.group, DistBackendError("aborted"))
+    assert heard == [[3], [3]]

@@ -102,3 +102,22 @@ def test_a_half_filled_receive_of_an_aborted_group_fails_with_the_abort_when_its
     finally:
         sender.close(Deadline.after(0))
         receiver.close(Deadline.after(0))
+
+
+def test_a_signal_wake_ends_a_members_sleep():
+    """Signal.wake (what Arena.wake does when a peer died) ends a member's futex sleep at
+    once instead of at the end of its slice: a thread asleep with a 60 s slice returns (10 s
+    allowed: a loaded machine)."""
+    import threading
+
+    from pydist.transport._signal import Signal
+    memory, base = anonymous(4096)
+    signal = Signal(memory.data, base, 0, oversubscribed=True)
+    woke = threading.Event()
+    thread = threading.Thread(target=lambda: (signal.sleep(lambda: False, 60.0), woke.set()))
+    thread.start()
+    while not memory.data.cast("I")[1]:  # the sleeper counted itself in
+        threading.Event().wait(0.001)
+    signal.wake()
+    assert woke.wait(10), "the sleeper was not woken"
+    thread.join()

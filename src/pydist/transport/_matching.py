@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -102,6 +102,8 @@ class Matcher:
         self._calls: dict[int, dict[int, int]] = {}  # group -> {seq: call} of this rank's recent operations
         self._filling: set[Unexpected] = set()  # taken by a receive (its waiter), payload still arriving
         self._sending: dict[int, list[Request]] = {}  # group -> sends the transport has not finished
+        #: called (no arguments) after a source is declared gone or a group aborted
+        self.watchers: list[Callable[[], None]] = []
 
     def begin(self, group: int, seq: int, call: int) -> None:
         """This rank starts operation ``seq`` of ``group`` as ``call``; see ``_desync``."""
@@ -305,6 +307,13 @@ class Matcher:
             failed += self._stop_filling(lambda message: message.source == source)
         for request in failed:
             request.complete(error)
+        self._tell_watchers()
+
+    def _tell_watchers(self) -> None:
+        """A source is gone or a group aborted: wake what waits outside the matcher (the
+        shared-memory arenas' sleepers, which then look at the group states)."""
+        for watcher in list(self.watchers):
+            watcher()
 
     def _stop_filling(self, which) -> list[Request]:
         """The receives waiting on messages still arriving that ``which(message)`` selects,
@@ -334,6 +343,7 @@ class Matcher:
             failed += self._stop_filling(lambda message: message.key.group == group)
         for request in failed:
             request.complete(error)
+        self._tell_watchers()
 
     def pending_receives(self) -> int:
         """Receives posted and not yet matched (for tests and leak checks)."""

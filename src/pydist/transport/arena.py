@@ -72,6 +72,13 @@ class Arena:
         self._uses = 0
         self.alive: Callable[[], None] | None = None
 
+    def wake(self) -> None:
+        """Wake the members asleep in ``sync`` (a peer died or aborted the group: they look
+        at the group's state at once instead of at the end of their sleep slice)."""
+        signal = self._signal
+        if signal is not None:
+            signal.wake()
+
     def release(self) -> None:
         """Give the memory back: unlink the segment if nobody did yet (a member never
         attached), drop this handle's views into it and unmap it."""

@@ -14,6 +14,7 @@ PYDIST_SHM=0, or the machine lacks what it needs, see _atomics.available).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable
 
 from .._deadline import Deadline
@@ -37,6 +38,8 @@ class WorldTransport(Transport):
         self.rank, self.size, self.store, self.address = rank, size, store, address
         self.settings: Settings = settings()
         self.matcher = Matcher(self.settings.max_unexpected_bytes)
+        self._live_arenas: weakref.WeakSet[Arena] = weakref.WeakSet()
+        self.matcher.watchers.append(self._wake_arenas)
         self.host_local: HostLocalTransport | None = None
         self._arenas = False  # the host-local entry's: groups on this host get shared-memory arenas
         self._local_set = {rank}
@@ -118,8 +121,14 @@ class WorldTransport(Transport):
         slot = self.settings.shm_slot_bytes
         segment = share(self.store, f"shm/arena/{group_id:x}/{','.join(map(str, members))}", members,
                         self.rank, arena_bytes(len(members), slot), self.network.token, "arena", deadline, alive)
-        return Arena(segment.array, segment.base, labels, index, slot, self.oversubscribed, describe,
-                     keepalive=segment)
+        arena = Arena(segment.array, segment.base, labels, index, slot, self.oversubscribed, describe,
+                      keepalive=segment)
+        self._live_arenas.add(arena)
+        return arena
+
+    def _wake_arenas(self) -> None:
+        for arena in list(self._live_arenas):
+            arena.wake()
 
     def close(self) -> None:
         if self.host_local is not None:
