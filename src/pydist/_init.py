@@ -301,6 +301,11 @@ def get_backend(group: ProcessGroup | None = None) -> Backend:
     return Backend(target.backend.name)
 
 
+def get_backend_config(group: ProcessGroup | None = None) -> str:
+    """torch's device:backend string of the group: "cpu:pydist" or "cpu:mpi"."""
+    return f"cpu:{get_backend(group)}"
+
+
 def _check_ranks(ranks: list[int], world_size: int, what: str = "ranks") -> list[int]:
     checked = []
     for rank in ranks:

@@ -10,7 +10,11 @@ Shrinking the default group makes the new group the default world, its ranks ren
 ranks), and destroys every other group, as torch does. When the store's host (rank 0 under
 env:// and tcp://) is gone, the leader serves a new store and the decision says where.
 ``SHRINK_ABORT`` first aborts the group's operations still in flight (they fail at once
-instead of waiting for a dead rank); ``SHRINK_DEFAULT`` lets them finish or fail first.
+instead of waiting for a dead rank); ``SHRINK_DEFAULT`` lets them finish or fail first. The
+new group's first operation is a barrier: a member that died during the shrink (after its
+proposal reached the leader) fails it at every survivor, and they shrink again without it.
+``shrink_standalone`` does the same for a group with a transport of its own (the torch
+plugin's; see pydist.torch.shrink).
 
 ``split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
 group_desc=None)``: every member of the parent calls it with the same list of disjoint rank

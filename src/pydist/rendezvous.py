@@ -17,15 +17,15 @@ from __future__ import annotations
 import importlib.util
 import os
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, urlparse
 
 from ._launch_env import LaunchInfo, job_port, launch_info, parse_hostlist
 from .store import FileStore, PrefixStore, Store, TCPStore
 from .store._base import timeout_error
 
-__all__ = ["rendezvous", "launch_info", "LaunchInfo", "job_port", "parse_hostlist", "agent_store",
-           "OwningPrefixStore", "TorchStore"]
+__all__ = ["rendezvous", "register_rendezvous_handler", "launch_info", "LaunchInfo", "job_port", "parse_hostlist",
+           "agent_store", "OwningPrefixStore", "TorchStore"]
 
 #: Variables torchrun's agent exports and pydist-run's does not: the agent's store is then
 #: torch's C++ TCPStore, reached through torch's client.
@@ -47,11 +47,28 @@ def _required(name: str, value: int | None, url: str) -> int:
     return value
 
 
+#: init_method schemes added with register_rendezvous_handler: scheme -> handler
+_HANDLERS: dict[str, Callable[..., Iterator[tuple[Any, int, int]]]] = {}
+_BUILT_IN = ("env", "tcp", "file")
+
+
+def register_rendezvous_handler(scheme: str, handler: Callable[..., Iterator[tuple[Any, int, int]]]) -> None:
+    """Make ``init_method="SCHEME://..."`` call ``handler(url, rank=, world_size=, timeout=)``,
+    a generator yielding (a pydist Store, rank, world_size), as torch's handlers do."""
+    if not isinstance(scheme, str) or not scheme:
+        raise ValueError(f"scheme: expected a non-empty string, got {scheme!r}")
+    if scheme in _HANDLERS or scheme in _BUILT_IN:
+        raise RuntimeError(f"Rendezvous handler for {scheme}:// already registered")
+    _HANDLERS[scheme] = handler
+
+
 def rendezvous(url: str, rank: int | None, world_size: int | None, timeout: timedelta):
     """(store, rank, world_size) for an init_method URL; the caller owns and closes the store."""
     parsed = urlparse(url)
     query = parse_qs(parsed.query)
     scheme = parsed.scheme
+    if scheme in _HANDLERS:
+        return next(_HANDLERS[scheme](url, rank=rank, world_size=world_size, timeout=timeout))
     if scheme not in ("env", "tcp", "file"):
         raise ValueError(f"init_method {url!r}: unsupported scheme {scheme!r}; expected env://, tcp:// or file://")
     rank, world_size = _explicit("rank", rank, query), _explicit("world_size", world_size, query)
