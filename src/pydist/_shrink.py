@@ -23,7 +23,6 @@ message: the members agree on the id from the parent's and the list's.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import struct
 from datetime import timedelta
@@ -35,7 +34,7 @@ from ._errors import DistError, GroupAbortedError
 from ._group import ProcessGroup
 from ._init import _default_world, _group_backend, _timeout_seconds, resolve_group
 from ._progress import ProgressBoard
-from ._world import World
+from ._world import World, group_digest
 from .backends.native import NativeBackend
 from .store import PrefixStore, Store, TCPStore
 
@@ -44,10 +43,6 @@ SHRINK_ABORT = 0x01
 
 _EXTRA = struct.Struct("<QH54s")  # new group id, store port (0: keep the store), store host
 _log = logging.getLogger("pydist")
-
-
-def _digest(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 
 
 class Shrunk(NamedTuple):
@@ -79,14 +74,14 @@ def _agree(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int,
     served: list[Store] = []
 
     def extra(left: list[int]) -> bytes:
-        group_id = _digest(f"shrunk:{parent.group_id:x}:{','.join(map(str, left))}")
+        group_id = group_digest(f"shrunk:{parent.group_id:x}:{','.join(map(str, left))}")
         if store_host is None or store_host in left:
             return _EXTRA.pack(group_id, 0, b"")
         served.append(TCPStore(transport.address, 0, None, is_master=True, wait_for_workers=False,
                                multi_tenant=True))
         return _EXTRA.pack(group_id, served[0].port, transport.address.encode())  # type: ignore[attr-defined]
 
-    decision = agree(transport, _digest(f"shrink:{parent.group_id:x}"), sorted(members),
+    decision = agree(transport, group_digest(f"shrink:{parent.group_id:x}"), sorted(members),
                      {members[g] for g in excluded}, Deadline.after(parent.timeout), extra)
     group_id, port, host = _EXTRA.unpack(decision.extra[:_EXTRA.size])
     _log.info("shrink_group %s: members now %s (transport ranks)", parent.group_name, decision.members)
@@ -229,7 +224,7 @@ def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[in
         return None
     world.group_counts[("split", parent.group_id, tuple(mine))] += 1
     count = world.group_counts[("split", parent.group_id, tuple(mine))]
-    group_id = _digest(f"split:{parent.group_id:x}:{','.join(map(str, mine))}:{count}")
+    group_id = group_digest(f"split:{parent.group_id:x}:{','.join(map(str, mine))}:{count}")
     seconds = parent.timeout if timeout is None else _timeout_seconds(timeout)
     return _add_group(world, mine, group_id, seconds, group_desc or f"{parent.group_desc}:split")
 

@@ -53,8 +53,13 @@ class World:
         key = tuple(ranks)
         self.group_counts[key] += 1
         text = f"{self.generation}:{','.join(map(str, key))}:{self.group_counts[key]}"
-        digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-        return digest or 1, f"pg{self.group_counts[key]}-{digest:016x}"[:20]
+        digest = group_digest(text)
+        return digest, f"pg{self.group_counts[key]}-{digest:016x}"[:20]
+
+
+def group_digest(text: str) -> int:
+    """A non-zero 64-bit group id from ``text`` (equal on every rank that hashes the same text)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 
 
 _PROCESS_WORLD = World()
