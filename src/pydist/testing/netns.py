@@ -57,6 +57,8 @@ __all__ = ["Host", "Network", "Shaping", "cleanup_stale", "netns_available", "pa
 
 _LOCK = threading.Lock()
 _OCTETS_IN_USE: set[int] = set()  # third octets of this process's open Networks
+#: Frames the relay's input TAP queues (the kernel's default, 1000, overflows when the relay lags).
+_RELAY_QUEUE = 100_000
 #: The delay/loss relay, run as a script (python -I) in the switch namespace.
 RELAY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_netns_relay.py")
 
@@ -242,8 +244,10 @@ class Network:
         self._relay_call(f"add {i}")
         switch = self._switch
         run_tool(["tc", "-n", switch], [f"qdisc add dev d{i}b clsact", f"filter add dev d{i}b egress {MATCH_ALL} h{i}"])
-        run_tool(["ip", "-n", switch], [f"link set d{i}a up", f"link set d{i}b master br0", f"link set d{i}b up",
-                                    f"link set h{i} nomaster"])
+        # d<i>a queues what the relay has not read yet: deep enough that a relay slowed by a
+        # loaded machine delays frames instead of the kernel dropping them (only LOSS drops)
+        run_tool(["ip", "-n", switch], [f"link set d{i}a txqueuelen {_RELAY_QUEUE}", f"link set d{i}a up",
+                                    f"link set d{i}b master br0", f"link set d{i}b up", f"link set h{i} nomaster"])
         run_tool(["tc", "-n", switch], [f"qdisc add dev h{i} clsact", f"filter add dev h{i} ingress {MATCH_ALL} d{i}a"])
         self._relayed.add(i)
 
