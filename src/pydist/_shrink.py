@@ -49,6 +49,7 @@ class Shrunk(NamedTuple):
     """What the survivors agreed on: the members (transport ranks, sorted), the new group's
     id, and the store the leader serves when the old one's host is gone (port 0: none)."""
     members: list[int]
+    kept: list[int]  # the parent's group ranks of the members
     group_id: int
     store_host: str
     store_port: int
@@ -85,7 +86,9 @@ def _agree(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int,
                      {members[g] for g in excluded}, Deadline.after(parent.timeout), extra)
     group_id, port, host = _EXTRA.unpack(decision.extra[:_EXTRA.size])
     _log.info("shrink_group %s: members now %s (transport ranks)", parent.group_name, decision.members)
-    return Shrunk(decision.members, group_id, host.rstrip(b"\0").decode(), port, served[0] if served else None)
+    left = set(decision.members)
+    return Shrunk(decision.members, [g for g, r in enumerate(members) if r in left], group_id,
+                  host.rstrip(b"\0").decode(), port, served[0] if served else None)
 
 
 def _store_of(shrunk: Shrunk, timeout: float) -> Store:
@@ -104,21 +107,19 @@ def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
         raise RuntimeError("shrink_group: this rank is not a member of the group (NON_GROUP_MEMBER)")
     is_default = parent is world.default_group
     shrunk = _agree(parent, ranks_to_exclude, shrink_flags, world.store_host if is_default else None)
-    left = set(shrunk.members)
-    survivors = [g for g in range(parent.size()) if world.transport_rank(parent.ranks[g]) in left]  # group ranks
     drain = 0.0 if shrink_flags & SHRINK_ABORT else parent.timeout
     if not is_default:
         parent.destroy(timeout=drain)
         if parent in world.groups:
             world.groups.remove(parent)
-        created = _add_group(world, [parent.ranks[g] for g in survivors], shrunk.group_id, parent.timeout,
+        created = _add_group(world, [parent.ranks[g] for g in shrunk.kept], shrunk.group_id, parent.timeout,
                              f"{parent.group_desc}:shrunk")
     else:
         for each in reversed(world.groups):  # the default group's shrink renumbers: the others cannot stay
             each.destroy(timeout=drain if each is parent else 0.0)
         world.groups.clear()
         _renumber(world, shrunk, parent.timeout)
-        created = world.default_group = _add_group(world, list(range(len(survivors))), shrunk.group_id,
+        created = world.default_group = _add_group(world, list(range(len(shrunk.kept))), shrunk.group_id,
                                                    parent.timeout, "default:shrunken")
     dead = _unconfirmed(created)
     return created if dead is None else shrink_group(dead, group=created, shrink_flags=SHRINK_ABORT)
