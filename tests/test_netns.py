@@ -16,30 +16,30 @@ from pydist.testing.netns import Network, Shaping, cleanup_stale, require_netns
 
 pytestmark = pytest.mark.slow  # network namespaces and real processes
 
-# A host's peer: answers each connection with this namespace's inode, on the host's address
-# and on 127.0.0.1 (the same port on both: only separate namespaces let every host bind it).
-PEER = r'''
-import os, socket, sys
+# A peer on every address given (IPv4 or IPv6), port 7000: answers with this namespace's inode.
+ANY_PEER = r'''
+import os, selectors, socket, sys
 inode = str(os.stat("/proc/self/ns/net").st_ino).encode()
-servers = []
-for addr in (sys.argv[1], "127.0.0.1"):
-    s = socket.socket(); s.bind((addr, 7000)); s.listen(); servers.append(s)
-print("ready", flush=True)
-import selectors
 sel = selectors.DefaultSelector()
-for s in servers: sel.register(s, selectors.EVENT_READ)
+for addr in sys.argv[1:]:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sel.register(socket.create_server((addr, 7000), family=family), selectors.EVENT_READ)
+print("ready", flush=True)
 while True:
     for key, _ in sel.select():
         conn, _ = key.fileobj.accept(); conn.sendall(inode); conn.close()
 '''
 
-# Asks each address given for its peer's inode; prints {"self": inode, addr: inode...}.
-ASK = r'''
+# Asks each address (argv[2:]) for its peer's inode, giving up after argv[1] s: {"self": inode, addr: inode or null}.
+PROBE = r'''
 import json, os, socket, sys
 seen = {"self": os.stat("/proc/self/ns/net").st_ino}
-for addr in sys.argv[1:]:
-    with socket.create_connection((addr, 7000), timeout=5) as c:
-        seen[addr] = int(c.recv(64))
+for addr in sys.argv[2:]:
+    try:
+        with socket.create_connection((addr, 7000), timeout=float(sys.argv[1])) as c:
+            seen[addr] = int(c.recv(64))
+    except OSError:
+        seen[addr] = None
 print(json.dumps(seen))
 '''
 
@@ -137,6 +137,24 @@ def _gone(pid):
         return True
 
 
+def _probe(net, i, *addrs, patience=5.0):
+    """Host ``i`` asks each address for its peer's inode: {addr: inode, or None if unreachable}."""
+    argv = [sys.executable, "-c", PROBE, str(patience), *addrs]
+    answer = json.loads(net.run(i, argv, timeout=patience * len(addrs) + 20, check=True).stdout)
+    return {addr: answer[addr] for addr in addrs}
+
+
+def _inode(net, i):
+    return json.loads(net.run(i, [sys.executable, "-c", PROBE, "1"], timeout=20, check=True).stdout)["self"]
+
+
+def _qdisc(namespace, dev):
+    """The root qdisc line of ``dev`` in ``namespace`` (tc's own words)."""
+    out = subprocess.run(["tc", "-n", namespace, "qdisc", "show", "dev", dev, "root"], capture_output=True, text=True,
+                         check=True).stdout
+    return out.strip()
+
+
 def _namespaces():
     return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split())
 
@@ -173,6 +191,16 @@ def test_units_parse_like_tc():
         "qdisc add dev eth0 root handle 1: tbf rate 200000000bit burst 65536 limit 565536"]
 
 
+def test_hosts_made_as_before_have_one_interface_and_bad_options_are_refused():
+    host = netns.Host(0, "n", "10.0.0.1")
+    assert (host.addrs, host.ifaces, host.addrs6, host.addr6) == (("10.0.0.1",), ("eth0",), (), None)
+    assert netns.switch_octets("pydistnet-1-2-sw12_13") == [12, 13] and netns.switch_octets("pydistnet-1-2-sw7") == [7]
+    assert netns.switch_octets("pydistnet-1-2-h3") == [] and netns.switch_octets("other") == []
+    for bad in (dict(interfaces=0), dict(interfaces=netns.MAX_INTERFACES + 1), dict(ipv6="yes"), dict(ipv6=6)):
+        with pytest.raises(ValueError):
+            Network(**bad)
+
+
 def test_probe_answers_with_a_reason():
     ok, reason = netns.netns_available()
     assert isinstance(ok, bool) and isinstance(reason, str)
@@ -186,8 +214,8 @@ def test_hosts_are_separate_namespaces_that_reach_each_other_and_their_own_loopb
     with Network(hosts=3) as net:
         addrs = [host.addr for host in net.hosts]
         assert len(set(addrs)) == 3 and all(ipaddress.ip_address(addr) in net.subnet for addr in addrs)
-        peers = [_start(net, i, PEER, addrs[i])[0] for i in range(3)]
-        seen = [json.loads(net.run(i, [sys.executable, "-c", ASK, "127.0.0.1", *addrs], timeout=20,
+        peers = [_start(net, i, ANY_PEER, addrs[i], "127.0.0.1")[0] for i in range(3)]
+        seen = [json.loads(net.run(i, [sys.executable, "-c", PROBE, "5", "127.0.0.1", *addrs], timeout=20,
                                    check=True).stdout) for i in range(3)]
         inodes = [answer["self"] for answer in seen]
         assert len(set(inodes)) == 3 and os.stat("/proc/self/ns/net").st_ino not in inodes
@@ -208,6 +236,95 @@ def test_networks_get_their_own_names_and_subnets():
         assert all(f"-{os.getpid()}-" in host.name for host in first.hosts + second.hosts)
         machine = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
         assert "10.77." not in machine
+
+
+def test_interfaces_are_separate_networks_and_each_link_goes_down_alone():
+    require_netns()
+    with Network(hosts=2, interfaces=2) as net, Network(hosts=1, interfaces=3) as other:
+        subnets = net.subnets + other.subnets
+        assert net.subnet == net.subnets[0] and not any(a.overlaps(b) for a in subnets for b in subnets if a is not b)
+        assert netns.switch_octets(net._switch) == [subnet.network_address.packed[2] for subnet in net.subnets]
+        for i, host in enumerate(net.hosts):
+            assert host.ifaces == ("eth0", "eth1") and host.addrs[0] == host.addr and host.addrs6 == ()
+            assert all(ipaddress.ip_address(addr) in subnet for addr, subnet in zip(host.addrs, net.subnets))
+            routes = [line.strip() for line in net.run(i, ["ip", "-4", "route"], check=True).stdout.splitlines()]
+            assert routes == [f"{subnet} dev eth{k} proto kernel scope link src {host.addrs[k]}"
+                              for k, subnet in enumerate(net.subnets)]
+        peer, _ = _start(net, 1, ANY_PEER, *net.hosts[1].addrs)
+        far = _inode(net, 1)
+        assert _probe(net, 0, *net.hosts[1].addrs) == {addr: far for addr in net.hosts[1].addrs}
+        net.link_down(1, iface=1)
+        assert _probe(net, 0, *net.hosts[1].addrs, patience=1) == {net.hosts[1].addrs[0]: far,
+                                                                   net.hosts[1].addrs[1]: None}
+        net.link_down(1)  # all of host 1's interfaces
+        assert _probe(net, 0, net.hosts[1].addr, patience=1) == {net.hosts[1].addr: None}
+        with pytest.raises(ValueError):
+            net.link_down(1, iface=2)
+    peer.stdout.close()
+
+
+def test_shaping_one_interface_leaves_the_other_alone():
+    require_netns(shaping=True)
+    with Network(hosts=2, interfaces=2, rate="100mbit") as net:
+        host, switch = net.hosts[0], net._switch
+
+        def rates():  # per interface of host 0: (its end, the switch's end)
+            return [(_qdisc(host.name, f"eth{k}"), _qdisc(switch, port)) for k, port in enumerate(["h0", "h0e1"])]
+
+        assert all("tbf" in line and "rate 100Mbit" in line for pair in rates() for line in pair)
+        net.shape(0, rate="50mbit", iface=1)
+        (eth0, h0), (eth1, h0e1) = rates()
+        assert "rate 100Mbit" in eth0 and "rate 100Mbit" in h0 and "rate 50Mbit" in eth1 and "rate 50Mbit" in h0e1
+        assert net.shaping[0] == net.iface_shaping[0][0] == Shaping.of(rate="100mbit")
+        assert net.iface_shaping[0][1] == Shaping.of(rate="50mbit")
+        net.shape(0, iface=0)
+        (eth0, h0), (eth1, h0e1) = rates()
+        assert "tbf" not in eth0 and "tbf" not in h0 and "rate 50Mbit" in eth1 and "rate 50Mbit" in h0e1
+        assert net.shaping[0] == Shaping() and net.iface_shaping[1] == [Shaping.of(rate="100mbit")] * 2
+        # loss (the relay) on one interface: what host 0 sends over eth1 is lost, over eth0 not
+        peer, _ = _start(net, 1, ANY_PEER, *net.hosts[1].addrs)
+        far, (near0, near1) = _inode(net, 1), net.hosts[1].addrs
+        net.shape(0, loss=1.0, iface=1)
+        assert _probe(net, 0, near0, near1, patience=1) == {near0: far, near1: None}
+        net.shape(0, iface=1)
+        assert _probe(net, 0, near0, near1) == {near0: far, near1: far}
+        with pytest.raises(ValueError):
+            net.shape(0, rate="1gbit", iface=2)
+    peer.stdout.close()
+
+
+def test_ipv6_beside_ipv4_on_every_interface():
+    require_netns(ipv6=True)
+    with Network(hosts=2, interfaces=2, ipv6=True) as net:
+        for host in net.hosts:
+            assert host.addr6 == host.addrs6[0] and len(host.addrs6) == 2
+            assert all(ipaddress.ip_address(addr).version == 4 for addr in host.addrs)
+            assert all(ipaddress.ip_address(addr) in subnet for addr, subnet in zip(host.addrs6, net.subnets6))
+        peer, _ = _start(net, 1, ANY_PEER, *net.hosts[1].addrs, *net.hosts[1].addrs6, "::1")
+        far = _inode(net, 1)
+        every = net.hosts[1].addrs + net.hosts[1].addrs6
+        assert _probe(net, 0, *every) == {addr: far for addr in every}
+        assert _probe(net, 1, "::1") == {"::1": far}
+        net.link_down(1, iface=0)
+        assert _probe(net, 0, *net.hosts[1].addrs6, patience=1) == {net.hosts[1].addrs6[0]: None,
+                                                                    net.hosts[1].addrs6[1]: far}
+    peer.stdout.close()
+
+
+def test_ipv6_only_hosts_have_no_ipv4_address():
+    require_netns(ipv6=True)
+    with Network(hosts=2, ipv6="only") as net:
+        for i, host in enumerate(net.hosts):
+            assert ipaddress.ip_address(host.addr).version == 6 and ipaddress.ip_address(host.addr) in net.subnet
+            assert host.addrs == host.addrs6 == (host.addr6,) and host.addr == host.addr6
+            ipv4 = net.run(i, ["ip", "-4", "-o", "addr", "show"], check=True).stdout.splitlines()
+            assert [line.split()[1:4] for line in ipv4] == [["lo", "inet", "127.0.0.1/8"]]
+            assert "inet6 ::1/128" in net.run(i, ["ip", "-6", "addr", "show", "dev", "lo"], check=True).stdout
+        peer, _ = _start(net, 1, ANY_PEER, net.hosts[1].addr, "::1")
+        far = _inode(net, 1)
+        assert _probe(net, 0, net.hosts[1].addr) == {net.hosts[1].addr: far}
+        assert _probe(net, 1, "::1") == {"::1": far}
+    peer.stdout.close()
 
 
 def test_run_kills_on_timeout():
@@ -284,6 +401,24 @@ def test_exit_stops_stubborn_processes_and_removes_everything(error):
     assert _gone(net._res.relay.pid)
     _assert_cleaned(net, names, links_before)
     stubborn.stdout.close()
+
+
+def test_exit_removes_every_interface_bridge_relay_and_subnet():
+    require_netns(shaping=True)
+    links_before = _links()
+    with Network(hosts=2, interfaces=3, ipv6=True, grace=0.2, rate="100mbit") as net:
+        names = {host.name for host in net.hosts} | {net._switch}
+        octets = netns.switch_octets(net._switch)
+        assert names <= _namespaces() and len(octets) == 3 and set(octets) <= netns._OCTETS_IN_USE
+        net.shape(1, delay="1ms", iface=2)  # the relay, on an interface other than eth0
+        switch_links = subprocess.run(["ip", "-n", net._switch, "-o", "link", "show"], capture_output=True, text=True,
+                                      check=True).stdout
+        assert all(name in switch_links for name in ("br0", "br1", "br2", "h1e2", f"d{1 + 2 * 256}b"))
+        sleepers = [net.popen(i, ["sleep", "60"]) for i in range(2)]
+    assert all(sleeper.returncode == -signal.SIGTERM for sleeper in sleepers)
+    assert _gone(net._res.relay.pid)
+    assert not set(octets) & netns._OCTETS_IN_USE, "subnets not released"
+    _assert_cleaned(net, names, links_before)
 
 
 def test_namespaces_of_a_killed_run_are_removed():

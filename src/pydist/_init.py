@@ -109,10 +109,14 @@ def _timeout_seconds(timeout: Any) -> float:
 
 def default_transport(rank: int, size: int, store, deadline: Deadline):
     """The world transport (tcp + shared memory) of ``rank``, met through ``store``."""
+    from .debug._registry import note_endpoint
     from .transport._identity import advertise_address, host_identity
     from .transport.world import WorldTransport
     from ._world import local_host
-    return WorldTransport(rank, size, store, deadline, advertise_address(store), local_host(), host_identity())
+    transport = WorldTransport(rank, size, store, deadline, advertise_address(store), local_host(), host_identity())
+    record = transport.network.records[rank]
+    note_endpoint(rank, f"{record.address}, {record.iface or 'interface unknown'}")
+    return transport
 
 
 def _make_transport(world: World, rank: int, size: int, store, deadline: Deadline):

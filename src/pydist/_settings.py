@@ -130,6 +130,11 @@ class Settings:
     advertise_addr: str | None = _setting(
         "PYDIST_ADVERTISE_ADDR", None, _text, "an IP address",
         "Address peers dial to reach this rank (default: the interface that reaches the store).")
+    socket_ifname: str | None = _setting(
+        "PYDIST_SOCKET_IFNAME", None, _text, "NCCL_SOCKET_IFNAME's syntax",
+        "Interfaces for peer connections: comma list of name prefixes, `^` first excludes, `=` "
+        "makes names exact (`eth1`, `^docker,lo`, `=eth0`); default: GLOO_SOCKET_IFNAME's names "
+        "if set, else the interface that reaches the store.")
     auth_token: str | None = _setting(
         "PYDIST_AUTH_TOKEN", None, _text, "any text",
         "Shared secret: stores and peer connections authenticate with it (default: none).")

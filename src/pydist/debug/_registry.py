@@ -34,6 +34,7 @@ RETIRED_GROUPS = 16  # destroyed groups kept per rank until its next init
 FAILURE_DUMP_INTERVAL = 1.0  # seconds: a burst of failing operations writes once
 _LOCK = threading.RLock()
 _RANKS: dict[int, "RankTraces"] = {}
+_ENDPOINTS: dict[int, str] = {}  # rank -> the address and interface its peers dial
 class RankTraces:
     """The recorders of one rank since its last init: live groups, then destroyed ones."""
 
@@ -62,6 +63,12 @@ class RankTraces:
     def groups(self) -> list[Any]:
         with _LOCK:
             return sorted(list(self.live) + list(self.retired), key=lambda trace: trace.tid)
+
+
+def note_endpoint(rank: int, endpoint: str) -> None:
+    """Where ``rank``'s peers reach it (``10.1.0.7, eth1``), for its trace file."""
+    with _LOCK:
+        _ENDPOINTS[rank] = endpoint
 
 
 def session_for(rank: int, world_size: int, timeline_path: str | None) -> RankTraces:
@@ -162,7 +169,8 @@ def entry_record(entry: Any) -> dict:
 def snapshot(session: RankTraces, reason: str = "on demand") -> dict:
     """A rank's traces as written to its file:
 
-    ``{"version", "host", "pid", "rank", "world_size", "reason", "first_failure",
+    ``{"version", "host", "endpoint" (address and interface peers dial, or None), "pid",
+    "rank", "world_size", "reason", "first_failure",
     "time_dumped", "mono_dumped", "groups": [{"name", "desc", "number" (creation order on
     this rank, from 0), "id", "ranks", "group_rank",
     "capacity", "recorded", "destroyed", "entries": [entry_record, ... oldest first]}]}``
@@ -172,7 +180,8 @@ def snapshot(session: RankTraces, reason: str = "on demand") -> dict:
                "destroyed": t.destroyed, "entries": [entry_record(e) for e in t.entries()]}
               for t in session.groups()]
     now = time.monotonic()
-    return {"version": FORMAT_VERSION, "host": socket.gethostname(), "pid": os.getpid(), "rank": session.rank,
+    return {"version": FORMAT_VERSION, "host": socket.gethostname(), "endpoint": _ENDPOINTS.get(session.rank),
+            "pid": os.getpid(), "rank": session.rank,
             "world_size": session.world_size, "reason": reason, "first_failure": session.first_failure,
             "time_dumped": wall(now), "mono_dumped": now, "groups": groups}
 

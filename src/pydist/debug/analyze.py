@@ -197,7 +197,9 @@ def format_report(traces: list[dict], reports: list[GroupReport]) -> str:
     """The analyzer's text: files, then per group the table and the findings."""
     lines = [f"pydist flight recorder: {len(traces)} rank file(s)"]
     for trace in traces:
-        lines.append(f"  rank {trace['rank']}: {trace['host']} pid {trace['pid']}, written {_when_written(trace)}")
+        where = f" ({trace['endpoint']})" if trace.get("endpoint") else ""
+        lines.append(f"  rank {trace['rank']}: {trace['host']}{where} pid {trace['pid']}, "
+                     f"written {_when_written(trace)}")
     for report in reports:
         lines.append("")
         lines.append(f"group {report.name} (ranks {', '.join(map(str, report.ranks))})")

@@ -150,11 +150,23 @@ def rdzv_conf_from(text: str) -> dict[str, Any]:  # LaunchConfig keyword argumen
 
 
 def _host_port(endpoint: str, default_port: int) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":") if endpoint.count(":") == 1 else (endpoint, "", "")
-    if not sep:
-        return endpoint or "127.0.0.1", default_port
-    if not port.isdigit():
-        raise ValueError(f"--rdzv-endpoint: expected HOST[:PORT], got {endpoint!r}")
+    """``HOST[:PORT]`` as torchrun reads it; an IPv6 address in brackets: ``[::1]:29400``
+    (a bare IPv6 address without a port is taken whole)."""
+    endpoint = endpoint.strip()
+    if endpoint.startswith("[") and "]" in endpoint:
+        host, _, rest = endpoint[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"--rdzv-endpoint: expected [IPV6]:PORT, got {endpoint!r}")
+        port = rest[1:]
+    elif endpoint.count(":") == 1:
+        host, _, port = endpoint.partition(":")
+    else:
+        host, port = endpoint, ""
+    if not port:
+        return host or "127.0.0.1", default_port
+    if not port.isdigit() or int(port) >= 1 << 16:
+        raise ValueError(f"--rdzv-endpoint: expected HOST[:PORT] or [IPV6]:PORT with a port below 65536, "
+                         f"got {endpoint!r}")
     return host, int(port)
 
 

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 
+from .._addresses import family_unusable, host_port
 from .._auth import AuthenticationError
 from .._deadline import Deadline
 from .._errors import DistNetworkError, DistStoreError
@@ -43,12 +44,15 @@ class Connection:
              auth_token: bytes | None = None) -> "Connection":
         """Connect and handshake (with ``auth_token``: authenticate); with ``retry``, keep
         trying (backoff) until ``deadline``. Failed authentication is never retried."""
-        where, started, delay = f"{host}:{port}", time.monotonic(), 0.01
+        where, started, delay = host_port(host, port), time.monotonic(), 0.01
         while True:
             try:
                 sock = socket.create_connection((host, port), timeout=_socket_timeout(deadline))
             except OSError as e:
                 error: Exception = e
+                unusable = family_unusable(host, e)
+                if unusable is not None:
+                    raise unusable from None
             else:
                 conn = cls(sock, where)
                 try:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from .._addresses import family_unusable, host_port
 from .._errors import DistNetworkError, DistStoreError
 from ._service import OUTPUT_LIMIT, StoreService
 
@@ -41,7 +42,8 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.setblocking(False)
     except OSError as e:
         sock.close()
-        raise DistNetworkError(f"TCPStore: cannot listen on {host}:{port}: {e}") from e
+        raise (family_unusable(str(address[0]), e)
+               or DistNetworkError(f"TCPStore: cannot listen on {host_port(host, port)}: {e}")) from e
     return sock
 
 

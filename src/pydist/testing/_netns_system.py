@@ -1,8 +1,9 @@
 """The machine side of the netns harness: ip/tc commands, whether namespaces work here,
 processes inside namespaces, and namespaces left behind by dead runs.
 
-Namespace names are ``pydistnet-<pid>-<counter>-h<i>`` (switch: ``-sw<third octet>``), so
-:func:`cleanup_stale` can tell which belong to a process that no longer exists. ``ip`` and
+Namespace names are ``pydistnet-<pid>-<counter>-h<i>`` (switch: ``-sw<third octets>``, the
+third octet of each interface's subnet joined by ``_``), so :func:`cleanup_stale` can tell which
+belong to a process that no longer exists and a new Network which subnets are taken. ``ip`` and
 ``tc`` are looked up on PATH and in the sbin directories; a failing command raises
 RuntimeError quoting it and its stderr.
 """
@@ -14,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from functools import lru_cache
 from typing import Sequence
@@ -22,12 +24,18 @@ from ._netns_shaping import Shaping
 
 PREFIX = "pydistnet-"
 NETNS_DIR = "/var/run/netns"
-#: A harness namespace's name: groups (owner pid, counter, switch octet, host index).
-NAME = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(?:sw(\d+)|h(\d+))$")
+#: A harness namespace's name: groups (owner pid, counter, switch octets joined by "_", host index).
+NAME = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(?:sw(\d+(?:_\d+)*)|h(\d+))$")
 _COUNTER = itertools.count()
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
 #: A tc filter matching every packet, redirected to the device named after it.
 MATCH_ALL = "protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev"
+
+
+def switch_octets(name: str) -> list[int]:
+    """The third octets a switch namespace's name holds ([] for a host's or another name)."""
+    match = NAME.match(name)
+    return [int(octet) for octet in match.group(3).split("_")] if match and match.group(3) else []
 
 
 def namespace_stem() -> str:
@@ -58,12 +66,14 @@ def run_tool(argv: Sequence[str], batch: list[str] | None = None, check: bool = 
 
 
 @lru_cache(maxsize=None)
-def netns_available(shaping: bool = False) -> tuple[bool, str]:
+def netns_available(shaping: bool = False, ipv6: bool = False) -> tuple[bool, str]:
     """(True, "") if this process can make namespaces, veths and a bridge (and, with
-    ``shaping``, tbf, clsact + u32 + mirred and TAP devices); else (False, why). Tries it
-    for real, once per process."""
+    ``shaping``, tbf, clsact + u32 + mirred and TAP devices; with ``ipv6``, the kernel has
+    IPv6); else (False, why). Tries it for real, once per process."""
     if not os.path.isdir("/proc/self/ns"):
         return False, "network namespaces need Linux"
+    if ipv6 and not os.path.isdir("/proc/sys/net/ipv6"):
+        return False, "this kernel has no IPv6 (built without it, or booted with ipv6.disable=1)"
     for tool in ("ip", "tc") if shaping else ("ip",):
         if _which(tool) is None:
             return False, f"'{tool}' not found (Debian: apt-get install iproute2)"
@@ -86,12 +96,42 @@ def netns_available(shaping: bool = False) -> tuple[bool, str]:
     return True, ""
 
 
-def require_netns(shaping: bool = False) -> None:
-    """pytest.skip(reason) unless ``netns_available(shaping)``."""
-    ok, reason = netns_available(shaping)
+def require_netns(shaping: bool = False, ipv6: bool = False) -> None:
+    """pytest.skip(reason) unless ``netns_available(shaping, ipv6)``."""
+    ok, reason = netns_available(shaping, ipv6)
     if not ok:
         import pytest
         pytest.skip(reason)
+
+
+#: Enters each network namespace given (a file under NETNS_DIR) and enables IPv6 there. Python
+#: 3.11 has no os.setns; a process of its own, so that no thread of ours changes namespace.
+_ENABLE_IPV6 = r'''
+import ctypes, os, sys
+setns = ctypes.CDLL(None, use_errno=True).setns
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+        sys.exit(f"setns {path}: {os.strerror(ctypes.get_errno())}")
+    os.close(fd)
+    for conf in ("all", "default", "lo"):
+        with open(f"/proc/sys/net/ipv6/conf/{conf}/disable_ipv6", "w") as setting:
+            setting.write("0")
+'''
+
+
+def enable_ipv6(namespaces: Sequence[str]) -> None:
+    """net.ipv6.conf.{all,default,lo}.disable_ipv6 = 0 inside each namespace (before its
+    interfaces are made, so that they inherit it), all by one helper process."""
+    if not namespaces:
+        return
+    if not os.path.isdir("/proc/sys/net/ipv6"):
+        raise RuntimeError("ipv6: this kernel has no IPv6 (built without it, or booted with ipv6.disable=1)")
+    paths = [os.path.join(NETNS_DIR, name) for name in namespaces]
+    result = subprocess.run([sys.executable, "-I", "-c", _ENABLE_IPV6, *paths], capture_output=True, text=True,
+                            timeout=30)
+    if result.returncode != 0:
+        raise RuntimeError(f"enabling IPv6 in the namespaces failed ({result.returncode}): {result.stderr.strip()}")
 
 
 def netns_inode(name: str) -> int | None:

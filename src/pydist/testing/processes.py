@@ -11,6 +11,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
+from .._addresses import family_of, host_port
 from .threads import RankFailed
 
 _CONTEXT = multiprocessing.get_context("forkserver")
@@ -27,19 +28,19 @@ def start_ranks(target: Callable[..., Any], size: int, *args: Any) -> tuple[list
     return procs, queue
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host`` (an IPv4 or IPv6 address)."""
+    with socket.socket(family_of(host)) as sock:
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
-def _init(rank: int, world_size: int, init: str, address: str, pg_timeout: float):
+def _init(rank: int, world_size: int, init: str, address: str, pg_timeout: float, host: str):
     """init_process_group the way ``init`` says; returns the module whose destroy_process_group ends it."""
     import pydist
     timeout = timedelta(seconds=pg_timeout)
     if init in ("env", "torch", "gloo"):
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=address, RANK=str(rank), WORLD_SIZE=str(world_size))
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=address, RANK=str(rank), WORLD_SIZE=str(world_size))
         if init in ("torch", "gloo"):  # torch.distributed on pydist's plugin, or on torch's gloo
             import torch.distributed as tdist
             import pydist.torch  # noqa: F401
@@ -47,19 +48,18 @@ def _init(rank: int, world_size: int, init: str, address: str, pg_timeout: float
             return tdist
         pydist.init_process_group("pydist", timeout=timeout)
     elif init == "store":
-        host, port = address.split(":")
-        store = pydist.TCPStore(host, int(port), world_size, rank == 0, timeout)
+        store = pydist.TCPStore(host, int(address), world_size, rank == 0, timeout)
         pydist.init_process_group("pydist", store=store, rank=rank, world_size=world_size, timeout=timeout)
     else:
         pydist.init_process_group("pydist", init_method=address, rank=rank, world_size=world_size, timeout=timeout)
     return pydist
 
 
-def _child(rank: int, world_size: int, init: str, address: str, pg_timeout: float, env: dict, results, fn, args,
-           kwargs) -> None:
+def _child(rank: int, world_size: int, init: str, address: str, pg_timeout: float, host: str, env: dict, results, fn,
+           args, kwargs) -> None:
     os.environ.update(env)
     try:
-        module = _init(rank, world_size, init, address, pg_timeout)
+        module = _init(rank, world_size, init, address, pg_timeout, host)
         value = fn(rank, world_size, *args, **kwargs)
         module.destroy_process_group()
         results.put((rank, True, value))
@@ -69,21 +69,21 @@ def _child(rank: int, world_size: int, init: str, address: str, pg_timeout: floa
 
 def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str = "env", timeout: float = 60.0,
                   pg_timeout: float = 30.0, env: dict[str, str] | None = None,
-                  rank_env: dict[int, dict[str, str]] | None = None, **kwargs: Any) -> list[Any]:
+                  rank_env: dict[int, dict[str, str]] | None = None, host: str = "127.0.0.1",
+                  **kwargs: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` (importable, picklable) in ``world_size``
     processes after init_process_group by ``init``: "env", "tcp", "file" or "store" (pydist's),
     or "torch" (torch.distributed.init_process_group("pydist") through the plugin), or "gloo"
     (torch.distributed on torch's gloo, to compare with);
     ``env`` is added to each process's environment first, then ``rank_env[rank]`` (e.g.
-    PYDIST_HOST_ID, so that one machine poses as several hosts)."""
-    port = free_port()
+    PYDIST_HOST_ID, so that one machine poses as several hosts); ``host``: the address of the
+    store (MASTER_ADDR), e.g. "::1" for IPv6."""
+    port = free_port(host)
     tmpdir = None
-    if init in ("env", "torch", "gloo"):
+    if init in ("env", "torch", "gloo", "store"):
         address = str(port)
     elif init == "tcp":
-        address = f"tcp://127.0.0.1:{port}"
-    elif init == "store":
-        address = f"127.0.0.1:{port}"
+        address = f"tcp://{host_port(host, port)}"
     elif init == "file":
         tmpdir = tempfile.TemporaryDirectory(prefix="pydist-test-")
         address = f"file://{tmpdir.name}/store"
@@ -91,8 +91,8 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
         raise ValueError(f"init: expected env, tcp, file, store, torch or gloo, got {init!r}")
     results = _CONTEXT.Queue()
     envs = [{**(env or {}), **(rank_env or {}).get(r, {})} for r in range(world_size)]
-    procs = [_CONTEXT.Process(target=_child, args=(r, world_size, init, address, pg_timeout, envs[r], results, fn, args,
-                                                   kwargs),
+    procs = [_CONTEXT.Process(target=_child, args=(r, world_size, init, address, pg_timeout, host, envs[r], results, fn,
+                                                   args, kwargs),
                               name=f"pydist-rank-{r}") for r in range(world_size)]
     for proc in procs:
         proc.start()

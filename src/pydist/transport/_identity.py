@@ -5,6 +5,8 @@ import os
 import socket
 
 from .._settings import settings
+from .._addresses import family_of, route_to
+from .._interfaces import named_addresses
 
 
 def host_identity() -> str:
@@ -34,26 +36,9 @@ def machine_of(host_id: str) -> str:
     return "/".join(parts[:2]) if len(parts) == 3 else host_id
 
 
-def _route_to(host: str, port: int) -> str:
-    """The local address of the interface that reaches ``host`` (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((socket.gethostbyname(host), port))
-            return probe.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
-
-
-def advertise_address(store) -> str:
-    """The IP address this rank listens on for peers.
-
-    PYDIST_ADVERTISE_ADDR overrides it. Otherwise the local address of the connection to a
-    TCPStore (the interface that reaches the master reaches the peers too); loopback for
-    in-process stores; the host name's address for a FileStore.
-    """
-    override = settings().advertise_addr
-    if override:
-        return override
+def _store_route(store) -> str:
+    """The local address of the route to the store: the interface that reaches the master
+    reaches the peers too; loopback for in-process stores; the host name's for a FileStore."""
     while hasattr(store, "underlying_store"):
         store = store.underlying_store
     if hasattr(store, "client_address"):
@@ -61,8 +46,20 @@ def advertise_address(store) -> str:
     if type(store).__name__ == "HashStore":
         return "127.0.0.1"
     if hasattr(store, "host") and hasattr(store, "port"):  # torch's TCPStore
-        return _route_to(store.host, store.port)
+        return route_to(store.host, store.port)
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def advertise_address(store) -> str:
+    """The IP address this rank listens on for peers: PYDIST_ADVERTISE_ADDR; else the first
+    interface PYDIST_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) names, in the family of the route to
+    the store if it has one; else the local address of the route to the store."""
+    override = settings().advertise_addr
+    if override:
+        return override
+    route = _store_route(store)
+    named = named_addresses(family_of(route))
+    return named[0][1] if named else route

@@ -24,6 +24,8 @@ from .._deadline import Deadline
 from .._errors import DistNetworkError
 from .._settings import settings
 from ..store._base import StoreTimeoutError
+from .._addresses import host_port, listen
+from .._interfaces import interface_of
 from ._framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
 
 log = logging.getLogger("pydist.transport")
@@ -37,6 +39,17 @@ class PeerRecord:
     port: int
     hostname: str
     host_id: str
+    iface: str = ""  # the interface holding ``address`` on the peer's host
+
+    @property
+    def label(self) -> str:
+        """How errors name the peer's host: ``node7 (10.1.0.7, eth1)``."""
+        return f"{self.hostname} ({self.address}{', ' + self.iface if self.iface else ''})"
+
+    @property
+    def dialled(self) -> str:
+        """The listening endpoint and its host: ``[fd00::7]:4242 (node7, eth1)``."""
+        return f"{host_port(self.address, self.port)} ({self.hostname}{', ' + self.iface if self.iface else ''})"
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -250,14 +263,14 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
             return _tune(sock)
         except AuthenticationError as error:
             raise AuthenticationError(f"rank {rank} could not authenticate with rank {record.rank} at "
-                                      f"{record.address}:{record.port} ({record.hostname}): authentication "
+                                      f"{record.dialled}: authentication "
                                       f"failed: {error}") from None
         except (OSError, ValueError) as error:
             last_error = error
             time.sleep(min(delay, deadline.remaining() or delay))
             delay = min(delay * 2, 1.0)
     raise DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at "
-                           f"{record.address}:{record.port} ({record.hostname}) before the timeout: "
+                           f"{record.dialled} before the timeout: "
                            f"{last_error}") from last_error
 
 
@@ -304,8 +317,8 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str,
                deadline: Deadline) -> tuple[dict[int, socket.socket], list[PeerRecord], str]:
     """Sockets to every other rank (blocking mode), every rank's record, the world token."""
-    with socket.create_server((address, 0), backlog=max(size, 16)) as listener:
-        record = PeerRecord(rank, address, listener.getsockname()[1], hostname, host_id)
+    with listen(address, backlog=max(size, 16)) as listener:
+        record = PeerRecord(rank, address, listener.getsockname()[1], hostname, host_id, interface_of(address))
         records, token = publish_and_collect(store, rank, size, record, deadline)
         auth_token = token_of(store)
         sockets: dict[int, socket.socket] = {}

@@ -221,7 +221,7 @@ class TcpTransport(Transport):
         self.caller_reads = settings().tcp_reader == "caller"
         self._failed_while_read = False
         sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline)
-        self._conns = {peer: _Connection(self, peer, sock, self.records[peer].hostname)
+        self._conns = {peer: _Connection(self, peer, sock, self.records[peer].label)
                        for peer, sock in sockets.items()}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -343,7 +343,7 @@ class TcpTransport(Transport):
         self.matcher.cancel(request, DistBackendError("receive cancelled"))
 
     def peer_host(self, peer: int) -> str:
-        return self.records[peer].hostname
+        return self.records[peer].label
 
     def abort(self, peers: list[int], group: int, error: BaseException) -> None:
         payload = abort_payload(error, self.matcher.known_dead(group))
