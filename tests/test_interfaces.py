@@ -23,8 +23,8 @@ def names(spec: str) -> list[str]:
 
 @pytest.mark.parametrize("spec, expected", [
     ("eth", ["eth0", "eth1"]), ("eth1,eth0", ["eth1", "eth0"]), ("=eth", []), ("=eth1", ["eth1"]),
-    ("^docker,lo", ["eth0", "eth1", "ib0"]), ("^=eth", ["lo", "eth0", "eth1", "docker0", "ib0"]),
-    ("^=eth0", ["lo", "eth1", "docker0", "ib0"]), ("ib, eth0", ["ib0", "eth0"]),
+    ("^docker,lo", ["eth0", "eth1", "ib0"]), ("^=eth", ["eth0", "eth1", "docker0", "ib0"]),
+    ("^=eth0", ["eth1", "docker0", "ib0"]), ("^eth,docker,ib", ["lo"]), ("ib, eth0", ["ib0", "eth0"]),
 ])
 def test_nccl_syntax(spec, expected):
     assert names(spec) == expected

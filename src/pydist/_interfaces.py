@@ -3,11 +3,13 @@ syntax; else GLOO_SOCKET_IFNAME, gloo's: exact names).
 
 NCCL's syntax: a comma list of name prefixes (``eth,ib``); ``^`` before the list excludes
 what matches (``^docker,lo``); ``=`` before the list (after a ``^``) makes the names exact
-(``=eth0``, ``^=docker0``). Interfaces come in the list's order, then the host's.
+(``=eth0``, ``^=docker0``). Interfaces come in the list's order, then the host's. An
+exclusion leaves out loopback too unless nothing else is left (peers cannot dial it).
 """
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import os
 import socket
 import struct
@@ -69,6 +71,10 @@ def requested() -> tuple[str, str] | None:
     return ("GLOO_SOCKET_IFNAME", "=" + gloo) if gloo else None
 
 
+def _loopback(interface: Interface) -> bool:
+    return bool(interface.addresses) and all(ipaddress.ip_address(a).is_loopback for a in interface.addresses)
+
+
 def matching(spec: str, found: list[Interface]) -> list[Interface]:
     """The interfaces of ``found`` that ``spec`` (NCCL's syntax) selects."""
     exclude = spec.startswith("^")
@@ -80,7 +86,8 @@ def matching(spec: str, found: list[Interface]) -> list[Interface]:
         return interface.name == name if exact else interface.name.startswith(name)
 
     if exclude:
-        return [i for i in found if not any(hit(i, name) for name in names)]
+        kept = [i for i in found if not any(hit(i, name) for name in names)]
+        return [i for i in kept if not _loopback(i)] or kept
     return [i for name in names for i in found if hit(i, name)]
 
 
