@@ -146,6 +146,15 @@ def test_call_sites_only_with_pydist_debug_detail(monkeypatch):
     assert all(site.startswith(__file__) and site.endswith("in _one_call") for site in sites), sites
 
 
+def test_torchs_detail_debug_level_turns_call_sites_on_too():
+    try:
+        pydist.set_debug_level(pydist.DebugLevel.DETAIL)
+        sites = run_threads(2, _one_call)
+    finally:
+        pydist.set_debug_level_from_env()
+    assert all(site.endswith("in _one_call") for site in sites), sites
+
+
 # -- files on failure, and the analyzer ----------------------------------------------------
 
 def _skips_the_last_op(rank: int, size: int) -> str:

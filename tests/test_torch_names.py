@@ -2,6 +2,8 @@
 so that a name torch adds is noticed; and the environment questions answer as torch's do."""
 from __future__ import annotations
 
+import inspect
+import time
 import types
 
 import numpy as np
@@ -13,10 +15,12 @@ from pydist import ReduceOp
 torch = pytest.importorskip("torch")
 import torch.distributed as tdist  # noqa: E402
 
+#: both coalesced collectives warn that they will be deprecated (tested once, below)
+pytestmark = pytest.mark.filterwarnings("ignore:`pydist.all_.*_coalesced` will be deprecated:FutureWarning")
+
 IMPORTS = "an import of torch.distributed's own (torch submodules are not counted at all), not an API name"
 TORCH_ONLY = "torch's own machinery (C++ classes, DTensor's meshes, RPC): use torch with the pydist plugin"
 OPTIONS = "a C++ option struct of torch's ProcessGroup methods: pydist's functions take keyword arguments"
-NOT_YET = "not yet in pydist (issue 21)"
 
 #: torch.distributed names pydist does not have, and why.
 ABSENT = {
@@ -27,8 +31,6 @@ ABSENT = {
     **dict.fromkeys(["AllToAllOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "BarrierOptions",
                      "BroadcastOptions", "GatherOptions", "ReduceOptions", "ReduceScatterOptions", "ScatterOptions"],
                     OPTIONS),
-    **dict.fromkeys(["all_gather_coalesced", "breakpoint", "DebugLevel", "get_debug_level", "set_debug_level",
-                     "set_debug_level_from_env"], NOT_YET),
 }
 
 
@@ -129,3 +131,157 @@ def test_a_registered_rendezvous_handler_makes_the_world():
             pydist.destroy_process_group()
     finally:
         del _HANDLERS["mine"]
+
+
+@pytest.mark.parametrize("name", ["all_gather_coalesced", "breakpoint"])
+def test_signature_as_torchs(name):
+    ours, theirs = (inspect.signature(getattr(module, name)).parameters for module in (pydist, tdist))
+    assert [(p.name, p.default) for p in ours.values()] == [(p.name, p.default) for p in theirs.values()]
+
+
+def test_the_coalesced_collectives_are_deprecated_as_torchs():
+    for module in (pydist, tdist):
+        with pytest.warns(FutureWarning, match="all_gather_coalesced` will be deprecated"), \
+                pytest.raises(ValueError, match="Default process group has not been initialized"):
+            module.all_gather_coalesced([[torch.zeros(1)]], [torch.zeros(1)])
+        with pytest.warns(FutureWarning, match="all_reduce_coalesced` will be deprecated"), \
+                pytest.raises(ValueError, match="Default process group has not been initialized"):
+            module.all_reduce_coalesced([torch.zeros(1)])
+
+
+_SHAPES = [(2, 3), (1,), (4,)]
+
+
+def _rank_inputs(rank: int) -> list[np.ndarray]:
+    return [np.arange(np.prod(shape), dtype=np.float64).reshape(shape) * 10 ** i + rank
+            for i, shape in enumerate(_SHAPES)]
+
+
+def _gather_coalesced(rank: int, size: int) -> list:
+    outputs = [[np.full(shape, -1.0) for shape in _SHAPES] for _ in range(size)]
+    assert pydist.all_gather_coalesced(outputs, _rank_inputs(rank)) is None
+    singles = [[torch.zeros(2, dtype=torch.int32)] for _ in range(size)]
+    work = pydist.all_gather_coalesced(singles, [torch.full((2,), rank, dtype=torch.int32)], async_op=True)
+    work.wait()
+    return [outputs, [row[0].tolist() for row in singles], work.result() == [list(row) for row in singles]]
+
+
+def test_all_gather_coalesced_gathers_every_ranks_list():
+    from pydist.testing import run_threads
+    size = 3
+    for outputs, singles, result_is_the_outputs in run_threads(size, _gather_coalesced):
+        for rank in range(size):
+            for got, expected in zip(outputs[rank], _rank_inputs(rank)):
+                np.testing.assert_array_equal(got, expected)
+        assert singles == [[rank, rank] for rank in range(size)] and result_is_the_outputs
+
+
+def test_all_gather_coalesced_says_which_argument_is_wrong():
+    from pydist.testing import run_threads
+
+    def misuse(rank, size):
+        one = [np.zeros(2, np.float32)]
+        cases = [
+            (TypeError, "input_tensor_list: expected a list of tensors, got ndarray", [[one[0]], [one[0]]], one[0]),
+            (ValueError, "input_tensor_list: expected a non-empty list", [[], []], []),
+            (TypeError, "output_tensor_lists: expected a list of 2 lists of tensors .one per rank of the group., "
+                        "got ndarray", one[0], one),
+            (ValueError, "output_tensor_lists: expected 2 lists of tensors .one per rank of the group., got 1",
+             [one], one),
+            (TypeError, "output_tensor_lists\\[1\\]: expected a list of 1 tensors .one per tensor of "
+                        "input_tensor_list., got ndarray", [one, one[0]], one),
+            (ValueError, "output_tensor_lists\\[0\\]: expected 1 tensors .one per tensor of input_tensor_list., "
+                         "got 2", [one * 2, one], one),
+            (ValueError, "output_tensor_lists\\[1\\]\\[0\\]: expected 2 elements .as input_tensor_list\\[0\\]., "
+                         "got 3", [one, [np.zeros(3, np.float32)]], one),
+            (TypeError, "output_tensor_lists\\[1\\]\\[0\\]: dtype float64 differs from input_tensor_list\\[0\\]'s "
+                        "float32", [one, [np.zeros(2)]], one),
+            (TypeError, "input_tensor_list\\[1\\]: dtype int64 differs from input_tensor_list\\[0\\]'s float32",
+             [one * 2, one * 2], [one[0], np.zeros(2, np.int64)]),
+        ]
+        for error, message, outputs, inputs in cases:
+            with pytest.raises(error, match=message):
+                pydist.all_gather_coalesced(outputs, inputs)
+        return True
+    assert run_threads(2, misuse) == [True, True]
+
+
+def test_all_gather_coalesced_catches_ranks_passing_other_sizes():
+    from pydist.testing import run_threads
+    from pydist.testing.threads import RankFailed
+
+    def uneven(rank, size):
+        sizes = [2, 2] if rank == 0 else [2, 3]
+        pydist.all_gather_coalesced([[np.zeros(n) for n in sizes] for _ in range(size)],
+                                    [np.zeros(n) for n in sizes])
+    with pytest.raises(RankFailed) as failed:
+        run_threads(2, uneven, pg_timeout=5)
+    assert isinstance(failed.value.__cause__, pydist.DesyncError)
+
+
+class _FakePdb:
+    """Stands in for the debugger: notes what it was told, and holds its rank for ``seconds``."""
+
+    def __init__(self, events: list, seconds: float = 0.0):
+        self.events, self.seconds = events, seconds
+
+    def message(self, text: str) -> None:
+        self.events.append(("message", pydist.get_rank(), text))
+
+    def set_trace(self) -> None:
+        time.sleep(self.seconds)
+        self.events.append(("continued", pydist.get_rank()))
+
+
+def test_breakpoint_stops_one_rank_and_the_others_wait_for_it(monkeypatch):
+    from pydist import _breakpoint
+    from pydist.testing import run_threads
+    events: list = []
+    monkeypatch.setattr(_breakpoint, "_make_distributed_pdb", lambda: _FakePdb(events, seconds=0.6))
+
+    def debug(rank, size):
+        pydist.breakpoint(rank=1, timeout_s=30)  # longer than the group's timeout: the session may last
+        events.append(("past", rank))
+    run_threads(3, debug, pg_timeout=0.3)
+    assert events[0] == ("message", 1, "\n!!! ATTENTION !!!\n\nType 'up' to get to the frame that called "
+                                        "dist.breakpoint(rank=1)\n")
+    assert events[1] == ("continued", 1) and sorted(events[2:]) == [("past", 0), ("past", 1), ("past", 2)]
+
+
+def test_breakpoint_skips_the_first_calls_of_each_line(monkeypatch, caplog):
+    from pydist import _breakpoint
+    from pydist.testing import run_threads
+    events: list = []
+    monkeypatch.setattr(_breakpoint, "_make_distributed_pdb", lambda: _FakePdb(events))
+
+    def debug(rank, size):
+        for _ in range(4):
+            pydist.breakpoint(rank=0, skip=2)
+        pydist.breakpoint(rank=0, skip=1)  # another line: counted on its own
+    with caplog.at_level("WARNING", logger="pydist"):
+        run_threads(2, debug)
+    assert [e for e in events if e[0] == "continued"] == [("continued", 0)] * 2
+    skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skip")]
+    assert sorted(skipped) == sorted(["Skip the breakpoint, counter=1", "Skip the breakpoint, counter=2"] * 2
+                                     + ["Skip the breakpoint, counter=1"] * 2)
+
+
+def test_breakpoint_runs_pdb_on_the_commands_of_stdin(monkeypatch, tmp_path, capsys):
+    from pydist import _breakpoint
+    from pydist.testing import run_threads
+    commands = tmp_path / "stdin"
+    commands.write_text("p rank\nup\np marker\nc\n")
+    monkeypatch.setattr(_breakpoint, "_STDIN", str(commands))
+
+    def debug(rank, size):
+        marker = "the caller's frame"
+        pydist.breakpoint()
+        return marker
+    assert run_threads(1, debug) == ["the caller's frame"]
+    shown = capsys.readouterr().out
+    assert "!!! ATTENTION !!!" in shown and "(Pdb) 0\n" in shown and '"the caller\'s frame"' in shown
+
+
+def test_breakpoint_needs_a_process_group():
+    with pytest.raises(ValueError, match="Default process group has not been initialized"):
+        pydist.breakpoint()

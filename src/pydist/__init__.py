@@ -10,7 +10,9 @@ from ._auth import AuthenticationError
 from ._monitored import monitored_barrier
 from ._collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
                            broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
-from ._coalesced import all_gather_single, all_reduce_coalesced, reduce_scatter_single
+from ._breakpoint import breakpoint
+from ._coalesced import all_gather_coalesced, all_gather_single, all_reduce_coalesced, reduce_scatter_single
+from ._debug_level import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from ._environment import (default_pg_timeout, get_node_local_rank, get_pg_count, is_backend_available,
                            is_gloo_available, is_mpi_available, is_nccl_available, is_torchelastic_launched,
                            is_ucc_available, is_xccl_available, supports_complex)
@@ -60,4 +62,6 @@ __all__ = [
     "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
     "supports_complex", "all_gather_single", "all_reduce_coalesced", "reduce_scatter_single",
     "get_backend_config", "register_rendezvous_handler",
+    "all_gather_coalesced", "breakpoint", "DebugLevel", "get_debug_level", "set_debug_level",
+    "set_debug_level_from_env",
 ]

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from .._errors import DistError
 from .._opspec import OpSpec
+from .._debug_level import DebugLevel, get_debug_level
 from .._settings import settings
 from . import _registry
 from ._format import COMPLETED, FAILED, QUEUED, STARTED
@@ -180,6 +181,7 @@ def attach(group: Any, rank: int, world_size: int) -> Trace:
         _registry.forget(rank)
         return NULL_TRACE
     session = _registry.session_for(rank, world_size, found.timeline)
-    trace = GroupTrace(group, session, max(found.trace_buffer, 1), found.debug == "detail")
+    detail = found.debug == "detail" or get_debug_level() is DebugLevel.DETAIL
+    trace = GroupTrace(group, session, max(found.trace_buffer, 1), detail)
     session.add(trace)
     return trace
