@@ -53,8 +53,9 @@ def no_leftover_workers():
     assert marked_processes() == [], "pydist-bench left worker processes running"
 
 
-def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return run_command(BENCH + list(args), timeout=timeout, env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER})
+def run_bench(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_command(BENCH + list(args), timeout=timeout,
+                       env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER, **(env or {})})
 
 
 def test_size_specs():
@@ -167,6 +168,17 @@ def test_compare_with_gloo():
         assert row["results"]["gloo"]["time_us"] > 0
         ratio = row["results"]["gloo"]["time_us"] / row["results"]["pydist"]["time_us"]
         assert row["ratios"]["gloo"] == pytest.approx(ratio, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_compare_with_pydist_over_tls(tmp_path):
+    """pydist+tls: every byte over mutual TLS, certificates made for the run and removed after."""
+    pytest.importorskip("cryptography")
+    done = run_bench("--json", "--compare", "pydist-tls", "--transport", "tcp", *TINY, timeout=180,
+                     env={"TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert all(row["results"]["pydist-tls"]["time_us"] > 0 for row in json.loads(done.stdout)["rows"])
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -138,6 +138,16 @@ class Settings:
     auth_token: str | None = _setting(
         "PYDIST_AUTH_TOKEN", None, _text, "any text",
         "Shared secret: stores and peer connections authenticate with it (default: none).")
+    tls_cert: str | None = _setting(
+        "PYDIST_TLS_CERT", None, _text, "a PEM file",
+        "Mutual TLS: this rank's certificate (with PYDIST_TLS_KEY and PYDIST_TLS_CA, all three or "
+        "none); the store and peer connections encrypt and refuse peers whose certificate the CA "
+        "did not sign (default: no TLS).")
+    tls_key: str | None = _setting(
+        "PYDIST_TLS_KEY", None, _text, "a PEM file", "Mutual TLS: the private key of PYDIST_TLS_CERT.")
+    tls_ca: str | None = _setting(
+        "PYDIST_TLS_CA", None, _text, "a PEM file",
+        "Mutual TLS: the CA certificate(s) peers' certificates must chain to.")
     trace_buffer: int = _setting(
         "PYDIST_TRACE_BUFFER", 2000, _count(0), "operations, >= 0",
         "Flight recorder: operations kept per group; 0 turns it off.")

@@ -39,6 +39,8 @@ class BackendSpec:
     install_hint: str = ""
     #: --transport tcp: the environment that keeps every byte on TCP sockets, as between hosts
     tcp_env: tuple[tuple[str, str], ...] = ()
+    #: more environment for the workers, made in a scratch directory removed after the run
+    extra_env: Callable[[str], dict[str, str]] | None = None
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run here, or None if it can."""
@@ -53,8 +55,16 @@ class BackendSpec:
 #: MPICH with no same-host shortcut and UCX on its tcp transport (pip's mpich is ch4:ucx).
 MPICH_TCP = (("MPIR_CVAR_NOLOCAL", "1"), ("UCX_TLS", "tcp,self"))
 
+def _tls_env(directory: str) -> dict[str, str]:
+    """PYDIST_TLS_* of a certificate from a CA made for this run (every rank presents it)."""
+    from pydist.testing.tls import Authority
+    return Authority(directory, "pydist-bench CA").issue("rank").env()
+
+
 BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
     BackendSpec("pydist", "pydist", "spawn", comms.connect_pydist, tcp_env=(("PYDIST_SHM", "0"),)),
+    BackendSpec("pydist-tls", "pydist+tls", "spawn", comms.connect_pydist, ("cryptography",),
+                "pip install cryptography (to make the run's certificates)", (("PYDIST_SHM", "0"),), _tls_env),
     BackendSpec("pydist-mpi", "pydist-mpi", "mpiexec", comms.connect_pydist_mpi, ("mpi4py",),
                 "pip install mpi4py mpich", MPICH_TCP),
     BackendSpec("gloo", "gloo", "spawn", comms.connect_gloo, ("torch",), "pip install torch"),  # always tcp
@@ -64,5 +74,5 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
 MAIN_CHOICES = {"pydist": "pydist", "gloo": "gloo", "mpi": "pydist-mpi"}
 """``--backend`` names -> BACKENDS keys."""
 
-COMPARE_CHOICES = {"gloo": "gloo", "mpi": "mpi", "pydist": "pydist"}
+COMPARE_CHOICES = {"gloo": "gloo", "mpi": "mpi", "pydist": "pydist", "pydist-tls": "pydist-tls"}
 """``--compare`` names -> BACKENDS keys."""

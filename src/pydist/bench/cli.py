@@ -4,7 +4,7 @@
 
     pydist-bench [--op all_reduce|all_gather|reduce_scatter|broadcast|all_to_all|sendrecv|barrier]
                  [--nproc 2] [--sizes 4:64M] [--dtype float32] [--iters 20] [--warmup 5]
-                 [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist]
+                 [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist,pydist-tls]
                  [--transport auto|tcp] [--timeout 1800] [--json] [--plot out.png]
                  [--netns HOSTSxRANKS [--link RATE]]
 

@@ -45,13 +45,17 @@ def _base_env(spec: BackendSpec, config: dict) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1", **os.environ, **forced, LAUNCHER_ENV: str(os.getpid())}
 
 
-def _commands(spec: BackendSpec, nproc: int, config: dict) -> list[tuple[list[str], dict[str, str]]]:
+def _commands(spec: BackendSpec, nproc: int, config: dict,
+              extra: dict[str, str] | None = None) -> list[tuple[list[str], dict[str, str]]]:
+    """Each process's argv and environment (``extra``: the backend's own variables)."""
+    extra = extra or {}
     worker = [sys.executable, "-m", "pydist.bench.worker", spec.key, json.dumps(config)]
     if spec.launcher == "mpiexec":
-        return [([mpiexec_path() or "mpiexec", "-n", str(nproc), *worker], _base_env(spec, config))]
+        return [([mpiexec_path() or "mpiexec", "-n", str(nproc), *worker], {**_base_env(spec, config), **extra})]
     port = str(_free_port())
-    return [(worker, {**_base_env(spec, config), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
-                      "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc)})
+    return [(worker, {**_base_env(spec, config), **extra, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                      "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+                      "LOCAL_WORLD_SIZE": str(nproc)})
             for rank in range(nproc)]
 
 
@@ -60,12 +64,14 @@ class _Workers:
 
     def __init__(self, spec: BackendSpec, nproc: int, config: dict) -> None:
         self.stderr = tempfile.TemporaryFile()
+        self.scratch = tempfile.TemporaryDirectory(prefix="pydist-bench-") if spec.extra_env else None
         self.procs: list[subprocess.Popen] = []
         self.rank_pids: set[int] = set()
         read_fd, write_fd = os.pipe()
         self.read_fd, self.buffer = read_fd, b""
         try:
-            for argv, env in _commands(spec, nproc, config):
+            extra = spec.extra_env(self.scratch.name) if spec.extra_env and self.scratch else {}
+            for argv, env in _commands(spec, nproc, config, extra):
                 self.procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=write_fd,
                                                    stderr=self.stderr))
         except BaseException:
@@ -116,6 +122,8 @@ class _Workers:
                 pass
         os.close(self.read_fd)
         self.stderr.close()
+        if self.scratch is not None:
+            self.scratch.cleanup()
 
 
 def run_backend(spec: BackendSpec, nproc: int, config: dict, timeout: float) -> Generator[dict, None, None]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import ssl
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,7 +27,10 @@ from .._settings import settings
 from ..store._base import StoreTimeoutError
 from .._addresses import host_port, listen
 from .._interfaces import interface_of
+from .._tls import Contexts, contexts
 from ._framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
+from ._mesh_tls import REQUIRES_TLS, client_side, mismatch, peer_uses_tls, refused_by, secured, server_side
+from ._tls_socket import TlsSocket
 
 log = logging.getLogger("pydist.transport")
 MAX_HELLO_BYTES = 4096
@@ -160,7 +164,7 @@ class Acceptor:
     :class:`Refused` (failed authentication: send its reply, then drop it)."""
 
     def __init__(self, rank: int, world: str, expected: set[int], auth_token: bytes | None):
-        self._rank, self._world, self._expected, self._auth_token = rank, world, expected, auth_token
+        self._rank, self._world, self.expected, self._auth_token = rank, world, expected, auth_token
         self._transcript: Transcript | None = None
         self.peer: int | None = None
         self.done = False
@@ -176,7 +180,7 @@ class Acceptor:
         if fields.get("token") != self._world:
             raise FramingError("HELLO from another job (world token differs)")
         peer = _rank_of(fields)
-        if peer not in self._expected:
+        if peer not in self.expected:
             raise FramingError(f"unexpected HELLO from rank {peer}")
         self.peer = peer
         reply: dict = {"rank": self._rank, "token": self._world}
@@ -242,29 +246,38 @@ def _remaining_timedelta(deadline: Deadline):
 
 
 def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
-               auth_token: bytes | None = None) -> socket.socket:
-    """Connect to a lower rank, retrying with backoff until the deadline (failed
-    authentication is not retried: AuthenticationError)."""
+               auth_token: bytes | None = None, tls: Contexts | None = None) -> socket.socket | TlsSocket:
+    """Connect to a lower rank (with ``tls``: over mutual TLS), retrying with backoff until
+    the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused)."""
     delay, last_error = 0.01, None
     while not deadline.expired():
         try:
             timeout = deadline.remaining()
             sock = socket.create_connection((record.address, record.port), timeout=min(timeout or 30, 30))
             try:
+                if tls is not None:
+                    sock = client_side(sock, tls, rank, record.rank, record.dialled)
                 handshake = Connector(rank, token, record.rank, auth_token)
                 sock.sendall(handshake.first)
                 while not handshake.done:
                     reply = handshake.on_hello(_read_frame(sock))
                     if reply:
                         sock.sendall(reply)
+            except ssl.SSLError as error:  # TLS 1.3: a refused certificate shows at the first read
+                sock.close()
+                raise refused_by(rank, record.rank, record.dialled, error) from None
+            except OSError as error:
+                sock.close()
+                if isinstance(sock, ssl.SSLSocket):  # it accepted TLS, then hung up: it refused this rank
+                    raise refused_by(rank, record.rank, record.dialled, error) from None
+                raise
             except BaseException:
                 sock.close()
                 raise
-            return _tune(sock)
+            return secured(_tune(sock))
         except AuthenticationError as error:
             raise AuthenticationError(f"rank {rank} could not authenticate with rank {record.rank} at "
-                                      f"{record.dialled}: authentication "
-                                      f"failed: {error}") from None
+                                      f"{record.dialled}: authentication failed: {error}") from None
         except (OSError, ValueError) as error:
             last_error = error
             time.sleep(min(delay, deadline.remaining() or delay))
@@ -274,58 +287,114 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                            f"{last_error}") from last_error
 
 
+def _ranks_at(address: str, expected: set[int], records: list[PeerRecord] | None) -> str | None:
+    """The expected ranks whose record has ``address``, in words, or None if none has."""
+    ranks = sorted(r for r in expected if records is not None and records[r].address == address)
+    if not ranks:
+        return None
+    host = records[ranks[0]].label if records is not None else address
+    return f"rank {ranks[0]} on {host}" if len(ranks) == 1 else f"one of ranks {ranks} on {host}"
+
+
 def accept_from(listener: socket.socket, expected: set[int], rank: int, token: str,
-                deadline: Deadline, auth_token: bytes | None = None) -> dict[int, socket.socket]:
+                deadline: Deadline, auth_token: bytes | None = None, tls: Contexts | None = None,
+                records: list[PeerRecord] | None = None) -> dict[int, socket.socket | TlsSocket]:
     """Accept one connection from each rank in ``expected``; drop strays, garbage and (with
-    ``auth_token``) connections that fail authentication, logging each with its address."""
-    accepted: dict[int, socket.socket] = {}
-    while len(accepted) < len(expected):
-        remaining = deadline.remaining()
-        if remaining == 0:
-            missing = sorted(expected - accepted.keys())
-            for sock in accepted.values():
-                sock.close()
-            raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}")
-        listener.settimeout(remaining)
-        try:
-            sock, where = listener.accept()
-        except socket.timeout:
-            continue
-        handshake = Acceptor(rank, token, expected - accepted.keys(), auth_token)
-        try:
-            sock.settimeout(min(remaining or 10, 10))
-            while not handshake.done:
-                reply = handshake.on_hello(_read_frame(sock))
-                sock.sendall(reply)
-        except Refused as error:
-            log.warning("pydist rank %d refused a connection from %s: authentication failed: %s", rank, where, error)
+    ``auth_token``) connections that fail authentication, logging each with its address.
+    A TLS failure or mismatch (``tls`` set and the peer plain, or the reverse) from an
+    expected rank's address raises TlsRefused naming it (its ``records`` give addresses)."""
+    accepted: dict[int, socket.socket | TlsSocket] = {}
+    try:
+        while len(accepted) < len(expected):
+            remaining = deadline.remaining()
+            if remaining == 0:
+                missing = sorted(expected - accepted.keys())
+                raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}")
+            listener.settimeout(remaining)
             try:
-                sock.sendall(error.reply)
-            except OSError:
-                pass
-            sock.close()
-            continue
-        except (OSError, ValueError) as error:
-            log.warning("pydist rank %d dropped a connection from %s: %s", rank, where, error)
-            sock.close()
-            continue
-        assert handshake.peer is not None  # done: it names the connector
-        accepted[handshake.peer] = _tune(sock)
+                sock, where = listener.accept()
+            except socket.timeout:
+                continue
+            peer_sock = _handshake(sock, where, expected - accepted.keys(), rank, token, auth_token, tls, records)
+            if peer_sock is not None:
+                accepted[peer_sock[0]] = secured(_tune(peer_sock[1]))
+    except BaseException:
+        for done in accepted.values():
+            done.close()
+        raise
     return accepted
 
 
+def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token: str, auth_token: bytes | None,
+               tls: Contexts | None, records: list[PeerRecord] | None) -> tuple[int, socket.socket] | None:
+    """(peer, socket) after the acceptor's side of TLS and HELLOs, or None (dropped, logged)."""
+    handshake = Acceptor(rank, token, expected, auth_token)
+    try:
+        sock.settimeout(10)
+        if peer_uses_tls(sock) != (tls is not None):
+            _mismatched(sock, where, handshake, rank, tls is not None, _ranks_at(where[0], expected, records))
+            return None
+        if tls is not None:
+            secure = server_side(sock, tls, rank, _ranks_at(where[0], expected, records))
+            if secure is None:
+                log.warning("pydist rank %d dropped a connection from %s: its TLS failed", rank, where)
+                return None
+            sock = secure
+        while not handshake.done:
+            reply = handshake.on_hello(_read_frame(sock))
+            sock.sendall(reply)
+    except Refused as error:
+        log.warning("pydist rank %d refused a connection from %s: authentication failed: %s", rank, where, error)
+        try:
+            sock.sendall(error.reply)
+        except OSError:
+            pass
+        sock.close()
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("pydist rank %d dropped a connection from %s: %s", rank, where, error)
+        sock.close()
+        return None
+    except BaseException:
+        sock.close()
+        raise
+    assert handshake.peer is not None  # done: it names the connector
+    return handshake.peer, sock
+
+
+def _mismatched(sock: socket.socket, where, handshake: Acceptor, rank: int, this_uses_tls: bool,
+                who: str | None) -> None:
+    """A peer using TLS when this rank does not, or the reverse: tell it (a plain HELLO
+    ``refused``), then raise naming it; a stray's is logged and dropped (None)."""
+    if this_uses_tls:  # a plain connector: its HELLO names its rank
+        peer = _rank_of(_fields(_read_frame(sock)))
+        if peer in handshake.expected:
+            who = f"rank {peer} on {who.split(' on ', 1)[1]}" if who else f"rank {peer} at {where[0]}"
+    try:
+        sock.sendall(_hello_frame({"refused": REQUIRES_TLS if this_uses_tls else "it does not use TLS"}))
+    except OSError:
+        pass
+    sock.close()
+    if who is None:
+        log.warning("pydist rank %d dropped a connection from %s: %s", rank, where,
+                    "it does not use TLS" if this_uses_tls else "it uses TLS")
+        return None
+    raise mismatch(rank, who, this_uses_tls)
+
+
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str,
-               deadline: Deadline) -> tuple[dict[int, socket.socket], list[PeerRecord], str]:
+               deadline: Deadline) -> tuple[dict[int, socket.socket | TlsSocket], list[PeerRecord], str]:
     """Sockets to every other rank (blocking mode), every rank's record, the world token."""
     with listen(address, backlog=max(size, 16)) as listener:
         record = PeerRecord(rank, address, listener.getsockname()[1], hostname, host_id, interface_of(address))
         records, token = publish_and_collect(store, rank, size, record, deadline)
-        auth_token = token_of(store)
-        sockets: dict[int, socket.socket] = {}
+        auth_token, tls = token_of(store), contexts()
+        sockets: dict[int, socket.socket | TlsSocket] = {}
         try:
             for peer in range(rank):
-                sockets[peer] = connect_to(records[peer], rank, token, deadline, auth_token)
-            sockets.update(accept_from(listener, set(range(rank + 1, size)), rank, token, deadline, auth_token))
+                sockets[peer] = connect_to(records[peer], rank, token, deadline, auth_token, tls)
+            sockets.update(accept_from(listener, set(range(rank + 1, size)), rank, token, deadline, auth_token, tls,
+                                       records))
         except BaseException:
             for sock in sockets.values():
                 sock.close()

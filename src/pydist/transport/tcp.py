@@ -32,6 +32,7 @@ from ._matching import Matcher
 from ._mesh import build_mesh
 from ._receiver import FrameReceiver
 from ._tcp_poller import Poller
+from ._tls_socket import TlsSocket
 from .._settings import settings
 
 log = logging.getLogger("pydist.transport")
@@ -76,7 +77,7 @@ class _Outgoing:
 class _Connection:
     """The socket to one peer: its send queue, and the frame being received from it."""
 
-    def __init__(self, transport: "TcpTransport", peer: int, sock: socket.socket, host: str):
+    def __init__(self, transport: "TcpTransport", peer: int, sock: socket.socket | TlsSocket, host: str):
         self.transport = transport
         self.peer = peer
         self.host = host
