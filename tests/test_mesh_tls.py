@@ -167,3 +167,40 @@ def test_the_tls_socket_sends_and_receives_in_pieces(certs):
     assert np.array_equal(out, data)
     sender.close()
     receiver.close()
+
+
+LAUNCHED = """
+import numpy as np, pydist
+from pydist._world import current
+from pydist.transport._tls_socket import TlsSocket
+pydist.init_process_group()
+buf = np.ones(3) * (pydist.get_rank() + 1)
+pydist.all_reduce(buf)
+tls = all(isinstance(c.sock, TlsSocket) for c in current().transport.network._conns.values())
+print("RESULT", buf.tolist(), tls, flush=True)
+pydist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_pydist_run_tls_flags_encrypt_the_whole_job(certs, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(LAUNCHED)
+    identity = certs["good"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYDIST_TLS_")}
+    done = subprocess.run([sys.executable, "-m", "pydist.run", "--standalone", "--nproc-per-node", "2",
+                           "--tls-cert", identity["PYDIST_TLS_CERT"], "--tls-key", identity["PYDIST_TLS_KEY"],
+                           "--tls-ca", identity["PYDIST_TLS_CA"], str(script)],
+                          capture_output=True, text=True, timeout=FAST, env={**base, "PYDIST_SHM": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("RESULT [3.0, 3.0, 3.0] True") == 2, done.stdout
+
+
+def test_pydist_run_tls_flags_must_come_together(certs):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYDIST_TLS_")}
+    done = subprocess.run([sys.executable, "-m", "pydist.run", "--standalone", "--tls-cert",
+                           certs["good"]["PYDIST_TLS_CERT"], "x.py"], capture_output=True, text=True, timeout=FAST,
+                          env=base)
+    assert done.returncode == 2
+    assert "TLS needs PYDIST_TLS_CERT, PYDIST_TLS_KEY, PYDIST_TLS_CA together; PYDIST_TLS_KEY, PYDIST_TLS_CA are " \
+        "not set" in done.stderr, done.stderr

@@ -56,14 +56,16 @@ class BackendSpec:
 MPICH_TCP = (("MPIR_CVAR_NOLOCAL", "1"), ("UCX_TLS", "tcp,self"))
 
 def _tls_env(directory: str) -> dict[str, str]:
-    """PYDIST_TLS_* of a certificate from a CA made for this run (every rank presents it)."""
+    """BENCH_TLS_* (see comms.connect_pydist_tls): a certificate from a CA made for this run,
+    which every rank presents."""
     from pydist.testing.tls import Authority
-    return Authority(directory, "pydist-bench CA").issue("rank").env()
+    identity = Authority(directory, "pydist-bench CA").issue("rank")
+    return dict(zip(comms.BENCH_TLS, (identity.cert, identity.key, identity.ca)))
 
 
 BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
     BackendSpec("pydist", "pydist", "spawn", comms.connect_pydist, tcp_env=(("PYDIST_SHM", "0"),)),
-    BackendSpec("pydist-tls", "pydist+tls", "spawn", comms.connect_pydist, ("cryptography",),
+    BackendSpec("pydist-tls", "pydist+tls", "spawn", comms.connect_pydist_tls, ("cryptography",),
                 "pip install cryptography (to make the run's certificates)", (("PYDIST_SHM", "0"),), _tls_env),
     BackendSpec("pydist-mpi", "pydist-mpi", "mpiexec", comms.connect_pydist_mpi, ("mpi4py",),
                 "pip install mpi4py mpich", MPICH_TCP),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from contextlib import closing
@@ -174,7 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--nproc contradicts --netns {args.netns} (the job has hosts x ranks ranks)")
         if args.transport != "auto":
             parser.error("--transport tcp with --netns: the hosts are separate already (use --netns Hx1)")
-        return netns_job.run(args.netns, args.link, netns_job.forwarded(argv), args.timeout)
+        with tempfile.TemporaryDirectory(prefix="pydist-bench-") as scratch:  # pydist-tls: the job's certificates
+            tls = BACKENDS["pydist-tls"]
+            extra = tls.extra_env(scratch) if tls.extra_env and tls.key in args.compare else {}
+            return netns_job.run(args.netns, args.link, netns_job.forwarded(argv), args.timeout, extra_env=extra)
     args.nproc = getattr(args, "nproc", DEFAULT_NPROC)
     if args.nproc < OPS[args.op].min_ranks:
         parser.error(f"--op {args.op} needs --nproc >= {OPS[args.op].min_ranks}")

@@ -105,6 +105,36 @@ def connect_pydist(timeout: float) -> TorchStyleComm:
     return TorchStyleComm(pydist)
 
 
+#: Where pydist-bench's launchers put the certificates they made for the pydist+tls column
+#: (not PYDIST_TLS_*: the launcher's own store and the other columns stay without TLS).
+BENCH_TLS = ("BENCH_TLS_CERT", "BENCH_TLS_KEY", "BENCH_TLS_CA")
+
+
+def connect_pydist_tls(timeout: float) -> TorchStyleComm:
+    """pydist's own backend over mutual TLS, the store included: with PYDIST_TLS_* set (a job
+    run with TLS) env:// as usual; else with the BENCH_TLS_* certificates, on a TLS store of
+    its own that rank 0 serves and announces through the job's plain one."""
+    import pydist
+    from pydist._tls import VARIABLES
+    if all(os.environ.get(name) for name in VARIABLES):
+        return connect_pydist(timeout)
+    if not all(os.environ.get(name) for name in BENCH_TLS):
+        raise RuntimeError(f"pydist+tls needs {', '.join(VARIABLES)} on every rank of a launched job")
+    wait = timedelta(seconds=timeout)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    plain = pydist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=wait)
+    os.environ.update(zip(VARIABLES, (os.environ[name] for name in BENCH_TLS)))
+    if rank == 0:
+        store = pydist.TCPStore(plain.client_address(), 0, size, is_master=True, timeout=wait, wait_for_workers=False)
+        plain.set("pydist-bench/tls-store", f"{plain.client_address()} {store.port}")
+    else:
+        host, port = plain.get("pydist-bench/tls-store").decode().split()
+        store = pydist.TCPStore(host, int(port), size, timeout=wait)
+    plain.close()
+    pydist.init_process_group("pydist", store=store, rank=rank, world_size=size, timeout=wait)
+    return TorchStyleComm(pydist)
+
+
 def connect_pydist_mpi(timeout: float) -> TorchStyleComm:
     """pydist's MPI backend under mpiexec."""
     import pydist

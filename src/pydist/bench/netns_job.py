@@ -60,15 +60,17 @@ def host_command(shape: Shape, host: int, master: str, bench_args: list[str], mo
             str(MASTER_PORT), "-m", module, *bench_args]
 
 
-def run(shape: Shape, link: str | None, bench_args: list[str], timeout: float, module: str = "pydist.bench") -> int:
-    """Run the job (``module`` with ``bench_args`` in every rank); print rank 0's output
-    (launcher prefixes removed); 0, or 1 with the failing hosts' error output."""
+def run(shape: Shape, link: str | None, bench_args: list[str], timeout: float, module: str = "pydist.bench",
+        extra_env: dict[str, str] | None = None) -> int:
+    """Run the job (``module`` with ``bench_args`` in every rank, ``extra_env`` added to their
+    environment); print rank 0's output (launcher prefixes removed); 0, or 1 with the failing
+    hosts' error output."""
     from ..testing.netns import Network, netns_available
     ok, why = netns_available(shaping=link is not None)
     if not ok:
         print(f"pydist-bench: error: --netns needs network namespaces: {why}", file=sys.stderr)
         return 1
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "eth0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "eth0", **(extra_env or {})}
     with Network(hosts=shape.hosts, rate=link) as net:
         procs = [net.popen(host, host_command(shape, host, net.hosts[0].addr, bench_args, module), env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -8,6 +8,7 @@
                [--standalone] [--max-restarts N] [--monitor-interval S] [--role NAME]
                [--log-dir DIR] [-r SPEC] [-t SPEC] [--local-ranks-filter R,...]
                [--local-addr A] [--shutdown-timeout S] [--on-failure restart|continue]
+               [--tls-cert F --tls-key F --tls-ca F]
                [-m | --no-python | --run-path] script [script args...]
 
 Flags take dash or underscore spellings (``--nproc_per_node``) and, like torchrun, default
@@ -25,7 +26,9 @@ to retry reaching the endpoint). Differences from torchrun: a single-node job's
 ``--max-restarts`` counts restarts for the whole job; ``--shutdown-timeout`` (grace before
 SIGKILL) defaults to 5 s, not 30. ``--on-failure continue`` (pydist's own): a worker that
 fails is reported and the others run on (for jobs that recover with ``shrink_group``); the
-node's launcher exits 0 when at least one of its workers exited 0.
+node's launcher exits 0 when at least one of its workers exited 0. ``--tls-cert``,
+``--tls-key``, ``--tls-ca`` (pydist's own) set PYDIST_TLS_CERT/KEY/CA for the launcher's store and
+the workers: mutual TLS for the whole job.
 """
 from __future__ import annotations
 
@@ -93,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--on-failure", default="restart", choices=["restart", "continue"],
         help="a worker failing: stop the others and restart or end the job (torchrun's, the default), or "
         "report it and let the others go on (they recover with shrink_group); exit 0 when a worker exited 0")
+    for part, what in (("cert", "this node's certificate"), ("key", "its private key"),
+                       ("ca", "the CA certificate every node's must chain to")):
+        add(f"--tls-{part}", default=None,
+            help=f"mutual TLS for the store and the workers (PYDIST_TLS_{part.upper()}): {what}, a PEM file")
     parser.add_argument("--standalone", action="store_true", default=_flag_default("standalone"),
                         help="single node: a c10d store on a free local port, a random job id")
     mode = parser.add_mutually_exclusive_group()
@@ -224,7 +231,19 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _export_tls(args)
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     sys.exit(Agent(config).run())
+
+
+def _export_tls(args: argparse.Namespace) -> None:
+    """--tls-* as PYDIST_TLS_* (absolute paths) for the store and the workers; ValueError if the
+    three do not come together (with the environment's) or cannot be loaded."""
+    from .._tls import VARIABLES, contexts
+    given = {name: os.path.abspath(path) for name, path in zip(VARIABLES, (args.tls_cert, args.tls_key, args.tls_ca))
+             if path}
+    if given:
+        os.environ.update(given)
+        contexts()

@@ -6,11 +6,19 @@ Connecting retries with backoff until the timeout; failed authentication is neve
 Every socket wait is bounded by the call's deadline; a closed or failed connection raises
 DistNetworkError naming host:port, a failed authentication
 :class:`~pydist._auth.AuthenticationError`.
+
+With TLS (a client ``ssl.SSLContext``, see :mod:`pydist._tls`) a connection opens with a TLS
+handshake, then the store's opening inside it. Until that opening is done a TLS error or a
+closed connection is a refusal (:class:`Refused`, never retried) saying which side refused
+what: the store refused this client's certificate (a TLS alert, which TLS 1.3 delivers only
+at the first read), this client refused the store's, or the store does not use TLS. A
+server that requires TLS answers a plain client with an ``error``, also a Refused.
 """
 from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 import time
 
@@ -18,11 +26,39 @@ from .._addresses import family_unusable, host_port
 from .._auth import AuthenticationError
 from .._deadline import Deadline
 from .._errors import DistNetworkError, DistStoreError
+from .._tls import reason as tls_reason
 from ._auth_opening import ClientOpening
 from ._protocol import AuthRequired, Message, ProtocolError, ResponseParser, encode_request, hello
 
 _MAX_IDLE = 8
 _CLOSED_ERRORS = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class Refused(DistNetworkError, DistStoreError):
+    """The server refused this client, or this client the server, for a reason a retry cannot
+    change (TLS on one side only, a certificate not trusted)."""
+
+
+def _tls_refused(where: str, error: BaseException) -> Refused:
+    """A TLS opening with the store at ``where`` that failed with ``error``, in words."""
+    why = tls_reason(error)
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return Refused(f"this client refused the certificate of the store at {where}: {why} (is the store's "
+                       "PYDIST_TLS_CERT signed by this client's PYDIST_TLS_CA, and still valid?)")
+    if "alert" in why:
+        return Refused(f"the store at {where} refused this client's certificate: {why} "
+                       "(is PYDIST_TLS_CERT signed by the CA the store trusts, and still valid?)")
+    return Refused(f"the store at {where} does not use TLS or refused it: {why} "
+                   "(PYDIST_TLS_* must be set for the store and its clients alike)")
+
+
+def _first_answer(data: bytes) -> Message | None:
+    """The first message of a server's stream ``data`` (None: not a whole one)."""
+    parser = ResponseParser()
+    parser.feed(data)
+    with contextlib.suppress(ProtocolError):
+        return parser.next()
+    return None
 
 
 def _socket_timeout(deadline: Deadline) -> float:
@@ -38,12 +74,14 @@ class Connection:
         self._where = where
         self._parser = ResponseParser()
         self.local_address: str = sock.getsockname()[0]
+        self._tls_opening = False  # a TLS connection before its store opening is done
 
     @classmethod
     def open(cls, host: str, port: int, deadline: Deadline, retry: bool,
-             auth_token: bytes | None = None) -> "Connection":
-        """Connect and handshake (with ``auth_token``: authenticate); with ``retry``, keep
-        trying (backoff) until ``deadline``. Failed authentication is never retried."""
+             auth_token: bytes | None = None, tls: ssl.SSLContext | None = None) -> "Connection":
+        """Connect (with ``tls``: over TLS) and handshake (with ``auth_token``: authenticate);
+        with ``retry``, keep trying (backoff) until ``deadline``. A refusal or failed
+        authentication is never retried."""
         where, started, delay = host_port(host, port), time.monotonic(), 0.01
         while True:
             try:
@@ -57,14 +95,17 @@ class Connection:
                 conn = cls(sock, where)
                 try:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if tls is not None:
+                        conn._start_tls(tls, deadline)
                     if auth_token is None:
-                        conn.roundtrip(hello(), deadline, "the handshake", handshake=True)
+                        conn._check_refusal(conn.roundtrip(hello(), deadline, "the handshake", handshake=True))
                     else:
                         conn.authenticate(auth_token, deadline)
+                    conn._tls_opening = False
                     return conn
                 except DistNetworkError as e:
                     conn.close()
-                    if isinstance(e, AuthenticationError) or isinstance(e.__cause__, ProtocolError):
+                    if isinstance(e, (AuthenticationError, Refused)) or isinstance(e.__cause__, ProtocolError):
                         raise
                     error = e
             left = deadline.remaining() or 0.0
@@ -76,31 +117,52 @@ class Connection:
             time.sleep(min(delay, left))
             delay = min(delay * 2, 1.0)
 
+    def _start_tls(self, context: ssl.SSLContext, deadline: Deadline) -> None:
+        """Wrap the socket in TLS and run the handshake (failures: see ``_io``)."""
+        self._tls_opening = True
+        with self._io("the TLS handshake"):
+            self._sock.settimeout(_socket_timeout(deadline))
+            self._sock = context.wrap_socket(self._sock, do_handshake_on_connect=False)
+            self._sock.do_handshake()
+
+    def _check_refusal(self, answer: Message | None) -> None:
+        """Raise Refused if the server's first answer is an error (e.g. it requires TLS)."""
+        if answer is not None and answer.name == "error":
+            raise Refused(f"store server at {self._where} refused this client: {answer.args[1]}")
+
     @contextlib.contextmanager
     def _io(self, what: str):
-        """Socket failures during ``what`` as DistNetworkError naming the server."""
+        """Socket failures during ``what`` as DistNetworkError naming the server (during a TLS
+        opening, a TLS error or a closed connection as Refused)."""
         try:
             yield
-        except _CLOSED_ERRORS:
-            raise DistNetworkError(f"store server at {self._where} closed the connection (during {what})") from None
-        except socket.timeout:
-            raise DistNetworkError(f"store server at {self._where} did not answer {what} in time") from None
         except OSError as e:
-            raise DistNetworkError(f"connection to store server at {self._where} failed during {what}: {e}") from e
+            if self._tls_opening and isinstance(e, (ssl.SSLError, *_CLOSED_ERRORS)):
+                raise _tls_refused(self._where, e) from None
+            if isinstance(e, _CLOSED_ERRORS):
+                raise DistNetworkError(f"store server at {self._where} closed the connection (during {what})") from None
+            if isinstance(e, socket.timeout):
+                raise DistNetworkError(f"store server at {self._where} did not answer {what} in time") from None
+            raise DistNetworkError(f"connection to store server at {self._where} failed during {what}: "
+                                   f"{tls_reason(e)}") from e
 
     def authenticate(self, auth_token: bytes, deadline: Deadline) -> None:
         """The authenticated opening (``_auth_opening.ClientOpening``). Raises AuthenticationError."""
         what = "authentication"
         opening = ClientOpening(auth_token)
+        received = bytearray()  # the server's bytes: a refusal instead of an opening is told apart
         try:
             with self._io(what):
                 self._sock.settimeout(_socket_timeout(deadline))
                 self._sock.sendall(opening.start())
                 while not opening.done:
-                    reply = opening.feed(self._recv(deadline, what))
+                    data = self._recv(deadline)
+                    received += data
+                    reply = opening.feed(data)
                     if reply:
                         self._sock.sendall(reply)
         except AuthenticationError as e:
+            self._check_refusal(_first_answer(bytes(received)))
             raise AuthenticationError(f"authentication with store server at {self._where} failed: {e}") from None
         except ProtocolError as e:
             raise DistNetworkError(f"store server at {self._where} sent a malformed answer to {what}: {e}") from e
@@ -124,10 +186,11 @@ class Connection:
                         f"store server at {self._where} sent a malformed answer to {what}: {e}") from e
                 if msg is not None or (handshake and self._parser.handshaken):
                     return msg
-                self._parser.feed(self._recv(deadline, what))
+                self._parser.feed(self._recv(deadline))
 
-    def _recv(self, deadline: Deadline, what: str) -> bytes:
-        """Bytes from the server (b"" if none came within a bounded wait; the caller loops)."""
+    def _recv(self, deadline: Deadline) -> bytes:
+        """Bytes from the server (b"" if none came within a bounded wait; the caller loops);
+        called inside ``_io``, which words the errors."""
         if deadline.expired():
             raise socket.timeout()
         self._sock.settimeout(_socket_timeout(deadline))
@@ -136,7 +199,7 @@ class Connection:
         except socket.timeout:
             return b""  # the deadline is checked again by the caller's loop
         if not data:
-            raise DistNetworkError(f"store server at {self._where} closed the connection (during {what})")
+            raise ConnectionAbortedError("the server closed the connection")
         return data
 
     def close(self) -> None:
@@ -146,9 +209,9 @@ class Connection:
 class Pool:
     """The connections of one client; a call takes an idle one or opens another."""
 
-    def __init__(self, host: str, port: int, where: str, auth_token: bytes | None):
+    def __init__(self, host: str, port: int, where: str, auth_token: bytes | None, tls: ssl.SSLContext | None = None):
         self._host, self._port, self._where = host, port, where
-        self._auth_token = auth_token
+        self._auth_token, self._tls = auth_token, tls
         self._lock = threading.Lock()
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
@@ -165,7 +228,7 @@ class Pool:
 
     def connect(self, timeout: float, retry: bool) -> Connection:
         """A new connection (not yet idle); with ``retry``, wait up to ``timeout`` for the server."""
-        conn = Connection.open(self._host, self._port, Deadline.after(timeout), retry, self._auth_token)
+        conn = Connection.open(self._host, self._port, Deadline.after(timeout), retry, self._auth_token, self._tls)
         with self._lock:
             self._open.add(conn)
         return conn

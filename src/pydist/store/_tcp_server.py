@@ -8,23 +8,47 @@ warning); an internal error costs that connection, never the server. A client th
 read its answers is not read from until they drain (``OUTPUT_LIMIT``). Multi-tenant masters
 of one process share the server of a (host, port) through :func:`acquire_server` /
 :func:`release_server`; the last release stops it.
+
+With TLS (a server ``ssl.SSLContext``, see :mod:`pydist._tls`) a connection reaches the
+service only after its TLS handshake, run in the same loop without blocking: the first byte
+is peeked; anything but a TLS record is refused (a pydist client gets its hello and an
+``error`` answer saying TLS is required; a torch client, which cannot do TLS, is just
+closed), else the socket is wrapped (``do_handshake_on_connect=False``) and ``do_handshake``
+is retried on readiness (WantRead/WantWrite). A handshake that fails (a certificate the CA did
+not sign, expired) or is not done within ``HANDSHAKE_TIMEOUT_S`` drops the connection with a
+warning. A TLS socket gives one record per ``recv``: it is read until WantRead, or until
+``READ_BYTES`` were read and its decrypted buffer is empty (``pending()``: bytes left there
+would never make the socket readable again).
 """
 from __future__ import annotations
 
 import hmac
 import itertools
 import logging
+import os
 import selectors
 import socket
+import ssl
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 from .._addresses import family_unusable, host_port
 from .._errors import DistNetworkError, DistStoreError
+from .._tls import HANDSHAKE_RECORD
+from .._tls import reason as tls_reason
+from ._protocol import WIRE_MAGIC, Message, encode_response, error_code, hello
 from ._service import OUTPUT_LIMIT, StoreService
 
 logger = logging.getLogger("pydist.store")
+#: Seconds a connection may take to finish its TLS handshake before it is dropped.
+HANDSHAKE_TIMEOUT_S = 30.0
+#: Bytes read from one connection per readiness event.
+READ_BYTES = 262144
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+_TLS_REQUIRED = DistStoreError("this store requires TLS: set PYDIST_TLS_CERT, PYDIST_TLS_KEY and PYDIST_TLS_CA "
+                               "for this client too")
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -47,6 +71,15 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _discard_input(sock: socket.socket) -> None:
+    """Drop the bytes the peer sent and nobody read (raw, under TLS too): closing over them
+    resets the connection, and the peer may lose the refusal or TLS alert sent just before."""
+    with suppress(OSError):
+        for _ in range(16):
+            if not os.read(sock.fileno(), READ_BYTES):
+                return
+
+
 class _Peer:
     __slots__ = ("cid", "sock", "address", "out", "events", "held")
 
@@ -60,13 +93,14 @@ class _Peer:
 class Server:
     """The store server of one (host, port): a thread, its sockets, its service."""
 
-    def __init__(self, host: str, port: int, auth_token: bytes | None):
+    def __init__(self, host: str, port: int, auth_token: bytes | None, tls: ssl.SSLContext | None = None):
         self._listener = _listen(host, port)
         self.host, self.port = host, self._listener.getsockname()[1]
         self.users = 1
-        self.auth_token = auth_token
+        self.auth_token, self.tls = auth_token, tls
         self._service = StoreService(auth_token)
         self._peers: dict[int, _Peer] = {}
+        self._handshakes: dict[int, float] = {}  # TLS connections not open yet: their deadlines, oldest first
         self._drained: set[int] = set()  # held connections whose answers went out
         self._ids = itertools.count()
         self._stopping = False
@@ -91,11 +125,11 @@ class Server:
     def _run(self) -> None:
         try:
             while not self._stopping:
-                deadline = self._service.next_deadline()
-                events = self._sel.select(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                events = self._sel.select(self._timeout())
                 for key, mask in events:
                     self._on_event(key, mask)
                 self._service.expire(time.monotonic())
+                self._expire_handshakes(time.monotonic())
                 self._deliver()
                 self._resume_drained()
         except Exception:  # pragma: no cover - a bug; keep the process alive and say so
@@ -107,6 +141,12 @@ class Server:
             self._wake_r.close()
             self._sel.close()
 
+    def _timeout(self) -> float | None:
+        """Seconds until a parked request or a TLS handshake is due (None: nothing is)."""
+        handshake = next(iter(self._handshakes.values()), None)  # the oldest: deadlines grow with accept time
+        due = [d for d in (self._service.next_deadline(), handshake) if d is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
     def _on_event(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.fileobj is self._listener:
             self._accept()
@@ -115,6 +155,9 @@ class Server:
         else:
             peer: _Peer = key.data
             try:
+                if peer.cid in self._handshakes:
+                    self._handshake(peer)
+                    return
                 if mask & selectors.EVENT_READ and peer.cid in self._peers:
                     self._read(peer)
                 if mask & selectors.EVENT_WRITE and peer.cid in self._peers:
@@ -139,20 +182,84 @@ class Server:
             peer = _Peer(next(self._ids), sock, address)
             self._peers[peer.cid] = peer
             self._sel.register(sock, selectors.EVENT_READ, peer)
+            if self.tls is None:
+                self._service.open(peer.cid)
+            else:
+                self._handshakes[peer.cid] = time.monotonic() + HANDSHAKE_TIMEOUT_S
+
+    def _handshake(self, peer: _Peer) -> None:
+        """Advance a TLS connection's opening (see the module docstring); once done, the
+        service opens it and reads what already came."""
+        try:
+            sock = peer.sock if isinstance(peer.sock, ssl.SSLSocket) else self._wrap(peer)
+            if sock is None:
+                return
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(peer, selectors.EVENT_READ)
+        except ssl.SSLWantWriteError:
+            self._watch(peer, selectors.EVENT_WRITE)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as e:
+            self._drop(peer, f"TLS handshake failed: {tls_reason(e)}")
+        else:
+            del self._handshakes[peer.cid]
             self._service.open(peer.cid)
+            self._watch(peer, selectors.EVENT_READ)
+            self._read(peer)
+
+    def _wrap(self, peer: _Peer) -> ssl.SSLSocket | None:
+        """Wrap a connection whose first byte starts a TLS handshake; refuse any other (None)."""
+        assert self.tls is not None  # only TLS servers have handshakes
+        first = peer.sock.recv(1, socket.MSG_PEEK)
+        if first == bytes([HANDSHAKE_RECORD]):
+            self._sel.unregister(peer.sock)
+            sock = peer.sock = self.tls.wrap_socket(peer.sock, server_side=True, do_handshake_on_connect=False)
+            self._sel.register(sock, peer.events, peer)
+            return sock
+        farewell = b""
+        if not first:
+            why = None  # closed before sending a byte
+        elif first == WIRE_MAGIC[:1]:
+            why = "not TLS: a pydist client without PYDIST_TLS_* (this store requires TLS)"
+            farewell = hello() + encode_response(Message("error", (error_code(_TLS_REQUIRED), str(_TLS_REQUIRED))))
+        elif first == b"\0":
+            why = "not TLS: a torch TCPStore client, refused because this store requires TLS (torch's cannot)"
+        else:
+            why = f"not TLS: its first byte {first!r} does not start a TLS handshake"
+        self._farewell(peer, farewell)
+        self._drop(peer, why)
+        return None
+
+    def _expire_handshakes(self, now: float) -> None:
+        """Drop the connections whose TLS handshake is past its deadline."""
+        while self._handshakes:
+            cid, deadline = next(iter(self._handshakes.items()))  # the oldest
+            if deadline > now:
+                return
+            self._drop(self._peers[cid], f"TLS handshake not finished within {HANDSHAKE_TIMEOUT_S:g}s")
 
     def _read(self, peer: _Peer) -> None:
-        try:
-            data = peer.sock.recv(262144)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self._drop(peer, f"receive failed: {e}")
-            return
-        if data:
+        """Receive up to READ_BYTES of what ``peer`` sent (one ``recv``; a TLS socket, which
+        gives a record per call, until WantRead, or the budget is spent and no decrypted byte
+        is left inside the SSL object, where it would never make the socket readable)."""
+        budget = READ_BYTES
+        while True:
+            try:
+                data = peer.sock.recv(READ_BYTES)
+            except _WOULD_BLOCK:
+                return
+            except OSError as e:
+                self._drop(peer, f"receive failed: {tls_reason(e)}")
+                return
+            if not data:
+                self._drop(peer, self._service.close(peer.cid))
+                return
             self._service.receive(peer.cid, data, time.monotonic())
-        else:
-            self._drop(peer, self._service.close(peer.cid))
+            budget -= len(data)
+            if not isinstance(peer.sock, ssl.SSLSocket) or (budget <= 0 and not peer.sock.pending()):
+                return
 
     def _deliver(self) -> None:
         output = self._service.take_output()
@@ -180,17 +287,20 @@ class Server:
 
     def _flush(self, peer: _Peer) -> None:
         try:
-            del peer.out[:peer.sock.send(peer.out)]
-        except (BlockingIOError, InterruptedError):
+            del peer.out[:peer.sock.send(peer.out)]  # TLS: a retry after WantWrite resends the same (grown) buffer
+        except _WOULD_BLOCK:
             pass
         except OSError as e:
-            self._drop(peer, f"send failed: {e}")
+            self._drop(peer, f"send failed: {tls_reason(e)}")
             return
         reading = len(peer.out) < OUTPUT_LIMIT  # a client that does not read its answers: stop reading it
         if reading and peer.held:
             self._drained.add(peer.cid)
         peer.held = not reading
-        events = (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if peer.out else 0)
+        self._watch(peer, (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if peer.out else 0))
+
+    def _watch(self, peer: _Peer, events: int) -> None:
+        """Wait for ``events`` on the connection's socket."""
         if events != peer.events:
             peer.events = events
             self._sel.modify(peer.sock, events, peer)
@@ -208,6 +318,8 @@ class Server:
         if reason is not None:
             logger.warning("store server %s:%d: dropping client %s: %s", self.host, self.port, peer.address, reason)
         self._service.close(peer.cid)
+        if self._handshakes.pop(peer.cid, None) is not None:
+            _discard_input(peer.sock)
         del self._peers[peer.cid]
         self._sel.unregister(peer.sock)
         peer.sock.close()
@@ -221,18 +333,23 @@ def _same_token(a: bytes | None, b: bytes | None) -> bool:
     return a is None and b is None or a is not None and b is not None and hmac.compare_digest(a, b)
 
 
-def acquire_server(host: str, port: int, multi_tenant: bool, auth_token: bytes | None) -> Server:
-    """A new server, or with ``multi_tenant`` the one already serving (host, port) (which
-    must have the same token)."""
+def acquire_server(host: str, port: int, multi_tenant: bool, auth_token: bytes | None,
+                   tls: ssl.SSLContext | None = None) -> Server:
+    """A new server (with ``tls``: TLS only), or with ``multi_tenant`` the one already serving
+    (host, port) (which must have the same token and TLS context)."""
     if not multi_tenant:
-        return Server(host, port, auth_token)
+        return Server(host, port, auth_token, tls)
     with _servers_lock:
         server = _servers.get((host, port)) if port else None
         if server is None:
-            server = Server(host, port, auth_token)
+            server = Server(host, port, auth_token, tls)
             _servers[(host, server.port)] = server
         elif not _same_token(server.auth_token, auth_token):
             raise DistStoreError(f"TCPStore {host}:{port}: this process already serves it with another auth token")
+        elif server.tls is not tls:
+            raise DistStoreError(f"TCPStore {host}:{port}: this process already serves it "
+                                 f"{'with other TLS settings' if server.tls else 'without TLS'} (PYDIST_TLS_CERT, "
+                                 "PYDIST_TLS_KEY and PYDIST_TLS_CA must be the same for every tenant)")
         else:
             server.users += 1
         return server

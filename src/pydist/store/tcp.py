@@ -13,6 +13,12 @@ every connection opens with a mutual HMAC challenge–response. The server refus
 naming the peer address) a client that fails it, has no token, or speaks torch's protocol;
 such a client raises :class:`~pydist._auth.AuthenticationError` (a DistNetworkError and a
 DistStoreError) saying authentication failed, without retrying.
+
+With PYDIST_TLS_CERT, PYDIST_TLS_KEY and PYDIST_TLS_CA (read when the store is made; see
+:mod:`pydist._tls`) every connection is mutual TLS, the token's opening (if any) inside it.
+The server refuses (and logs) a client without TLS, torch's clients included, or whose
+certificate the CA did not sign or that expired; the client raises
+:class:`~pydist.store._tcp_client.Refused` at once, saying which side refused and what to fix.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
+from .. import _tls
 from .._auth import resolve_token
 from .._deadline import DEFAULT_STORE_TIMEOUT, Deadline
 from .._errors import DistNetworkError, DistStoreError
@@ -55,6 +62,7 @@ class TCPStore(Store):
     (str or bytes; default PYDIST_AUTH_TOKEN, "" for none) makes the server and this client
     authenticate each other on every connection; the transports of a process group met
     through this store use the same token. Wrong or missing token: AuthenticationError.
+    PYDIST_TLS_* (all three or none, else ValueError) put every connection in mutual TLS.
     """
 
     def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
@@ -62,6 +70,7 @@ class TCPStore(Store):
                  multi_tenant: bool = False, auth_token: str | bytes | None = None):
         super().__init__(timeout)
         self._auth_token = resolve_token(auth_token)
+        tls = _tls.contexts()
         check_key(host_name, "host_name")
         for name, value in (("port", port), ("world_size", 1 if world_size is None else world_size)):
             if not isinstance(value, int):
@@ -70,9 +79,11 @@ class TCPStore(Store):
             raise ValueError(f"port: expected 1..65535 (0 only for the master), got {port}")
         if world_size is not None and world_size < 1:
             raise ValueError(f"world_size: expected a positive int or None, got {world_size}")
-        self._server = acquire_server(host_name, port, multi_tenant, self._auth_token) if is_master else None
+        self._server = (acquire_server(host_name, port, multi_tenant, self._auth_token, tls.server if tls else None)
+                        if is_master else None)
         self._host, self._port = host_name, self._server.port if self._server else port
-        self._pool = Pool(host_name or "localhost", self._port, self._where(), self._auth_token)
+        self._pool = Pool(host_name or "localhost", self._port, self._where(), self._auth_token,
+                          tls.client if tls else None)
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self._server)
         try:
             first = self._pool.connect(self.timeout.total_seconds(), retry=True)
