@@ -54,3 +54,16 @@ def test_a_two_host_job_prints_rank_zeros_table():
     rows = [line for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
     assert [int(row.split()[0]) for row in rows] == [4, 65536], done.stdout
     assert "[rank" not in done.stdout
+
+
+@pytest.mark.slow
+def test_a_two_host_job_compares_pydist_over_tls():
+    """The pydist+tls column of a launched job: certificates made by the bench, a TLS store
+    of its own (the launcher's stays plain, and so does the pydist column)."""
+    require_netns()
+    pytest.importorskip("cryptography")
+    done = subprocess.run(BENCH + ["--netns", "2x1", "--sizes", "4,64K", "--iters", "2", "--warmup", "1",
+                                   "--compare", "pydist-tls"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
+    assert [len(row) for row in rows] == [8, 8] and all(float(row[5]) > 0 for row in rows), done.stdout

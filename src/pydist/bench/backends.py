@@ -56,11 +56,9 @@ class BackendSpec:
 MPICH_TCP = (("MPIR_CVAR_NOLOCAL", "1"), ("UCX_TLS", "tcp,self"))
 
 def _tls_env(directory: str) -> dict[str, str]:
-    """BENCH_TLS_* (see comms.connect_pydist_tls): a certificate from a CA made for this run,
-    which every rank presents."""
+    """PYDIST_TLS_* of a certificate from a CA made for this run, which every rank presents."""
     from pydist.testing.tls import Authority
-    identity = Authority(directory, "pydist-bench CA").issue("rank")
-    return dict(zip(comms.BENCH_TLS, (identity.cert, identity.key, identity.ca)))
+    return Authority(directory, "pydist-bench CA").issue("rank").env()
 
 
 BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from contextlib import closing
 
-from . import injob, netns_job
+from . import comms, injob, netns_job
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .launch import BackendFailed, run_backend
 from .ops import DTYPES, OPS
@@ -159,6 +159,17 @@ def _measure_all(results: list[BackendResult], args: argparse.Namespace, config:
             signal.signal(signum, handler)
 
 
+def _in_job_tls(compare: list[str], scratch: str) -> dict[str, str]:
+    """For a launched job comparing pydist-tls: its certificates as BENCH_TLS_* (PYDIST_TLS_*
+    would put the launcher's store, and so every column, on TLS; see comms.connect_pydist_tls)."""
+    spec = BACKENDS["pydist-tls"]
+    if spec.key not in compare or spec.extra_env is None:
+        return {}
+    from .._tls import VARIABLES
+    made = spec.extra_env(scratch)
+    return {bench: made[name] for name, bench in zip(VARIABLES, comms.BENCH_TLS)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     job = injob.place()
@@ -175,10 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--nproc contradicts --netns {args.netns} (the job has hosts x ranks ranks)")
         if args.transport != "auto":
             parser.error("--transport tcp with --netns: the hosts are separate already (use --netns Hx1)")
-        with tempfile.TemporaryDirectory(prefix="pydist-bench-") as scratch:  # pydist-tls: the job's certificates
-            tls = BACKENDS["pydist-tls"]
-            extra = tls.extra_env(scratch) if tls.extra_env and tls.key in args.compare else {}
-            return netns_job.run(args.netns, args.link, netns_job.forwarded(argv), args.timeout, extra_env=extra)
+        with tempfile.TemporaryDirectory(prefix="pydist-bench-") as scratch:
+            return netns_job.run(args.netns, args.link, netns_job.forwarded(argv), args.timeout,
+                                 extra_env=_in_job_tls(args.compare, scratch))
     args.nproc = getattr(args, "nproc", DEFAULT_NPROC)
     if args.nproc < OPS[args.op].min_ranks:
         parser.error(f"--op {args.op} needs --nproc >= {OPS[args.op].min_ranks}")
