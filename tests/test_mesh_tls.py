@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +205,19 @@ def test_pydist_run_tls_flags_must_come_together(certs):
     assert done.returncode == 2
     assert "TLS needs PYDIST_TLS_CERT, PYDIST_TLS_KEY, PYDIST_TLS_CA together; PYDIST_TLS_KEY, PYDIST_TLS_CA are " \
         "not set" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kinds, victim", [(("all_reduce",), 2), (("broadcast",), 0), (("all_to_all", "sendrecv"), 3)])
+def test_a_rank_killed_over_tls_is_named_by_every_survivor(certs, kinds, victim):
+    """SIGKILL mid-operation on TLS connections (4 ranks, tcp only): as over plain tcp, every
+    survivor raises naming the dead rank within 2 s (tests/run_scripts/robust_ranks.py)."""
+    scripts = str(Path(__file__).parent / "run_scripts")
+    if scripts not in sys.path:
+        sys.path.append(scripts)
+    import robust_ranks
+    env = {"PYDIST_SHM": "0", **certs["good"]}
+    results = [robust_ranks.kill_trial(trial, kinds=kinds, victim=victim, root=0 if kinds == ("broadcast",) else None,
+                                       env=env, max_bytes=4 << 20, max_delay_s=1.5) for trial in range(3)]
+    problems = [f"trial {r['trial']}: {p}" for r in results for p in robust_ranks.violations(r)]
+    assert not problems, "\n".join(problems)

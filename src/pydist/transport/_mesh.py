@@ -332,7 +332,7 @@ def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token:
     try:
         sock.settimeout(10)
         if peer_uses_tls(sock) != (tls is not None):
-            _mismatched(sock, where, handshake, rank, tls is not None, _ranks_at(where[0], expected, records))
+            _mismatched(sock, where, handshake, rank, tls is not None, records)
             return None
         if tls is not None:
             secure = server_side(sock, tls, rank, _ranks_at(where[0], expected, records))
@@ -363,13 +363,15 @@ def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token:
 
 
 def _mismatched(sock: socket.socket, where, handshake: Acceptor, rank: int, this_uses_tls: bool,
-                who: str | None) -> None:
+                records: list[PeerRecord] | None) -> None:
     """A peer using TLS when this rank does not, or the reverse: tell it (a plain HELLO
-    ``refused``), then raise naming it; a stray's is logged and dropped (None)."""
-    if this_uses_tls:  # a plain connector: its HELLO names its rank
+    ``refused``), then raise naming it (a plain peer by its HELLO's rank, a TLS one by its
+    address); a stray's is logged and dropped."""
+    who = _ranks_at(where[0], handshake.expected, records)
+    if this_uses_tls:
         peer = _rank_of(_fields(_read_frame(sock)))
         if peer in handshake.expected:
-            who = f"rank {peer} on {who.split(' on ', 1)[1]}" if who else f"rank {peer} at {where[0]}"
+            who = f"rank {peer} on {records[peer].label}" if records is not None else f"rank {peer} at {where[0]}"
     try:
         sock.sendall(_hello_frame({"refused": REQUIRES_TLS if this_uses_tls else "it does not use TLS"}))
     except OSError:
@@ -378,7 +380,7 @@ def _mismatched(sock: socket.socket, where, handshake: Acceptor, rank: int, this
     if who is None:
         log.warning("pydist rank %d dropped a connection from %s: %s", rank, where,
                     "it does not use TLS" if this_uses_tls else "it uses TLS")
-        return None
+        return
     raise mismatch(rank, who, this_uses_tls)
 
 
