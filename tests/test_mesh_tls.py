@@ -221,3 +221,24 @@ def test_a_rank_killed_over_tls_is_named_by_every_survivor(certs, kinds, victim)
                                        env=env, max_bytes=4 << 20, max_delay_s=1.5) for trial in range(3)]
     problems = [f"trial {r['trial']}: {p}" for r in results for p in robust_ranks.violations(r)]
     assert not problems, "\n".join(problems)
+
+
+def _torch_sum(rank, size):
+    import torch
+    import torch.distributed as tdist
+    from torch.distributed import distributed_c10d as c10d
+
+    from pydist.transport._tls_socket import TlsSocket
+    t = torch.ones(4) * (rank + 1)
+    tdist.all_reduce(t)
+    connections = c10d._get_default_group().pydist_group.owned_transport.network._conns.values()
+    return t.tolist(), all(isinstance(c.sock, TlsSocket) for c in connections)
+
+
+@pytest.mark.slow
+def test_torch_on_the_plugin_runs_its_pydist_connections_over_tls(certs):
+    """torch.distributed on backend "pydist": pydist's peer connections use TLS (torch's own
+    TCPStore, which pydist does not make, stays plain)."""
+    pytest.importorskip("torch")
+    results = run_processes(2, _torch_sum, init="torch", env={"PYDIST_SHM": "0", **certs["good"]}, timeout=120)
+    assert results == [([3.0] * 4, True)] * 2
