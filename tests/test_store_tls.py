@@ -162,10 +162,12 @@ def test_the_store_refuses_at_once_and_logs(master, ca, use, tmp_path, caplog, c
     assert master.num_keys() == 0
 
 
-def test_a_tls_client_refuses_a_plain_store_at_once(ca, use):
+def test_a_tls_client_refuses_a_plain_store_at_once(ca, use, caplog):
     with TCPStore("127.0.0.1", 0, is_master=True, timeout=FIVE) as plain:
         use(ca.issue("client"))
-        message = _refused(plain.port, r"the store at 127\.0\.0\.1:\d+ does not use TLS or refused it: ")
+        with caplog.at_level(logging.WARNING, logger="pydist.store"):
+            message = _refused(plain.port, r"the store at 127\.0\.0\.1:\d+ does not use TLS or refused it: ")
+            _wait_for(caplog, "a TLS client (PYDIST_TLS_* set there) and this store does not use TLS")
     assert "PYDIST_TLS_* must be set for the store and its clients alike" in message
 
 

@@ -34,6 +34,7 @@ from collections import deque
 from typing import Any
 
 from .._errors import DistStoreError
+from .._tls import HANDSHAKE_RECORD
 from ._auth_opening import ServerOpening
 from ._protocol import (REQUESTS, WIRE_MAGIC, AuthRefused, AuthRequired, Message, ProtocolError, RequestParser,
                         encode_response, error_code, hello)
@@ -86,6 +87,8 @@ def _codec_for(first: bytes) -> Codec:
         return PydistCodec()
     if first == b"\x00":  # torch's VALIDATE query type
         return TorchCodec()
+    if first == bytes([HANDSHAKE_RECORD]):
+        raise ProtocolError("a TLS client (PYDIST_TLS_* set there) and this store does not use TLS")
     raise ProtocolError(f"bad magic {first!r}: neither a pydist store stream ({WIRE_MAGIC!r}) "
                         "nor a torch TCPStore client")
 
