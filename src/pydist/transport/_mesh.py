@@ -1,14 +1,15 @@
 """Connection setup for the tcp transport: one socket per pair of ranks, met through the store.
 
 Each rank listens on its advertised address and publishes ``tcp/<rank>`` (address, port,
-host name, host identity) in the store; then it connects to every lower rank and accepts
+host name, host identity, interface) in the store; then it connects to every lower rank and accepts
 every higher one. Both ends exchange HELLO frames carrying rank and world token, so a stray
 or garbage connection is dropped (and logged) without disturbing the setup.
 
 With a shared token (the store's ``auth_token``, else PYDIST_AUTH_TOKEN; see
 :mod:`pydist._auth`) the HELLOs also carry nonces and proofs (:class:`Connector`,
 :class:`Acceptor`): a connection is accepted only after both ranks proved they hold the
-token, so a peer without it cannot inject a frame; it is refused and logged.
+token, so a peer without it cannot inject a frame; it is refused and logged. With
+PYDIST_TLS_CERT/KEY/CA each connection runs mutual TLS before its HELLOs (:mod:`._mesh_tls`).
 """
 from __future__ import annotations
 
@@ -48,12 +49,16 @@ class PeerRecord:
     @property
     def label(self) -> str:
         """How errors name the peer's host: ``node7 (10.1.0.7, eth1)``."""
-        return f"{self.hostname} ({self.address}{', ' + self.iface if self.iface else ''})"
+        return f"{self.hostname} ({self.address}{self._on_iface})"
 
     @property
     def dialled(self) -> str:
         """The listening endpoint and its host: ``[fd00::7]:4242 (node7, eth1)``."""
-        return f"{host_port(self.address, self.port)} ({self.hostname}{', ' + self.iface if self.iface else ''})"
+        return f"{host_port(self.address, self.port)} ({self.hostname}{self._on_iface})"
+
+    @property
+    def _on_iface(self) -> str:
+        return f", {self.iface}" if self.iface else ""
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
