@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._buffers import Buffer, as_buffer
-from ._collectives import _reduce_op, _same_dtype, all_gather_into_tensor, reduce_scatter_tensor
+from ._collectives import _buffer_list, _reduce_op, _same_dtype, all_gather_into_tensor, reduce_scatter_tensor
 from ._init import member_group
 from ._ops import RedOpType
 from ._opspec import describe
@@ -75,7 +75,7 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
     target = member_group(group, "all_gather_coalesced")
     if target is None:
         return None
-    inputs = _tensor_list(input_tensor_list, "input_tensor_list", writable=False)
+    inputs = _buffer_list(input_tensor_list, "input_tensor_list", None, writable=False)
     rows = _output_lists(output_tensor_lists, inputs, target.size())
     _same_dtype(inputs, inputs[0])
     for row in rows:
@@ -92,14 +92,6 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
             _spread(block, row)
     return target.run(spec, body, [b for row in rows for b in row], async_op,
                       results=[list(row) for row in output_tensor_lists])
-
-
-def _tensor_list(objs: Any, name: str, writable: bool) -> list[Buffer]:
-    if not isinstance(objs, (list, tuple)):
-        raise TypeError(f"{name}: expected a list of tensors, got {type(objs).__name__}")
-    if not objs:
-        raise ValueError(f"{name}: expected a non-empty list of tensors")
-    return [as_buffer(obj, f"{name}[{i}]", writable) for i, obj in enumerate(objs)]
 
 
 def _output_lists(objs: Any, inputs: list[Buffer], size: int) -> list[list[Buffer]]:

@@ -50,10 +50,13 @@ def _same_dtype(buffers: Sequence[Buffer], reference: Buffer) -> None:
                             f"{reference.dtype_name}; all tensors of one call must share a dtype")
 
 
-def _buffer_list(objs: Any, name: str, count: int, writable: bool) -> list[Buffer]:
+def _buffer_list(objs: Any, name: str, count: int | None, writable: bool) -> list[Buffer]:
+    """``objs`` as buffers: a list of ``count`` tensors (None: any number but none)."""
     if not isinstance(objs, (list, tuple)):
         raise TypeError(f"{name}: expected a list of tensors, got {type(objs).__name__}")
-    if len(objs) != count:
+    if count is None and not objs:
+        raise ValueError(f"{name}: expected a non-empty list of tensors")
+    if count is not None and len(objs) != count:
         raise ValueError(f"{name}: expected {count} tensors (the group size), got {len(objs)}")
     return [as_buffer(obj, f"{name}[{i}]", writable) for i, obj in enumerate(objs)]
 
