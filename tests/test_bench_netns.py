@@ -22,7 +22,8 @@ def test_shape_is_hosts_by_ranks():
 
 
 def test_the_job_gets_every_argument_but_the_namespace_ones():
-    argv = ["--netns", "2x2", "--sizes", "4,1M", "--link=1gbit", "--compare", "gloo", "--netns=3x1", "--link", "x"]
+    argv = ["--netns", "2x2", "--sizes", "4,1M", "--link=1gbit", "--compare", "gloo", "--netns=3x1", "--link", "x",
+            "--nics", "2", "--nics=3"]
     assert netns_job.forwarded(argv) == ["--sizes", "4,1M", "--compare", "gloo"]
     command = netns_job.host_command(netns_job.Shape(2, 3), 1, "10.0.0.1", ["--sizes", "4"])
     assert command[1:] == ["-m", "pydist.run", "--nnodes", "2", "--nproc-per-node", "3", "--node-rank", "1",
@@ -32,6 +33,7 @@ def test_the_job_gets_every_argument_but_the_namespace_ones():
 
 @pytest.mark.parametrize("argv, message", [
     (["--link", "1gbit"], "--link shapes the links of a --netns job: give --netns too"),
+    (["--nics", "2"], "--nics gives the hosts of a --netns job interfaces: give --netns too"),
     (["--netns", "2x2", "--nproc", "4"], "--nproc contradicts --netns 2x2"),
     (["--netns", "2x2", "--transport", "tcp"], "--transport tcp with --netns"),
     (["--netns", "1x2"], "expected at least 2 hosts of at least 1 rank, got '1x2'"),
@@ -65,5 +67,18 @@ def test_a_two_host_job_compares_pydist_over_tls():
     done = subprocess.run(BENCH + ["--netns", "2x1", "--sizes", "4,64K", "--iters", "2", "--warmup", "1",
                                    "--compare", "pydist-tls"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
+    assert [len(row) for row in rows] == [8, 8] and all(float(row[5]) > 0 for row in rows), done.stdout
+
+
+@pytest.mark.slow
+def test_two_interfaces_per_host_compare_striping_with_one_lane():
+    """--nics 2: both interfaces named to pydist (striped past PYDIST_STRIPE_BYTES); the
+    pydist-1nic column is the same job on one lane."""
+    require_netns()
+    done = subprocess.run(BENCH + ["--netns", "2x1", "--nics", "2", "--sizes", "4,4M", "--iters", "2", "--warmup", "1",
+                                   "--compare", "pydist-1nic"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "backends=pydist,pydist 1 nic" in done.stdout, done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
     assert [len(row) for row in rows] == [8, 8] and all(float(row[5]) > 0 for row in rows), done.stdout

@@ -51,7 +51,7 @@ def _sum(rank, size):
     pydist.all_reduce(buf)
     small = np.ones(3) * rank
     pydist.all_reduce(small)
-    connections = current().transport.network._conns.values()
+    connections = current().transport.network.connections()
     return bool(np.all(buf == np.arange(300_000) * size + sum(range(size)))), small.tolist(), \
         all(isinstance(c.sock, TlsSocket) for c in connections)
 
@@ -177,7 +177,7 @@ from pydist.transport._tls_socket import TlsSocket
 pydist.init_process_group()
 buf = np.ones(3) * (pydist.get_rank() + 1)
 pydist.all_reduce(buf)
-tls = all(isinstance(c.sock, TlsSocket) for c in current().transport.network._conns.values())
+tls = all(isinstance(c.sock, TlsSocket) for c in current().transport.network.connections())
 print("RESULT", buf.tolist(), tls, flush=True)
 pydist.destroy_process_group()
 """
@@ -231,7 +231,7 @@ def _torch_sum(rank, size):
     from pydist.transport._tls_socket import TlsSocket
     t = torch.ones(4) * (rank + 1)
     tdist.all_reduce(t)
-    connections = c10d._get_default_group().pydist_group.owned_transport.network._conns.values()
+    connections = c10d._get_default_group().pydist_group.owned_transport.network.connections()
     return t.tolist(), all(isinstance(c.sock, TlsSocket) for c in connections)
 
 

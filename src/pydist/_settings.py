@@ -107,6 +107,10 @@ class Settings:
         "A peer whose host stops answering (TCP keepalive probes each second once a connection is "
         "idle, unacknowledged data) for this long is declared dead, naming it; 0: found only by "
         "the operation timeout (a host that vanished without closing its sockets).")
+    stripe_bytes: int = _setting(
+        "PYDIST_STRIPE_BYTES", 1 << 20, _count(0), "bytes, >= 0",
+        "A collective's message at least this large is split over one connection per interface "
+        "when PYDIST_SOCKET_IFNAME names several (smaller ones use the first); 0: never split.")
     tcp_reader: str = _setting(
         "PYDIST_TCP_READER", "caller", _choice("caller", "io", lower=True), "caller / io",
         "Who reads a TCP peer's socket for a blocked receive: caller (its own thread, no hand-off; "
@@ -133,7 +137,8 @@ class Settings:
     socket_ifname: str | None = _setting(
         "PYDIST_SOCKET_IFNAME", None, _text, "NCCL_SOCKET_IFNAME's syntax",
         "Interfaces for peer connections: comma list of name prefixes, `^` first excludes, `=` "
-        "makes names exact (`eth1`, `^docker,lo`, `=eth0`); default: GLOO_SOCKET_IFNAME's names "
+        "makes names exact (`eth1`, `^docker,lo`, `=eth0`); several: one connection per peer on "
+        "each, large messages striped (PYDIST_STRIPE_BYTES); default: GLOO_SOCKET_IFNAME's names "
         "if set, else the interface that reaches the store.")
     auth_token: str | None = _setting(
         "PYDIST_AUTH_TOKEN", None, _text, "any text",

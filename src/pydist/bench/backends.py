@@ -1,7 +1,8 @@
 """The backends pydist-bench can measure, and whether each one can run here.
 
 Names are those of ``--backend`` (``pydist``, ``gloo``, ``mpi``) and ``--compare``
-(``gloo``, ``mpi``, ``pydist``). ``--backend mpi`` means pydist's own MPI backend
+(``gloo``, ``mpi``, ``pydist``, ``pydist-tls``, ``pydist-1nic``: one interface however many
+are named, the baseline of striping). ``--backend mpi`` means pydist's own MPI backend
 (``init_process_group("mpi")`` under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means
 plain mpi4py on MPICH (key ``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
 (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, like torchrun); ``mpiexec`` runs the venv's
@@ -63,6 +64,8 @@ def _tls_env(directory: str) -> dict[str, str]:
 
 BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
     BackendSpec("pydist", "pydist", "spawn", comms.connect_pydist, tcp_env=(("PYDIST_SHM", "0"),)),
+    BackendSpec("pydist-1nic", "pydist 1 nic", "spawn", comms.connect_pydist_one_lane,
+                tcp_env=(("PYDIST_SHM", "0"),)),
     BackendSpec("pydist-tls", "pydist+tls", "spawn", comms.connect_pydist_tls, ("cryptography",),
                 "pip install cryptography (to make the run's certificates)", (("PYDIST_SHM", "0"),), _tls_env),
     BackendSpec("pydist-mpi", "pydist-mpi", "mpiexec", comms.connect_pydist_mpi, ("mpi4py",),
@@ -74,5 +77,6 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
 MAIN_CHOICES = {"pydist": "pydist", "gloo": "gloo", "mpi": "pydist-mpi"}
 """``--backend`` names -> BACKENDS keys."""
 
-COMPARE_CHOICES = {"gloo": "gloo", "mpi": "mpi", "pydist": "pydist", "pydist-tls": "pydist-tls"}
+COMPARE_CHOICES = {"gloo": "gloo", "mpi": "mpi", "pydist": "pydist", "pydist-tls": "pydist-tls",
+                   "pydist-1nic": "pydist-1nic"}
 """``--compare`` names -> BACKENDS keys."""

@@ -4,9 +4,9 @@
 
     pydist-bench [--op all_reduce|all_gather|reduce_scatter|broadcast|all_to_all|sendrecv|barrier]
                  [--nproc 2] [--sizes 4:64M] [--dtype float32] [--iters 20] [--warmup 5]
-                 [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist,pydist-tls]
+                 [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist,pydist-tls,pydist-1nic]
                  [--transport auto|tcp] [--timeout 1800] [--json] [--plot out.png]
-                 [--netns HOSTSxRANKS [--link RATE]]
+                 [--netns HOSTSxRANKS [--link RATE] [--nics N]]
 
 Prints one row per size: bytes, element count, time in µs (median over timed iterations
 of the slowest rank's time), algbw and busbw in GB/s, then per ``--compare`` backend its
@@ -115,6 +115,8 @@ def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
                         help="run as a multi-node job on this machine: HOSTS network namespaces joined by veth "
                         "links, RANKS ranks each under pydist-run (root, iproute2)")
     parser.add_argument("--link", metavar="RATE", help="with --netns: shape every host's link (tc units: 1gbit)")
+    parser.add_argument("--nics", type=_arg(_positive), default=1,
+                        help="with --netns: interfaces per host, each on its own network; pydist stripes over all")
     return parser
 
 
@@ -181,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return injob.main(args, argv, parser, job)
     if args.link and not args.netns:
         parser.error("--link shapes the links of a --netns job: give --netns too")
+    if args.nics != 1 and not args.netns:
+        parser.error("--nics gives the hosts of a --netns job interfaces: give --netns too")
     if args.netns:
         if hasattr(args, "nproc"):
             parser.error(f"--nproc contradicts --netns {args.netns} (the job has hosts x ranks ranks)")
@@ -188,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--transport tcp with --netns: the hosts are separate already (use --netns Hx1)")
         with tempfile.TemporaryDirectory(prefix="pydist-bench-") as scratch:
             return netns_job.run(args.netns, args.link, netns_job.forwarded(argv), args.timeout,
-                                 extra_env=_in_job_tls(args.compare, scratch))
+                                 extra_env=_in_job_tls(args.compare, scratch), nics=args.nics)
     args.nproc = getattr(args, "nproc", DEFAULT_NPROC)
     if args.nproc < OPS[args.op].min_ranks:
         parser.error(f"--op {args.op} needs --nproc >= {OPS[args.op].min_ranks}")

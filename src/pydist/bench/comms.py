@@ -14,6 +14,7 @@ are imported only inside the functions that need them.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -103,6 +104,32 @@ def connect_pydist(timeout: float) -> TorchStyleComm:
     import pydist
     pydist.init_process_group("pydist", timeout=timedelta(seconds=timeout))
     return TorchStyleComm(pydist)
+
+
+#: The environment of the "pydist 1 nic" column: striping off, so one lane per peer.
+ONE_LANE = {"PYDIST_STRIPE_BYTES": "0"}
+
+
+@contextmanager
+def _environment(values: dict[str, str]):
+    """``values`` set in os.environ meanwhile, the previous ones put back after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def connect_pydist_one_lane(timeout: float) -> TorchStyleComm:
+    """pydist's own backend on one interface however many PYDIST_SOCKET_IFNAME names (striping
+    off while it connects): the baseline of striping."""
+    with _environment(ONE_LANE):
+        return connect_pydist(timeout)
 
 
 #: Where pydist-bench's launchers put the certificates they made for the pydist+tls column

@@ -1,7 +1,9 @@
-"""``pydist-bench --netns HxM [--link RATE]``: the benchmark as a multi-node job on one machine.
+"""``pydist-bench --netns HxM [--link RATE] [--nics N]``: the benchmark as a multi-node job on one machine.
 
 H network namespaces are the hosts (:mod:`pydist.testing.netns`: one veth each on a bridge,
-``--link`` shapes every host's link, e.g. ``1gbit``), each runs pydist-run with M ranks,
+``--link`` shapes every host's link, e.g. ``1gbit``; ``--nics N``: N interfaces each, on N
+separate networks, all named to pydist by PYDIST_SOCKET_IFNAME=eth, so it stripes large
+messages over them; ``--compare pydist-1nic`` is the same on one), each runs pydist-run with M ranks,
 static rendezvous at host 0, and pydist-bench inside that job: pydist uses shared memory
 inside a host and TCP between hosts, as on a real cluster, and every ``--compare`` backend
 runs in the same job (gloo on the namespaces' ``eth0``). Rank 0's table is printed. Needs
@@ -40,14 +42,14 @@ def parse_shape(text: str) -> Shape:
 
 
 def forwarded(argv: list[str]) -> list[str]:
-    """``argv`` without --netns and --link (each as ``--opt value`` or ``--opt=value``)."""
+    """``argv`` without --netns, --link and --nics (each as ``--opt value`` or ``--opt=value``)."""
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in ("--netns", "--link"):
+        elif arg in ("--netns", "--link", "--nics"):
             skip = True
-        elif not arg.startswith(("--netns=", "--link=")):
+        elif not arg.startswith(("--netns=", "--link=", "--nics=")):
             kept.append(arg)
     return kept
 
@@ -61,7 +63,7 @@ def host_command(shape: Shape, host: int, master: str, bench_args: list[str], mo
 
 
 def run(shape: Shape, link: str | None, bench_args: list[str], timeout: float, module: str = "pydist.bench",
-        extra_env: dict[str, str] | None = None) -> int:
+        extra_env: dict[str, str] | None = None, nics: int = 1) -> int:
     """Run the job (``module`` with ``bench_args`` in every rank, ``extra_env`` added to their
     environment); print rank 0's output (launcher prefixes removed); 0, or 1 with the failing
     hosts' error output."""
@@ -71,7 +73,9 @@ def run(shape: Shape, link: str | None, bench_args: list[str], timeout: float, m
         print(f"pydist-bench: error: --netns needs network namespaces: {why}", file=sys.stderr)
         return 1
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "eth0", **(extra_env or {})}
-    with Network(hosts=shape.hosts, rate=link) as net:
+    if nics > 1:
+        env["PYDIST_SOCKET_IFNAME"] = "eth"
+    with Network(hosts=shape.hosts, rate=link, interfaces=nics) as net:
         procs = [net.popen(host, host_command(shape, host, net.hosts[0].addr, bench_args, module), env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for host in range(shape.hosts)]

@@ -63,3 +63,14 @@ def advertise_address(store) -> str:
     route = _store_route(store)
     named = named_addresses(family_of(route))
     return named[0][1] if named else route
+
+
+def lane_addresses(address: str) -> list[str]:
+    """The addresses of this rank's further lanes: one for each other interface that
+    PYDIST_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) names, in ``address``'s family; empty when
+    it names fewer than two or striping is off (PYDIST_STRIPE_BYTES=0)."""
+    if not settings().stripe_bytes:
+        return []
+    family = family_of(address)
+    named = named_addresses(family) or []
+    return [a for _, a in named if a != address and family_of(a) == family]

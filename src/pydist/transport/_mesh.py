@@ -19,7 +19,8 @@ import socket
 import ssl
 import time
 import uuid
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 
 from .._auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce, token_of
 from .._deadline import Deadline
@@ -45,6 +46,14 @@ class PeerRecord:
     hostname: str
     host_id: str
     iface: str = ""  # the interface holding ``address`` on the peer's host
+    lanes: list = field(default_factory=list)  # [address, port, iface] of each further lane
+
+    def lane(self, k: int) -> "PeerRecord":
+        """The record as lane ``k`` reaches it (lane 0: this one)."""
+        if k == 0 or k > len(self.lanes):
+            return self
+        address, port, iface = self.lanes[k - 1]
+        return replace(self, address=address, port=port, iface=iface, lanes=[])
 
     @property
     def label(self) -> str:
@@ -389,21 +398,40 @@ def _mismatched(sock: socket.socket, where, handshake: Acceptor, rank: int, this
     raise mismatch(rank, who, this_uses_tls)
 
 
-def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str,
-               deadline: Deadline) -> tuple[dict[int, socket.socket | TlsSocket], list[PeerRecord], str]:
-    """Sockets to every other rank (blocking mode), every rank's record, the world token."""
-    with listen(address, backlog=max(size, 16)) as listener:
-        record = PeerRecord(rank, address, listener.getsockname()[1], hostname, host_id, interface_of(address))
+Connection = socket.socket | TlsSocket
+
+
+def lane_count(one: PeerRecord, other: PeerRecord) -> int:
+    """How many lanes (connections) join two ranks: both must offer an address for each."""
+    return 1 + min(len(one.lanes), len(other.lanes))
+
+
+def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
+               lanes: list[str] | None = None) -> tuple[dict[int, list[Connection]], list[PeerRecord], str]:
+    """Sockets to every other rank (blocking mode), lane 0 first, every rank's record, the
+    world token. ``lanes``: this rank's further addresses, each listened on; two ranks open
+    one connection per lane both offer, lane by lane (the HELLO's world token names the lane)."""
+    with ExitStack() as listening:
+        listeners = [listening.enter_context(listen(a, backlog=max(size, 16))) for a in [address, *(lanes or [])]]
+        ports = [listener.getsockname()[1] for listener in listeners]
+        record = PeerRecord(rank, address, ports[0], hostname, host_id, interface_of(address),
+                            [[a, port, interface_of(a)] for a, port in zip(lanes or [], ports[1:])])
         records, token = publish_and_collect(store, rank, size, record, deadline)
         auth_token, tls = token_of(store), contexts()
-        sockets: dict[int, socket.socket | TlsSocket] = {}
+        sockets: dict[int, list[Connection]] = {}
         try:
-            for peer in range(rank):
-                sockets[peer] = connect_to(records[peer], rank, token, deadline, auth_token, tls)
-            sockets.update(accept_from(listener, set(range(rank + 1, size)), rank, token, deadline, auth_token, tls,
-                                       records))
+            for k, listener in enumerate(listeners):
+                world = token if k == 0 else f"{token}/lane{k}"
+                peers = [p for p in range(size) if p != rank and k < lane_count(records[rank], records[p])]
+                for peer in (p for p in peers if p < rank):
+                    sockets.setdefault(peer, []).append(
+                        connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls))
+                accepted = accept_from(listener, {p for p in peers if p > rank}, rank, world, deadline, auth_token,
+                                       tls, [r.lane(k) for r in records])
+                for peer in sorted(accepted):
+                    sockets.setdefault(peer, []).append(accepted[peer])
         except BaseException:
-            for sock in sockets.values():
+            for sock in (s for socks in sockets.values() for s in socks):
                 sock.close()
             raise
     return sockets, records, token

@@ -1,4 +1,5 @@
-"""TCP transport: one connection per pair of ranks, one I/O thread per world.
+"""TCP transport: one connection per pair of ranks (per interface named, see _stripes), one
+I/O thread per world.
 
 Sends are tried at once from the caller's thread (small messages never wait for the I/O
 thread); whatever the kernel does not take is queued and finished by the I/O thread. The
@@ -29,8 +30,10 @@ from ._abort import abort_payload, aborted_by
 from ._base import MessageKey, Request, Transport
 from ._framing import FramingError, Header, Kind, encode_frame, encode_header
 from ._matching import Matcher
+from ._identity import lane_addresses
 from ._mesh import build_mesh
 from ._receiver import FrameReceiver
+from ._stripes import bounds, join, part_key
 from ._tcp_poller import Poller
 from ._tls_socket import TlsSocket
 from .._settings import settings
@@ -215,27 +218,36 @@ class TcpTransport(Transport):
     """The tcp transport of one rank: sockets to all peers and their I/O thread."""
 
     def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str,
-                 hostname: str, host_id: str, matcher: Matcher | None = None, on_peer_failed=None):
+                 hostname: str, host_id: str, matcher: Matcher | None = None, on_peer_failed=None,
+                 lanes: list[str] | None = None):
+        """``lanes``: further addresses to listen on, one connection per peer on each (default:
+        the other interfaces PYDIST_SOCKET_IFNAME names, see ``lane_addresses``)."""
         self.rank, self.size = rank, size
         self.matcher = matcher if matcher is not None else Matcher()
         self._on_peer_failed = on_peer_failed or self.matcher.fail_source
         self.caller_reads = settings().tcp_reader == "caller"
+        self._stripe_bytes = settings().stripe_bytes or (1 << 62)
         self._failed_while_read = False
-        sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline)
-        self._conns = {peer: _Connection(self, peer, sock, self.records[peer].label)
-                       for peer, sock in sockets.items()}
+        lanes = lane_addresses(address) if lanes is None else lanes
+        sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
+                                                       lanes)
+        #: each peer's connections, lane 0 (every message under PYDIST_STRIPE_BYTES) first
+        self._lanes = {peer: [_Connection(self, peer, sock, self.records[peer].lane(k).label)
+                              for k, sock in enumerate(socks)] for peer, socks in sockets.items()}
+        self._every = [conn for lanes in self._lanes.values() for conn in lanes]
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._poller = Poller(self._wake_r.fileno(), self._wake)
         self._arm_lock = threading.Lock()
-        self._by_fd = {conn.fd: conn for conn in self._conns.values()}
-        for conn in self._conns.values():
+        self._by_fd = {conn.fd: conn for conn in self._every}
+        for conn in self._every:
             self._arm(conn)
         self._pending_lock = threading.Lock()
         self._pending_write: list[_Connection] = []
         self.matcher.throttle.resume = self._resume_reading
         self._pending_fail: list[tuple[_Connection, BaseException]] = []
+        self._parts: dict[Request, list[Request]] = {}  # striped receives in progress: their parts
         self._stopping = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-io-{rank}", daemon=True)
@@ -247,17 +259,51 @@ class TcpTransport(Transport):
             raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
         request = Request(peer, data)
         request.drive = self.driver(data.nbytes)  # its waiter reads arrivals meanwhile (they may be what it waits for)
+        lanes = self._lanes[peer]
+        if call and len(lanes) > 1 and data.nbytes >= self._stripe_bytes:
+            join(request, [self._send_on(lanes[k], data[a:b], part_key(key, k), call)
+                           for k, (a, b) in enumerate(bounds(data.nbytes, len(lanes)))])
+        else:
+            self._send_on(lanes[0], data, key, call, request)
+        return request
+
+    def _send_on(self, conn: _Connection, data: memoryview, key: MessageKey, call: int,
+                 request: Request | None = None) -> Request:
+        """Send ``data`` as one frame on ``conn``, completing ``request`` (made if None)."""
+        request = request or Request(conn.peer, data)
         header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
-        self._conns[peer].send([header, data], request)
+        conn.send([header, data], request)
         if not request.done():
             self.matcher.track_send(key.group, request)
         return request
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        """A collective's message of PYDIST_STRIPE_BYTES or more from a peer with several lanes
+        arrives in parts, one per lane (as ``isend`` sends it); others whole on lane 0."""
         request = Request(peer, data, call)
         request.drive = self.driver(data.nbytes)
-        self.matcher.post(request, peer, key)
+        lanes = len(self._lanes[peer]) if peer is not None and peer in self._lanes else 1
+        if call and lanes > 1 and data.nbytes >= self._stripe_bytes:
+            parts = [Request(peer, data[a:b], call) for a, b in bounds(data.nbytes, lanes)]
+            for k, part in enumerate(parts):
+                self.matcher.post(part, peer, part_key(key, k))
+            self._parts[request] = parts
+            join(request, parts)
+            request.add_callback(self._forget_parts)
+        else:
+            self.matcher.post(request, peer, key)
         return request
+
+    def _forget_parts(self, request: Request) -> None:
+        self._parts.pop(request, None)
+
+    def connections(self) -> list[_Connection]:
+        """Every connection to every peer (each lane of each)."""
+        return list(self._every)
+
+    def lanes(self, peer: int) -> list[_Connection]:
+        """The connections to ``peer``, lane 0 first."""
+        return list(self._lanes[peer])
 
     def driver(self, nbytes: int) -> Callable[[Request, float | None], bool]:
         """How a caller blocked on a message of ``nbytes`` waits: reading the sockets itself
@@ -315,7 +361,7 @@ class TcpTransport(Transport):
         self._poller.leave()
         if self._failed_while_read:
             self._failed_while_read = False
-            for conn in self._conns.values():
+            for conn in self._every:
                 if conn.error is not None:
                     conn.receiver.abandon(conn.error)  # failed while a caller read it
 
@@ -341,7 +387,8 @@ class TcpTransport(Transport):
             self._broken(conn, error)
 
     def cancel(self, request: Request) -> None:
-        self.matcher.cancel(request, DistBackendError("receive cancelled"))
+        for part in self._parts.get(request, [request]):
+            self.matcher.cancel(part, DistBackendError("receive cancelled"))
 
     def peer_host(self, peer: int) -> str:
         return self.records[peer].label
@@ -351,7 +398,7 @@ class TcpTransport(Transport):
         frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, payload))
         for peer in peers:
             if peer != self.rank:
-                self._conns[peer].send([frame], None)
+                self._lanes[peer][0].send([frame], None)
 
     def close(self) -> None:
         """Flush queued sends, send BYE and EOF, wait briefly for peers' EOF (so nothing they
@@ -360,27 +407,27 @@ class TcpTransport(Transport):
             return
         self._closed = True
         deadline = Deadline.after(FLUSH_SECONDS)
-        self._wait_until(lambda: all(c.idle() for c in self._conns.values()), deadline)
+        self._wait_until(lambda: all(c.idle() for c in self._every), deadline)
         bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0))
-        for conn in self._conns.values():
+        for conn in self._every:
             conn.send([bye], None)
-        self._wait_until(lambda: all(c.idle() for c in self._conns.values()), deadline)
-        for conn in self._conns.values():
+        self._wait_until(lambda: all(c.idle() for c in self._every), deadline)
+        for conn in self._every:
             conn.closing = True  # read to every peer's EOF, paused or not
             self._arm(conn)
             try:
                 conn.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        self._wait_until(lambda: all(c.error is not None for c in self._conns.values()),
+        self._wait_until(lambda: all(c.error is not None for c in self._every),
                          Deadline.after(LINGER_SECONDS))
         self._stopping = True
         self._wake()
         self._thread.join(timeout=FLUSH_SECONDS)
-        for conn in self._conns.values():
+        for conn in self._every:
             conn.fail(None)
         self._poller.close()
-        for conn in self._conns.values():
+        for conn in self._every:
             conn.sock.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -406,8 +453,7 @@ class TcpTransport(Transport):
 
     def _resume_reading(self, peer: int) -> None:
         """Any thread: read from ``peer`` again (a receive wants its data; see _flow)."""
-        conn = self._conns.get(peer)
-        if conn is not None:  # else a peer of another transport (shared memory shares the matcher)
+        for conn in self._lanes.get(peer, []):  # none: a peer of another transport (shared memory)
             self._arm(conn)
 
     def _should_pause(self, conn: _Connection) -> bool:

@@ -81,11 +81,10 @@ class WorldTransport(Transport):
         return self.network.isend(peer, data, key, call)
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        if self.host_local is None or (peer is not None and peer not in self._local_set):
+            return self.network.irecv(peer, data, key, call)  # it may stripe it over several lanes
         request = Request(peer, data, call)
-        if self.host_local is not None and (peer is None or peer in self._local_set):
-            request.drive = self.host_local.drive  # the waiter drains the rings itself first
-        else:
-            request.drive = self.network.driver(data.nbytes)  # the waiter reads the network itself
+        request.drive = self.host_local.drive  # the waiter drains the rings itself first
         self.matcher.post(request, peer, key)
         return request
 
