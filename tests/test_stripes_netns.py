@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pydist.testing import free_port
+from pydist.testing.conformance import CASES
 from pydist.testing.netns import Network, require_netns
 
 pytestmark = pytest.mark.slow  # network namespaces and real processes
@@ -71,6 +73,23 @@ def test_collectives_striped_over_both_networks_are_exact(two_networks, tmp_path
     for host, (sums, first, lanes) in zip(two_networks.hosts, results):
         assert sums == [True, True, True]
         assert first == [host.addrs[0], "eth0"] and lanes == ["eth1"]
+
+
+def test_conformance_of_two_hosts_by_two_ranks_striping_every_message(two_networks):
+    """Every collective and reduce op, 2 hosts x 2 ranks, every network message over 64 bytes
+    striped over both networks (shared memory inside each host)."""
+    port = free_port()
+    command = [sys.executable, "-m", "pydist.run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", f"{two_networks.hosts[0].addr}:{port}", "--rdzv-id", "stripes",
+               "-m", "pydist.testing.conformance"]
+    env = {**os.environ, **STRIPED, "PYDIST_STRIPE_BYTES": "64", "PYDIST_SEGMENT_BYTES": "256"}
+    procs = [two_networks.popen(h, command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for h in range(2)]
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [out[-2000:] + err[-2000:] for out, err in outputs]
+    summaries = re.findall(r"rank (\d)/4: (\d+) case groups, (\d+) failures", "".join(out for out, _ in outputs))
+    assert sorted(int(rank) for rank, _, _ in summaries) == list(range(4))
+    assert all(groups == str(len(CASES)) and failures == "0" for _, groups, failures in summaries)
 
 
 def test_losing_the_second_network_is_named_by_both_ranks(two_networks):

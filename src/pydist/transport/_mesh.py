@@ -1,8 +1,9 @@
-"""Connection setup for the tcp transport: one socket per pair of ranks, met through the store.
+"""Connection setup for the tcp transport: one socket per pair of ranks and lane, met through the store.
 
-Each rank listens on its advertised address and publishes ``tcp/<rank>`` (address, port,
-host name, host identity, interface) in the store; then it connects to every lower rank and accepts
-every higher one. Both ends exchange HELLO frames carrying rank and world token, so a stray
+Each rank listens on its advertised address (and on one more per further lane: another
+interface named, see :mod:`._stripes`) and publishes ``tcp/<rank>`` (address, port, host
+name, host identity, interface, lanes) in the store; then, lane by lane, it connects to every
+lower rank and accepts every higher one. Both ends exchange HELLO frames carrying rank and world token, so a stray
 or garbage connection is dropped (and logged) without disturbing the setup.
 
 With a shared token (the store's ``auth_token``, else PYDIST_AUTH_TOKEN; see
