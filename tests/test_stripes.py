@@ -93,6 +93,7 @@ def exchange(transports: list[TcpTransport], nbytes: int, call: int) -> np.ndarr
 def test_two_lanes_connect_every_pair(pair):
     assert [len(t.lanes(1 - t.rank)) for t in pair] == [2, 2]
     assert [len(r.lanes) for r in pair[0].records] == [1, 1]
+    assert pair[0].records[1].where == "127.0.0.1, lo; 127.0.0.1, lo"  # as python -m pydist.debug shows it
 
 
 @pytest.mark.parametrize("nbytes", [1, 4096, (64 << 10) - 1, 64 << 10, (1 << 20) + 17, 5 << 20])
@@ -143,5 +144,21 @@ def test_ranks_offering_different_lane_counts_use_the_lanes_both_offer(monkeypat
     try:
         assert [len(t.lanes(1 - t.rank)) for t in transports] == [1, 1]
         exchange(transports, 1 << 20, CALL)
+    finally:
+        close(transports)
+
+
+def test_every_lane_runs_tls_when_the_mesh_does(monkeypatch, tmp_path):
+    pytest.importorskip("cryptography")
+    from pydist.testing.tls import Authority
+    from pydist.transport._tls_socket import TlsSocket
+    for name, value in Authority(str(tmp_path)).issue("rank").env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PYDIST_STRIPE_BYTES", str(64 << 10))
+    transports = open_pair((["127.0.0.1"], ["127.0.0.1"]))
+    try:
+        assert all(isinstance(c.sock, TlsSocket) for t in transports for c in t.connections())
+        assert len(transports[0].connections()) == 2
+        exchange(transports, 3 << 20, CALL)
     finally:
         close(transports)

@@ -114,8 +114,7 @@ def default_transport(rank: int, size: int, store, deadline: Deadline):
     from .transport.world import WorldTransport
     from ._world import local_host
     transport = WorldTransport(rank, size, store, deadline, advertise_address(store), local_host(), host_identity())
-    record = transport.network.records[rank]
-    note_endpoint(rank, f"{record.address}, {record.iface or 'interface unknown'}")
+    note_endpoint(rank, transport.network.records[rank].where)
     return transport
 
 

@@ -67,6 +67,12 @@ class PeerRecord:
         return f"{host_port(self.address, self.port)} ({self.hostname}{self._on_iface})"
 
     @property
+    def where(self) -> str:
+        """Each lane's address and interface, for debug output: ``10.1.0.7, eth0; 10.2.0.7, eth1``."""
+        lanes = (self.lane(k) for k in range(1 + len(self.lanes)))
+        return "; ".join(f"{lane.address}, {lane.iface or 'interface unknown'}" for lane in lanes)
+
+    @property
     def _on_iface(self) -> str:
         return f", {self.iface}" if self.iface else ""
 
