@@ -198,12 +198,13 @@ class _Connection:
         error.__cause__ = cause if isinstance(cause, OSError) else None
         return error
 
-    def fail(self, cause: BaseException | None) -> None:
-        """Mark the peer gone: fail queued sends, the receive in progress, and later receives."""
+    def fail(self, cause: BaseException | None, error: BaseException | None = None) -> None:
+        """Mark the peer gone: fail queued sends, the receive in progress, and later receives
+        (with ``error``, else one made from ``cause``)."""
         with self.send_lock:
             if self.error is not None:
                 return
-            self.error = self._failure(cause)
+            self.error = error or self._failure(cause)
             queued = list(self.queue)
             self.queue.clear()
         for outgoing in queued:
@@ -504,8 +505,19 @@ class TcpTransport(Transport):
             self._flush(conn)
 
     def _drop(self, conn: _Connection, cause: BaseException | None) -> None:
+        """``conn`` failed: fail it and (before close) the peer's other lanes with its error,
+        hanging them up, so the peer too sees this rank leave instead of hearing over a
+        surviving lane that it is itself the one gone."""
         conn.fail(cause)
         self._arm(conn)  # failed: unregistered
+        for sibling in self._lanes[conn.peer] if not self._closed else []:
+            if sibling.error is None:
+                try:
+                    sibling.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sibling.fail(cause, conn.error)
+                self._arm(sibling)
 
     def _run(self) -> None:
         poller = self._poller
