@@ -82,13 +82,15 @@ import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 if sys.argv[2] == "recv":  # room for every datagram, and patience: only netem may drop them
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    s.bind((sys.argv[1], 6000)); print("ready", flush=True); s.settimeout(5); count = 0
+    s.bind((sys.argv[1], 6000)); ready = socket.create_server((sys.argv[1], 6000))
+    print("ready", flush=True); ready.accept(); s.settimeout(5); count = 0
     try:
         while True:
             s.recv(2048); count += 1; s.settimeout(2)
     except socket.timeout:
         print(count)
-else:
+else:  # a TCP connection first (it retransmits what the loss drops): the receiver's address
+    socket.create_connection((sys.argv[1], 6000), timeout=15).close()  # is resolved, none queue behind ARP
     for k in range(int(sys.argv[3])):
         s.sendto(b"d" * 100, (sys.argv[1], 6000))
         if k % 50 == 49: time.sleep(0.002)
