@@ -260,13 +260,20 @@ class TcpTransport(Transport):
             raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
         request = Request(peer, data)
         request.drive = self.driver(data.nbytes)  # its waiter reads arrivals meanwhile (they may be what it waits for)
-        lanes = self._lanes[peer]
-        if call and len(lanes) > 1 and data.nbytes >= self._stripe_bytes:
+        lanes, parts = self._lanes[peer], self._parts_of(peer, data.nbytes, call)
+        if parts:
             join(request, [self._send_on(lanes[k], data[a:b], part_key(key, k), call)
-                           for k, (a, b) in enumerate(bounds(data.nbytes, len(lanes)))])
+                           for k, (a, b) in enumerate(parts)])
         else:
             self._send_on(lanes[0], data, key, call, request)
         return request
+
+    def _parts_of(self, peer: int | None, nbytes: int, call: int) -> list[tuple[int, int]]:
+        """How a message goes to or comes from ``peer``: (start, stop) of each lane's part, or
+        [] to go whole on lane 0. Both ends decide alike: a collective's message (``call``
+        set: both know its size) of PYDIST_STRIPE_BYTES or more, to a peer with several lanes."""
+        lanes = len(self._lanes.get(peer, ())) if peer is not None else 0
+        return bounds(nbytes, lanes) if call and lanes > 1 and nbytes >= self._stripe_bytes else []
 
     def _send_on(self, conn: _Connection, data: memoryview, key: MessageKey, call: int,
                  request: Request | None = None) -> Request:
@@ -283,9 +290,9 @@ class TcpTransport(Transport):
         arrives in parts, one per lane (as ``isend`` sends it); others whole on lane 0."""
         request = Request(peer, data, call)
         request.drive = self.driver(data.nbytes)
-        lanes = len(self._lanes[peer]) if peer is not None and peer in self._lanes else 1
-        if call and lanes > 1 and data.nbytes >= self._stripe_bytes:
-            parts = [Request(peer, data[a:b], call) for a, b in bounds(data.nbytes, lanes)]
+        cuts = self._parts_of(peer, data.nbytes, call)
+        if cuts:
+            parts = [Request(peer, data[a:b], call) for a, b in cuts]
             for k, part in enumerate(parts):
                 self.matcher.post(part, peer, part_key(key, k))
             self._parts[request] = parts
