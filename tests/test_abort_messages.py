@@ -2,8 +2,8 @@
 the ranks known dead; a failure that is not a death names the aborting rank."""
 from __future__ import annotations
 
-from pydist._errors import GroupAbortedError, OpTimeoutError, PeerFailedError
-from pydist.transport._abort import abort_payload, aborted_by
+from pydist.core.errors import GroupAbortedError, OpTimeoutError, PeerFailedError
+from pydist.transport.abort import abort_payload, aborted_by
 
 DEATH = "rank 0 on h0 closed its connection to rank 2 unexpectedly: its process exited or was killed"
 

@@ -13,9 +13,9 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from pydist._auth import CLIENT, SERVER, TOKEN_ENV, AuthenticationError, Transcript, resolve_token, token_of
-from pydist._deadline import Deadline
-from pydist._errors import DistNetworkError, DistStoreError
+from pydist.net.auth import CLIENT, SERVER, TOKEN_ENV, AuthenticationError, Transcript, resolve_token, token_of
+from pydist.core.deadline import Deadline
+from pydist.core.errors import DistNetworkError, DistStoreError
 from pydist.store import HashStore, PrefixStore, TCPStore
 from pydist.store._auth_opening import ClientOpening, ServerOpening
 from pydist.store._protocol import (AUTH_ACCEPTED, AUTH_REFUSED, Message, auth_hello,
@@ -23,8 +23,8 @@ from pydist.store._protocol import (AUTH_ACCEPTED, AUTH_REFUSED, Message, auth_h
 from pydist.store._service import StoreService
 from pydist.testing import run_processes
 from pydist.testing.threads import RankFailed
-from pydist.transport._framing import HEADER_SIZE, Kind, decode_header, encode_frame
-from pydist.transport._mesh import Acceptor, Connector, PeerRecord, Refused, accept_from, connect_to
+from pydist.transport.framing import HEADER_SIZE, Kind, decode_header, encode_frame
+from pydist.transport.tcp.mesh import Acceptor, Connector, PeerRecord, Refused, accept_from, connect_to
 
 TOKEN = b"correct horse battery staple"
 FIVE = timedelta(seconds=5)

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 import pydist as dist
-from pydist import _world
+from pydist.groups import world as _world
 from pydist.testing import run_threads
 
 LIMIT = 4 << 20

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pydist as dist
-from pydist._buffers import as_buffer, bf16_bits_to_float32, float32_to_bf16_bits
+from pydist.core.buffers import as_buffer, bf16_bits_to_float32, float32_to_bf16_bits
 from pydist.testing import run_threads
 
 torch = pytest.importorskip("torch")
@@ -105,7 +105,7 @@ def test_torch_tensors_through_collectives(transport):
 def test_as_bytes_is_the_arrays_own_memory(dtype):
     """The transports read and write a buffer through as_bytes: a view of the same bytes
     (no copy), writable for a writable array, read-only for a read-only one."""
-    from pydist._comm import as_bytes
+    from pydist.algorithms.comm import as_bytes
     values = np.arange(6).astype(dtype).reshape(2, 3)
     view = as_bytes(values)
     assert view.nbytes == values.nbytes and bytes(view) == values.tobytes()

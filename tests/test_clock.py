@@ -1,4 +1,4 @@
-"""The injectable clock (pydist._deadline.set_clock) and MockClock: timeouts computed from a
+"""The injectable clock (pydist.core.deadline.set_clock) and MockClock: timeouts computed from a
 Deadline expire on fake time, so tests of timeout logic take milliseconds, not the timeout."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from pydist import _deadline
-from pydist._deadline import Deadline
+from pydist.core import deadline as _deadline
+from pydist.core.deadline import Deadline
 from pydist.store import FileStore, HashStore
 from pydist.store._base import StoreTimeoutError
 from pydist.testing.clock import MockClock

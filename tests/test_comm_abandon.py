@@ -1,9 +1,9 @@
 """Comm.abandon after an error withdraws every receive still posted, in a hierarchy's stages too."""
 import numpy as np
 
-from pydist._comm import Comm, Hierarchy
-from pydist._deadline import Deadline
-from pydist.transport._base import Request
+from pydist.algorithms.comm import Comm, Hierarchy
+from pydist.core.deadline import Deadline
+from pydist.transport.base import Request
 
 
 class RecordingTransport:

@@ -73,7 +73,7 @@ def test_processes_tcp_only(size, reader):
 
 def test_the_suite_detects_wrong_results(monkeypatch):
     """A broken algorithm must make the suite report failures (the checks are live)."""
-    from pydist.backends.native import ALGORITHMS
+    from pydist.engines.native import ALGORITHMS
 
     def off_by_one(original):
         def broken(comm, buf, root, segment_bytes):

@@ -12,7 +12,7 @@ import pytest
 import pydist
 from pydist.testing import run_processes, run_threads
 from pydist.testing.threads import RankFailed
-from pydist._fingerprint import describe_fingerprint, fingerprint
+from pydist.core.fingerprint import describe_fingerprint, fingerprint
 
 
 def test_fingerprints_read_back():

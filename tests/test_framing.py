@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from pydist.transport._framing import (HEADER_SIZE, Chunk, FrameDecoder, FramingError, Header, Kind, encode_frame,
+from pydist.transport.framing import (HEADER_SIZE, Chunk, FrameDecoder, FramingError, Header, Kind, encode_frame,
                                        encode_header)
 
 FRAMES = [

@@ -1,4 +1,4 @@
-"""The group lifecycle state machine (pydist._group_state): every transition, the moves it
+"""The group lifecycle state machine (pydist.groups.state): every transition, the moves it
 refuses, the facts it records, and how the matcher and the operation queue drive it.
 Fast: no processes, no sockets."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import threading
 import pytest
 from hypothesis import given, strategies as st
 
-from pydist._errors import DesyncError, DistBackendError, GroupAbortedError, OpTimeoutError, PeerFailedError
-from pydist._executor import OpQueue
-from pydist._group_state import (ABORT, ABORTED, ALLOWED, BROKEN, DESTROY, DESTROYED, FAIL, READY, TRANSITIONS,
+from pydist.core.errors import DesyncError, DistBackendError, GroupAbortedError, OpTimeoutError, PeerFailedError
+from pydist.groups.queue import OpQueue
+from pydist.groups.state import (ABORT, ABORTED, ALLOWED, BROKEN, DESTROY, DESTROYED, FAIL, READY, TRANSITIONS,
                                  GroupState, GroupStates, IllegalTransition)
-from pydist._work import Work
-from pydist.transport._base import MessageKey, Request
-from pydist.transport._matching import Matcher
+from pydist.groups.work import Work
+from pydist.transport.base import MessageKey, Request
+from pydist.transport.matching import Matcher
 
 STATES = [READY, ABORTED, BROKEN, DESTROYED]
 EVENTS = [ABORT, FAIL, DESTROY]

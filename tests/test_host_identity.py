@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from pydist.transport._identity import host_identity, machine_of
-from pydist.transport._signal import oversubscribed
+from pydist.transport.identity import host_identity, machine_of
+from pydist.transport.shm.signal import oversubscribed
 
 
 def test_network_namespaces_of_one_machine_are_hosts_of_one_machine():

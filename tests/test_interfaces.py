@@ -8,10 +8,10 @@ import socket
 import pytest
 
 import pydist
-from pydist._errors import DistNetworkError
-from pydist._interfaces import Interface, interface_of, interfaces, matching, named_addresses
+from pydist.core.errors import DistNetworkError
+from pydist.net.interfaces import Interface, interface_of, interfaces, matching, named_addresses
 from pydist.store import HashStore
-from pydist.transport._identity import advertise_address
+from pydist.transport.identity import advertise_address
 
 HOST = [Interface("lo", ("127.0.0.1", "::1")), Interface("eth0", ("10.0.0.2", "fd00::2")),
         Interface("eth1", ("10.1.0.2",)), Interface("docker0", ("172.17.0.1",)), Interface("ib0", ("fd01::2",))]

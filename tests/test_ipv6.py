@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pydist._addresses import family_of, host_port
+from pydist.net.addresses import family_of, host_port
 from pydist.run import cli
 from pydist.testing import run_processes
 from pydist.testing.conformance import run_suite

@@ -1,5 +1,5 @@
 """init_process_group() with no arguments under other launchers: what is read from the
-environment (pydist._launch_env), the agent store's per-attempt namespace, and real runs
+environment (pydist.rendezvous.launch_env), the agent store's per-attempt namespace, and real runs
 under mpiexec, torchrun, pydist-run and a simulated srun."""
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from pydist import DistStoreError
-from pydist._launch_env import LaunchInfo, job_port, launch_info, parse_hostlist, parse_tasks_per_node
+from pydist.rendezvous.launch_env import LaunchInfo, job_port, launch_info, parse_hostlist, parse_tasks_per_node
 from pydist.rendezvous import OwningPrefixStore, TorchStore, rendezvous
 from pydist.store import PrefixStore, TCPStore
 from pydist.store._base import StoreTimeoutError
 from pydist.testing.commands import finish, start_command
-from pydist.transport._identity import advertise_address
+from pydist.transport.identity import advertise_address
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "run_scripts" / "launch_env_allreduce.py")

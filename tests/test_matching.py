@@ -4,9 +4,9 @@ import threading
 import numpy as np
 import pytest
 
-from pydist._errors import DistBackendError, PeerFailedError
-from pydist.transport._base import MessageKey, Request
-from pydist.transport._matching import Matcher, Unexpected
+from pydist.core.errors import DistBackendError, PeerFailedError
+from pydist.transport.base import MessageKey, Request
+from pydist.transport.matching import Matcher, Unexpected
 
 KEY = MessageKey(1, 0, 5)
 
@@ -170,7 +170,7 @@ def test_concurrent_posts_and_arrivals(threads):
 
 
 def test_aborted_group_fails_its_receives_only():
-    from pydist._errors import GroupAbortedError
+    from pydist.core.errors import GroupAbortedError
     matcher = Matcher()
     mine, other = recv_request(1, 0), recv_request(1, 0)
     matcher.post(mine, 0, KEY)
@@ -185,7 +185,7 @@ def test_aborted_group_fails_its_receives_only():
 def test_a_receive_on_an_aborted_group_fails_even_if_its_message_is_already_here():
     """A peer's message arrived before its group was aborted: a receive posted afterwards
     fails with the abort instead of completing the operation as if nothing happened."""
-    from pydist._errors import GroupAbortedError
+    from pydist.core.errors import GroupAbortedError
     matcher = Matcher()
     deliver(matcher, 1, KEY, b"x")
     matcher.fail_group(KEY.group, GroupAbortedError("rank 2 aborted", rank=2))
@@ -208,7 +208,7 @@ def test_a_receive_waiting_on_a_message_still_arriving_fails_when_its_sender_die
 
 
 def test_a_receive_waiting_on_a_message_still_arriving_fails_when_the_group_is_aborted():
-    from pydist._errors import GroupAbortedError
+    from pydist.core.errors import GroupAbortedError
     matcher = Matcher()
     matcher.arrive(0, KEY, 8)
     waiting = recv_request(8, 0)
@@ -238,7 +238,7 @@ def test_held_bytes_count_every_unexpected_message_once():
 
 
 def test_an_abort_fails_the_groups_unfinished_sends():
-    from pydist._errors import GroupAbortedError
+    from pydist.core.errors import GroupAbortedError
     matcher = Matcher()
     sending, other = recv_request(4, 1), recv_request(4, 1)
     matcher.track_send(KEY.group, sending)
@@ -248,7 +248,7 @@ def test_an_abort_fails_the_groups_unfinished_sends():
 
 
 def _receiver_with_a_posted_receive(nbytes: int):
-    from pydist.transport._receiver import FrameReceiver
+    from pydist.transport.receiver import FrameReceiver
     matcher = Matcher()
     receiver = FrameReceiver(1, matcher, lambda header, payload: None)
     buffer = np.zeros(nbytes, np.uint8)
@@ -260,7 +260,7 @@ def _receiver_with_a_posted_receive(nbytes: int):
 def test_a_cancelled_receive_gets_no_more_of_a_frame_already_started():
     """After an error the operation withdraws its receives: bytes of a frame that was being
     read into one are discarded, so nothing lands in the caller's buffer later."""
-    from pydist.transport._framing import Kind, encode_header
+    from pydist.transport.framing import Kind, encode_header
     nbytes = 64 * 1024
     matcher, receiver, buffer, request = _receiver_with_a_posted_receive(nbytes)
     receiver.feed(memoryview(encode_header(Kind.DATA, 5, 1, 0, nbytes) + b"\x01" * 1000))
@@ -277,8 +277,8 @@ def test_a_cancelled_receive_gets_no_more_of_a_frame_already_started():
 def test_whole_frames_and_a_partial_one_in_one_feed_arrive_in_order(split):
     """Frames wholly inside a feed take the receiver's whole-frame path, the rest the
     decoder's: wherever the stream is cut, every message lands in its receive, in order."""
-    from pydist.transport._framing import Kind, encode_header
-    from pydist.transport._receiver import FrameReceiver
+    from pydist.transport.framing import Kind, encode_header
+    from pydist.transport.receiver import FrameReceiver
     matcher = Matcher()
     receiver = FrameReceiver(1, matcher, lambda header, payload: None)
     buffers = [np.zeros(size, np.uint8) for size in (12, 0, 40)]

@@ -44,8 +44,8 @@ def certs(tmp_path_factory):
 
 
 def _sum(rank, size):
-    from pydist._world import current
-    from pydist.transport._tls_socket import TlsSocket
+    from pydist.groups.world import current
+    from pydist.transport.tcp.tls_socket import TlsSocket
     buf = np.arange(300_000, dtype=np.float32) + rank
     import pydist
     pydist.all_reduce(buf)
@@ -116,7 +116,7 @@ def test_two_certificates_of_the_job_ca_work_together(certs, tmp_path):
 
 
 def test_tls_settings_must_come_together(certs, monkeypatch):
-    from pydist._tls import contexts
+    from pydist.net.tls import contexts
     monkeypatch.setenv("PYDIST_TLS_CERT", certs["good"]["PYDIST_TLS_CERT"])
     for name in ("PYDIST_TLS_KEY", "PYDIST_TLS_CA"):
         monkeypatch.delenv(name, raising=False)
@@ -134,8 +134,8 @@ def test_the_tls_socket_sends_and_receives_in_pieces(certs):
     several calls (want-write retried with the same piece) and arrives whole."""
     import threading
 
-    from pydist._tls import contexts
-    from pydist.transport._tls_socket import TlsSocket
+    from pydist.net.tls import contexts
+    from pydist.transport.tcp.tls_socket import TlsSocket
     os.environ.update(certs["good"])
     try:
         tls = contexts()
@@ -172,8 +172,8 @@ def test_the_tls_socket_sends_and_receives_in_pieces(certs):
 
 LAUNCHED = """
 import numpy as np, pydist
-from pydist._world import current
-from pydist.transport._tls_socket import TlsSocket
+from pydist.groups.world import current
+from pydist.transport.tcp.tls_socket import TlsSocket
 pydist.init_process_group()
 buf = np.ones(3) * (pydist.get_rank() + 1)
 pydist.all_reduce(buf)
@@ -228,7 +228,7 @@ def _torch_sum(rank, size):
     import torch.distributed as tdist
     from torch.distributed import distributed_c10d as c10d
 
-    from pydist.transport._tls_socket import TlsSocket
+    from pydist.transport.tcp.tls_socket import TlsSocket
     t = torch.ones(4) * (rank + 1)
     tdist.all_reduce(t)
     connections = c10d._get_default_group().pydist_group.owned_transport.network.connections()

@@ -128,7 +128,7 @@ def test_targeted_checks(n, tmp_path):
 
 def test_span_joins_only_arrays_back_to_back():
     """What lets all_gather_into_tensor and all_to_all_single run without staging copies."""
-    from pydist.backends._mpi_buffers import span
+    from pydist.engines._mpi_buffers import span
     base = np.arange(10, dtype=np.int32)
     joined = span([base[0:3], base[3:3], base[3:7], base[7:10]])
     assert joined is not None and np.shares_memory(joined, base) and joined.tolist() == list(range(10))

@@ -50,7 +50,7 @@ def finish(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[in
 
 PROBE = """
 import json, pydist
-from pydist.transport._identity import host_identity
+from pydist.transport.identity import host_identity
 pydist.init_process_group()
 ids = [None] * pydist.get_world_size()
 pydist.all_gather_object(ids, host_identity())

@@ -24,7 +24,7 @@ FAST = "join_timeout=60,last_call_timeout=1,read_timeout=30"
 #: Each rank's sum and the address every rank's peers dial (from the transport's records).
 ADDRESSES = """
 import json, numpy as np, pydist
-from pydist._world import current
+from pydist.groups.world import current
 pydist.init_process_group()
 buf = np.ones(3) * (pydist.get_rank() + 1)
 pydist.all_reduce(buf)

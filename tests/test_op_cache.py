@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 import pydist as dist
-from pydist import _collectives
-from pydist._buffers import as_buffer
-from pydist._ops import _make_nccl_premul_sum
+from pydist.api import collectives as _collectives
+from pydist.core.buffers import as_buffer
+from pydist.core.ops import _make_nccl_premul_sum
 from pydist.testing import run_threads
 
 

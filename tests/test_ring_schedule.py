@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import pydist
-from pydist._comm import Comm
-from pydist._deadline import Deadline
-from pydist.transport._matching import Matcher, Unexpected
+from pydist.algorithms.comm import Comm
+from pydist.core.deadline import Deadline
+from pydist.transport.matching import Matcher, Unexpected
 from pydist.testing import run_threads
 
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from pydist import _settings
-from pydist._settings import VARIABLES, markdown, parse, settings
+from pydist.core import settings as _settings
+from pydist.core.settings import VARIABLES, markdown, parse, settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_the_secret_is_not_shown():
 
 
 def test_the_algorithm_choices_are_the_engines():
-    from pydist.backends.native import ALGORITHMS
+    from pydist.engines.native import ALGORITHMS
     assert {c: tuple(names) for c, names in ALGORITHMS.items()} == _settings.ALGORITHM_CHOICES
 
 
@@ -69,14 +69,14 @@ def test_readme_shows_the_table():
     readme = (ROOT / "README.md").read_text()
     table = re.search(r"<!-- settings:begin -->\n(.*?)\n<!-- settings:end -->", readme, re.S)
     assert table is not None, "README.md lacks the settings table markers"
-    assert table.group(1) == markdown(), "README's settings table differs from pydist._settings: paste markdown()"
+    assert table.group(1) == markdown(), "README's settings table differs from pydist.core.settings: paste markdown()"
 
 
 def test_no_module_reads_a_pydist_variable_itself():
     """Every PYDIST_* read goes through the table (tests and the launcher may *set* them)."""
     offenders = []
     for path in (ROOT / "src" / "pydist").rglob("*.py"):
-        if path.name == "_settings.py":
+        if path.name == "core/settings.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"environ(\.get)?\(?\[?\s*[\"']PYDIST_|getenv\([\"']PYDIST_", line):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import pydist as dist
-from pydist.backends.native import ALGORITHMS
+from pydist.engines.native import ALGORITHMS
 from pydist.testing import run_processes, run_threads
 from pydist.testing.conformance import run_suite
-from pydist.transport import _atomics
+from pydist.transport.shm import atomics as _atomics
 
 pytestmark = pytest.mark.skipif(not _atomics.available(), reason="no libatomic/futex: shared memory is off")
 
@@ -26,8 +26,8 @@ def failures(results):
 
 
 def _chosen(rank, size):
-    from pydist._deadline import Deadline
-    from pydist.backends._base import OpContext
+    from pydist.core.deadline import Deadline
+    from pydist.engines.base import OpContext
     ctx = OpContext("probe", 0, Deadline(None))
     backend = dist.group.WORLD.backend
     chosen = {c: backend.choose(c, ctx, 1 << 20, 1 << 18) for c in ALGORITHMS}
@@ -190,8 +190,8 @@ def _killed_rank(rank, size, port, ready):
 def test_a_segment_name_left_in_the_store_by_an_earlier_run_is_an_error_naming_the_key():
     """An attacher reading a name whose segment is gone (an earlier attempt's key, or a creator
     gone before everyone attached) gets a DistStoreError naming the key, not FileNotFoundError."""
-    from pydist._deadline import Deadline
-    from pydist.transport._shm_segment import share
+    from pydist.core.deadline import Deadline
+    from pydist.transport.shm.segment import share
 
     store = dist.HashStore()
     store.set("arena/7/name", "pydist-0123456789ab-arena-deadbeef-1")

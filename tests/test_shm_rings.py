@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pydist._deadline import Deadline
-from pydist._errors import PeerFailedError
-from pydist.transport._base import MessageKey, Request
-from pydist.transport._matching import Matcher
-from pydist.transport._shm_segment import anonymous
-from pydist.transport.shm import ShmTransport, host_segment_bytes, ring_bytes_for
+from pydist.core.deadline import Deadline
+from pydist.core.errors import PeerFailedError
+from pydist.transport.base import MessageKey, Request
+from pydist.transport.matching import Matcher
+from pydist.transport.shm.segment import anonymous
+from pydist.transport.shm.transport import ShmTransport, host_segment_bytes, ring_bytes_for
 
 KEY = MessageKey(7, 1, 0)
 
@@ -69,8 +69,8 @@ def test_a_receive_whose_waiter_stopped_polling_is_delivered_by_the_progress_thr
 def test_a_sender_wakes_no_sleeper_while_the_receiver_polls(monkeypatch):
     """While a thread of the receiving process polls (announced on its Signal), ringing it
     makes no futex wake (its progress thread stays asleep); once it leaves, ringing wakes."""
-    from pydist.transport import _atomics
-    from pydist.transport._signal import Signal
+    from pydist.transport.shm import atomics as _atomics
+    from pydist.transport.shm.signal import Signal
     memory, base = anonymous(4096)
     signal = Signal(memory.data, base, 64, oversubscribed=True)
     memory.data.cast("I")[(64 + 4) // 4] = 1  # one sleeper
@@ -90,7 +90,7 @@ def test_a_half_filled_receive_of_an_aborted_group_fails_with_the_abort_when_its
     """Rank 0 aborts the group (it saw another rank die) and leaves while a message of that
     group is half through the ring: the receive fails with the abort (naming the rank that
     died), not with rank 0's departure, which is only its consequence."""
-    from pydist._errors import GroupAbortedError
+    from pydist.core.errors import GroupAbortedError
     sender, receiver = _pair()
     try:
         request = _half_sent(sender, receiver)
@@ -110,7 +110,7 @@ def test_a_signal_wake_ends_a_members_sleep():
     allowed: a loaded machine)."""
     import threading
 
-    from pydist.transport._signal import Signal
+    from pydist.transport.shm.signal import Signal
     memory, base = anonymous(4096)
     signal = Signal(memory.data, base, 0, oversubscribed=True)
     woke = threading.Event()

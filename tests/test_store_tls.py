@@ -15,9 +15,9 @@ from datetime import timedelta
 import pytest
 from test_auth import FAST, _recv_all, _recv_exactly, _wait_for
 
-from pydist._auth import TOKEN_ENV, AuthenticationError
-from pydist._errors import DistNetworkError, DistStoreError
-from pydist._tls import VARIABLES, contexts
+from pydist.net.auth import TOKEN_ENV, AuthenticationError
+from pydist.core.errors import DistNetworkError, DistStoreError
+from pydist.net.tls import VARIABLES, contexts
 from pydist.store import TCPStore
 from pydist.store import _tcp_server
 from pydist.store._protocol import Message, encode_request, encode_response, hello

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from pydist._errors import DistNetworkError, DistStoreError, QueueEmptyError
+from pydist.core.errors import DistNetworkError, DistStoreError, QueueEmptyError
 from pydist.store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from pydist.store import tcp as tcp_module
 from pydist.store._protocol import Message, encode_request, hello

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from pydist._deadline import Deadline
-from pydist._errors import PeerFailedError
+from pydist.core.deadline import Deadline
+from pydist.core.errors import PeerFailedError
 from pydist.store import HashStore
-from pydist.transport._base import MessageKey
-from pydist.transport._stripes import ALIGN, bounds, part_key
-from pydist.transport.tcp import TcpTransport
+from pydist.transport.base import MessageKey
+from pydist.transport.tcp.stripes import ALIGN, bounds, part_key
+from pydist.transport.tcp.transport import TcpTransport
 
 KEY = MessageKey(group=5, seq=3, tag=2)
 CALL = 0x5EED  # a collective's fingerprint: only collectives stripe
@@ -151,7 +151,7 @@ def test_ranks_offering_different_lane_counts_use_the_lanes_both_offer(monkeypat
 def test_every_lane_runs_tls_when_the_mesh_does(monkeypatch, tmp_path):
     pytest.importorskip("cryptography")
     from pydist.testing.tls import Authority
-    from pydist.transport._tls_socket import TlsSocket
+    from pydist.transport.tcp.tls_socket import TlsSocket
     for name, value in Authority(str(tmp_path)).issue("rank").env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PYDIST_STRIPE_BYTES", str(64 << 10))

@@ -46,7 +46,7 @@ def two_networks():
 
 SUMS = """
 import json, numpy as np, pydist
-from pydist._world import current
+from pydist.groups.world import current
 pydist.init_process_group()
 rank = pydist.get_rank()
 sums = []

@@ -144,7 +144,7 @@ def test_recv_timeout_processes():
 
 @pytest.mark.slow
 def test_collective_timeout_names_op_and_rank(transport):
-    """Real time: thread-ranks of one host wait in the shared arena (transport/_signal.py), whose
+    """Real time: thread-ranks of one host wait in the shared arena (transport/shm/signal.py), whose
     futex sleeps do not go through the injectable clock."""
     results = run_threads(2, misuse.collective_times_out, 1.0, transport=transport, timeout=60)
     error = results[0]["all_reduce"]
@@ -196,7 +196,7 @@ class _StoreThatNeverAnswers:
 def test_explaining_a_timeout_is_bounded_when_the_store_does_not_answer():
     """The timeout error must not wait for the store's own timeout to name the ranks behind:
     past its budget it says that it could not find out."""
-    from pydist._progress import ProgressBoard
+    from pydist.groups.progress import ProgressBoard
     store = _StoreThatNeverAnswers()
     board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
     board._store, board._rank, board._latest = store, 0, {}
@@ -215,7 +215,7 @@ class _StoreThatFails:
 def test_explaining_a_timeout_says_so_when_the_store_is_gone():
     """The store's process exited first (it raised and left): the timeout says why it cannot
     name the ranks behind, rather than nothing."""
-    from pydist._progress import ProgressBoard
+    from pydist.groups.progress import ProgressBoard
     board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
     board._store, board._rank, board._latest = _StoreThatFails(), 0, {}
     text = board.explain(1, 2, [0, 1], budget=5.0)
@@ -227,7 +227,7 @@ def test_progress_is_published_once_settled_or_once_a_second_while_it_changes():
     """A rank waiting inside an operation (its record no longer changing) is published at the
     next tick, not up to a second later; one running operations back to back, once a second;
     an idle one once a second too (its record's time says it is still heard from)."""
-    from pydist._progress import PUBLISH_INTERVAL, publication_due
+    from pydist.groups.progress import PUBLISH_INTERVAL, publication_due
     assert not publication_due(version=5, seen=5, published=5, since_publication=0.3)  # nothing new
     assert publication_due(version=6, seen=6, published=5, since_publication=0.1)  # settled
     assert not publication_due(version=7, seen=6, published=5, since_publication=0.3)  # still changing
@@ -240,7 +240,7 @@ def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
     it is given apart, with its age; rank 1's fresh record names it as behind."""
     import json
     import time as clock
-    from pydist._progress import ProgressBoard
+    from pydist.groups.progress import ProgressBoard
 
     class Store:
         def set(self, key, value):
@@ -260,7 +260,7 @@ def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
 def test_destroy_does_not_wait_for_a_store_that_does_not_answer():
     """The progress thread is inside a store call that never returns (its host is stopped or
     partitioned away): closing the board returns anyway (it used to join the thread)."""
-    from pydist._progress import ProgressBoard
+    from pydist.groups.progress import ProgressBoard
     store = _StoreThatNeverAnswers()
     store.released.set()  # the first record (written by the constructor) goes through
     board = ProgressBoard(store, 0)

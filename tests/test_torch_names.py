@@ -234,7 +234,7 @@ class _FakePdb:
 
 
 def test_breakpoint_stops_one_rank_and_the_others_wait_for_it(monkeypatch):
-    from pydist import _breakpoint
+    from pydist.api import breakpoint as _breakpoint
     from pydist.testing import run_threads
     events: list = []
     monkeypatch.setattr(_breakpoint, "_make_distributed_pdb", lambda: _FakePdb(events, seconds=0.6))
@@ -249,7 +249,7 @@ def test_breakpoint_stops_one_rank_and_the_others_wait_for_it(monkeypatch):
 
 
 def test_breakpoint_skips_the_first_calls_of_each_line(monkeypatch, caplog):
-    from pydist import _breakpoint
+    from pydist.api import breakpoint as _breakpoint
     from pydist.testing import run_threads
     events: list = []
     monkeypatch.setattr(_breakpoint, "_make_distributed_pdb", lambda: _FakePdb(events))
@@ -267,7 +267,7 @@ def test_breakpoint_skips_the_first_calls_of_each_line(monkeypatch, caplog):
 
 
 def test_breakpoint_runs_pdb_on_the_commands_of_stdin(monkeypatch, tmp_path, capsys):
-    from pydist import _breakpoint
+    from pydist.api import breakpoint as _breakpoint
     from pydist.testing import run_threads
     commands = tmp_path / "stdin"
     commands.write_text("p rank\nup\np marker\nc\n")

@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 
-from pydist._buffers import as_buffer
+from pydist.core.buffers import as_buffer
 
 torch = pytest.importorskip("torch")
 import torch.distributed as tdist  # noqa: E402

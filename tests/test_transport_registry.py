@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pydist as dist
-from pydist._deadline import Deadline
+from pydist.core.deadline import Deadline
 from pydist.store import HashStore
 from pydist.testing import run_threads
 from pydist.transport import registry

@@ -10,11 +10,11 @@ import numpy as np
 from _layer_timing import N, best
 
 import pydist as dist
-from pydist._deadline import Deadline, now
-from pydist._opspec import describe
-from pydist._ops import ReduceOp
-from pydist.backends._base import OpContext
-from pydist.backends.native import ALGORITHMS
+from pydist.core.deadline import Deadline, now
+from pydist.core.opspec import describe
+from pydist.core.ops import ReduceOp
+from pydist.engines.base import OpContext
+from pydist.engines.native import ALGORITHMS
 
 def main():
     dist.init_process_group("pydist")

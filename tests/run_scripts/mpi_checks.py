@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import pydist as dist
-from pydist.backends._mpi_world import load_mpi
+from pydist.engines._mpi_world import load_mpi
 
 
 def check_init_args(rank, size):

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import pydist as dist
-from pydist._ops import RedOpType
+from pydist.core.ops import RedOpType
 from pydist.testing import free_port
 from pydist.testing.processes import _CONTEXT
 from pydist.testing.reference import make_op, reduced, supports, value

@@ -26,7 +26,7 @@ from pydist.testing.processes import _CONTEXT
 
 def _die_after_proposing() -> None:
     """This rank dies inside shrink_group, right after its proposal went to the leader."""
-    from pydist import _agreement
+    from pydist.groups import agreement as _agreement
     wait = _agreement._wait
 
     def wait_then_die(request, deadline, transport, waiting_for):

@@ -13,7 +13,7 @@ from datetime import timedelta
 import numpy as np
 
 import pydist as dist
-from pydist import _deadline
+from pydist.core import deadline as _deadline
 
 GUARD = 4
 SENTINEL = -7.0

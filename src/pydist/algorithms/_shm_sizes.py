@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._errors import DistBackendError
-from ..transport.arena import Arena
+from ..core.errors import DistBackendError
+from ..transport.shm.arena import Arena
 
 
 def exchange_sizes(comm, table: list[int]) -> list[np.ndarray]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from ..transport._base import Request
+from .comm import Comm
+from ..transport.base import Request
 from ._partition import segments, tag
 
 

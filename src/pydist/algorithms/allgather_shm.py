@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._fingerprint import fingerprint
+from .comm import Comm
+from ..core.fingerprint import fingerprint
 from ._partition import chunks
 
 

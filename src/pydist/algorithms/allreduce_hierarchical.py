@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._ops import ReduceOp
+from .comm import Comm
+from ..core.ops import ReduceOp
 from .broadcast_shm import broadcast
 from .reduce_shm import reduce
 

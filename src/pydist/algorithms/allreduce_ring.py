@@ -2,7 +2,7 @@
 
 Cost: 2(n-1) steps; each rank sends and receives 2(n-1)/n of the buffer (bandwidth
 optimal) and reduces (n-1)/n of it. The engine picks it above SMALL_ALL_REDUCE_BYTES
-(backends/native.py) when the buffer has at least one element per rank and the group is
+(engines/native.py) when the buffer has at least one element per rank and the group is
 neither on one host with shared memory (allreduce_shm) nor spread over hosts with several
 ranks on one (allreduce_hierarchical, whose leaders use it for large buffers too).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._ops import ReduceOp
+from .comm import Comm
+from ..core.ops import ReduceOp
 from ._partition import blocks
 from .allgather_ring import post_allgather_receives, ring_allgather
 from .reduce_scatter_ring import ring_reduce_scatter

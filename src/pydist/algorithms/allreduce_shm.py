@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._ops import ReduceOp, reduce_many
+from .comm import Comm
+from ..core.ops import ReduceOp, reduce_many
 from ._partition import block_bounds, chunks
 
 #: chunks smaller than this are reduced whole by every rank (latency beats splitting).

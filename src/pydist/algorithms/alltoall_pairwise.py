@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
+from .comm import Comm
 
 
 def all_to_all(comm: Comm, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:

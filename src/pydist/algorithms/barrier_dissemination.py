@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
+from .comm import Comm
 
 _EMPTY = np.empty(0, np.uint8)
 

@@ -5,7 +5,7 @@ host's memory.
 """
 from __future__ import annotations
 
-from .._comm import Comm
+from .comm import Comm
 
 
 def barrier(comm: Comm) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from ..transport._base import Request
+from .comm import Comm
+from ..transport.base import Request
 from ._partition import segments, tag
 from .broadcast_binomial import tree
 from .broadcast_shm import broadcast as host_broadcast

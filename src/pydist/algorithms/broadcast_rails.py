@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
+from .comm import Comm
 from ._partition import blocks, chunks, tag
 from .allgather_shm import all_gather as host_all_gather
 from .broadcast_binomial import tree

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
+from .comm import Comm
 from ._partition import chunks
 
 

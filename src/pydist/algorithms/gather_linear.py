@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
+from .comm import Comm
 
 
 def gather(comm: Comm, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._ops import ReduceOp, reduce_into
+from .comm import Comm
+from ..core.ops import ReduceOp, reduce_into
 from ._partition import segments, tag
 from .broadcast_binomial import tree
 

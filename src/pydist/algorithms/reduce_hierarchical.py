@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._ops import ReduceOp
+from .comm import Comm
+from ..core.ops import ReduceOp
 from ._partition import PACKED_SCRATCH
 from .reduce_binomial import reduce as network_reduce
 from .reduce_shm import reduce as host_reduce

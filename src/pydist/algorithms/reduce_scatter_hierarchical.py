@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._ops import ReduceOp
+from .comm import Comm
+from ..core.ops import ReduceOp
 from ._partition import PACKED_SCRATCH, end_to_end, packed_by_host
 from .reduce_scatter_ring import ring_reduce_scatter
 from .reduce_shm import reduce as host_reduce

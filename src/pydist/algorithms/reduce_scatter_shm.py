@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
-from .._ops import ReduceOp, reduce_many
-from .._fingerprint import fingerprint
+from .comm import Comm
+from ..core.ops import ReduceOp, reduce_many
+from ..core.fingerprint import fingerprint
 from ._partition import chunks
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._comm import Comm
+from .comm import Comm
 
 
 def scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:

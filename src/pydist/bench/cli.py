@@ -167,7 +167,7 @@ def _in_job_tls(compare: list[str], scratch: str) -> dict[str, str]:
     spec = BACKENDS["pydist-tls"]
     if spec.key not in compare or spec.extra_env is None:
         return {}
-    from .._tls import VARIABLES
+    from ..net.tls import VARIABLES
     made = spec.extra_env(scratch)
     return {bench: made[name] for name, bench in zip(VARIABLES, comms.BENCH_TLS)}
 

@@ -142,7 +142,7 @@ def connect_pydist_tls(timeout: float) -> TorchStyleComm:
     run with TLS) env:// as usual; else with the BENCH_TLS_* certificates, on a TLS store of
     its own that rank 0 serves and announces through the job's plain one."""
     import pydist
-    from pydist._tls import VARIABLES
+    from pydist.net.tls import VARIABLES
     if all(os.environ.get(name) for name in VARIABLES):
         return connect_pydist(timeout)
     if not all(os.environ.get(name) for name in BENCH_TLS):

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..transport._identity import host_identity
+from ..transport.identity import host_identity
 from .backends import BACKENDS
 from .ops import OPS
 from .status_line import StatusLine
@@ -79,7 +79,7 @@ def _error(rank: int, message: str) -> None:
 
 def launcher_title(launcher: str) -> str:
     """Who started the job, for the table: pydist-run or torchrun, an MPI launcher, or plain variables."""
-    from pydist._launch_env import LAUNCHERS
+    from pydist.rendezvous.launch_env import LAUNCHERS
     from pydist.rendezvous import TORCHRUN_MARKERS
     if launcher == "torchrun":
         return "torchrun" if any(os.environ.get(name) for name in TORCHRUN_MARKERS) else "pydist-run"

@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 
-from .._settings import settings
+from ..core.settings import settings
 
 PREFIX = "@@pydist-bench "
 LAUNCHER_ENV = "PYDIST_BENCH_LAUNCHER_PID"

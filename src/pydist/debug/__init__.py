@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-from .._settings import settings
+from ..core.settings import settings
 from . import _registry
 
 

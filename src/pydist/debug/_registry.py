@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .._settings import settings
+from ..core.settings import settings
 from ._format import COMPLETED, FAILED, STARTED, STATE_NAMES, itemsize, wall
 from .timeline import Timeline
 

@@ -4,7 +4,7 @@ Always on. ``ProcessGroup`` calls four hooks per collective: ``queued`` (in ``ru
 the operation is queued or run inline), ``started`` (it has its sequence number and begins),
 ``completed`` and ``failed``. Each operation is one ``Entry`` stored in the group's ring
 buffer of ``PYDIST_TRACE_BUFFER`` entries (default 2000; 0 turns the recorder off): the
-call's OpSpec (op name, dtype, count, root, reduce op: ``pydist._opspec``, as the public
+call's OpSpec (op name, dtype, count, root, reduce op: ``pydist.core.opspec``, as the public
 function described it), state, the algorithm the engine noted, error text, and monotonic
 times. Entries are reused once the ring has come round, so recording allocates nothing that
 outlives the operation; an entry holds no reference to a tensor. With ``PYDIST_DEBUG=detail``
@@ -21,10 +21,10 @@ import sys
 import time
 from typing import Any, Protocol
 
-from .._errors import DistError
-from .._opspec import OpSpec
-from .._debug_level import DebugLevel, get_debug_level
-from .._settings import settings
+from ..core.errors import DistError
+from ..core.opspec import OpSpec
+from ..api.debug_level import DebugLevel, get_debug_level
+from ..core.settings import settings
 from . import _registry
 from ._format import COMPLETED, FAILED, QUEUED, STARTED
 

@@ -44,7 +44,7 @@ from .output import OutputPump, write_bytes
 from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
 from .workers import Worker, spawn, sweep_groups, watch
 from .worker_store import WorkerStore
-from ..transport._shm_segment import remove_stale
+from ..transport.shm.segment import remove_stale
 
 #: Signals the launcher catches and forwards to the workers (torchrun's --signals-to-handle default).
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

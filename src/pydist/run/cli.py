@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 def _export_tls(args: argparse.Namespace) -> None:
     """--tls-* as PYDIST_TLS_* (absolute paths) for the store and the workers; ValueError if the
     three do not come together (with the environment's) or cannot be loaded."""
-    from .._tls import VARIABLES, contexts
+    from ..net.tls import VARIABLES, contexts
     given = {name: os.path.abspath(path) for name, path in zip(VARIABLES, (args.tls_cert, args.tls_key, args.tls_ca))
              if path}
     if given:

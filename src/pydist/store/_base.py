@@ -19,9 +19,9 @@ from abc import ABC, abstractmethod
 from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
-from .. import _deadline
-from .._deadline import DEFAULT_STORE_TIMEOUT, Deadline, to_seconds
-from .._errors import DistStoreError, QueueEmptyError
+from ..core import deadline as _deadline
+from ..core.deadline import DEFAULT_STORE_TIMEOUT, Deadline, to_seconds
+from ..core.errors import DistStoreError, QueueEmptyError
 from ._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from ._state import NotReady, wrap_int64
 

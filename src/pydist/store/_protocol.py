@@ -17,7 +17,7 @@ bytes; :class:`RequestParser` (server side), :class:`ResponseParser` (client sid
 version, unknown type, a length over the bounds, a body that does not match its type —
 raises :class:`ProtocolError`; the parser then stays broken.
 
-With a shared token (see :mod:`pydist._auth`) a pydist stream opens differently: the hello's
+With a shared token (see :mod:`pydist.net.auth`) a pydist stream opens differently: the hello's
 version has :data:`AUTH_FLAG` set and each side's hello carries its nonce, then the client
 sends its proof and the server answers a status byte (:data:`AUTH_ACCEPTED` + its own proof,
 or :data:`AUTH_REFUSED`)::
@@ -37,8 +37,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable, NamedTuple
 
-from .._auth import NONCE_BYTES
-from .._errors import DistStoreError, QueueEmptyError
+from ..net.auth import NONCE_BYTES
+from ..core.errors import DistStoreError, QueueEmptyError
 
 VERSION = 1
 WIRE_MAGIC = b"PDST"

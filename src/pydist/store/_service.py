@@ -33,8 +33,8 @@ import math
 from collections import deque
 from typing import Any
 
-from .._errors import DistStoreError
-from .._tls import HANDSHAKE_RECORD
+from ..core.errors import DistStoreError
+from ..net.tls import HANDSHAKE_RECORD
 from ._auth_opening import ServerOpening
 from ._protocol import (REQUESTS, WIRE_MAGIC, AuthRefused, AuthRequired, Message, ProtocolError, RequestParser,
                         encode_response, error_code, hello)

@@ -5,9 +5,9 @@ another, so threads sharing one client never wait behind each other's blocking c
 Connecting retries with backoff until the timeout; failed authentication is never retried.
 Every socket wait is bounded by the call's deadline; a closed or failed connection raises
 DistNetworkError naming host:port, a failed authentication
-:class:`~pydist._auth.AuthenticationError`.
+:class:`~pydist.net.auth.AuthenticationError`.
 
-With TLS (a client ``ssl.SSLContext``, see :mod:`pydist._tls`) a connection opens with a TLS
+With TLS (a client ``ssl.SSLContext``, see :mod:`pydist.net.tls`) a connection opens with a TLS
 handshake, then the store's opening inside it. Until that opening is done a TLS error or a
 closed connection is a refusal (:class:`Refused`, never retried) saying which side refused
 what: the store refused this client's certificate (a TLS alert, which TLS 1.3 delivers only
@@ -22,11 +22,11 @@ import ssl
 import threading
 import time
 
-from .._addresses import family_unusable, host_port
-from .._auth import AuthenticationError
-from .._deadline import Deadline
-from .._errors import DistNetworkError, DistStoreError
-from .._tls import reason as tls_reason
+from ..net.addresses import family_unusable, host_port
+from ..net.auth import AuthenticationError
+from ..core.deadline import Deadline
+from ..core.errors import DistNetworkError, DistStoreError
+from ..net.tls import reason as tls_reason
 from ._auth_opening import ClientOpening
 from ._protocol import AuthRequired, Message, ProtocolError, ResponseParser, encode_request, hello
 

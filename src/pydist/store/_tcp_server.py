@@ -9,7 +9,7 @@ read its answers is not read from until they drain (``OUTPUT_LIMIT``). Multi-ten
 of one process share the server of a (host, port) through :func:`acquire_server` /
 :func:`release_server`; the last release stops it.
 
-With TLS (a server ``ssl.SSLContext``, see :mod:`pydist._tls`) a connection reaches the
+With TLS (a server ``ssl.SSLContext``, see :mod:`pydist.net.tls`) a connection reaches the
 service only after its TLS handshake, run in the same loop without blocking: the first byte
 is peeked; anything but a TLS record is refused (a pydist client gets its hello and an
 ``error`` answer saying TLS is required; a torch client, which cannot do TLS, is just
@@ -34,10 +34,10 @@ import time
 from contextlib import suppress
 from typing import Any
 
-from .._addresses import family_unusable, host_port
-from .._errors import DistNetworkError, DistStoreError
-from .._tls import HANDSHAKE_RECORD
-from .._tls import reason as tls_reason
+from ..net.addresses import family_unusable, host_port
+from ..core.errors import DistNetworkError, DistStoreError
+from ..net.tls import HANDSHAKE_RECORD
+from ..net.tls import reason as tls_reason
 from ._protocol import WIRE_MAGIC, Message, encode_response, error_code, hello
 from ._service import OUTPUT_LIMIT, StoreService
 

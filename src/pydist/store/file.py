@@ -19,7 +19,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .._errors import DistStoreError
+from ..core.errors import DistStoreError
 from ._base import Backoff, Store, retry_until
 from ._protocol import FILE_MAGIC, ChangeParser, Message, ProtocolError, encode_changes, hello
 from ._state import INTERNAL_PREFIX, KVState

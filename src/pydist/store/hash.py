@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .. import _deadline
+from ..core import deadline as _deadline
 from ._base import Store, retry_until
 from ._state import KVState
 

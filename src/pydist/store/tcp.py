@@ -8,14 +8,14 @@ call has a client-side deadline (the timeout plus a margin) so a dead server can
 a closed or failed connection raises DistNetworkError naming host:port. The store's sockets
 live only in these three modules.
 
-With a shared token (``auth_token=``, else PYDIST_AUTH_TOKEN; see :mod:`pydist._auth`)
+With a shared token (``auth_token=``, else PYDIST_AUTH_TOKEN; see :mod:`pydist.net.auth`)
 every connection opens with a mutual HMAC challenge–response. The server refuses (and logs,
 naming the peer address) a client that fails it, has no token, or speaks torch's protocol;
-such a client raises :class:`~pydist._auth.AuthenticationError` (a DistNetworkError and a
+such a client raises :class:`~pydist.net.auth.AuthenticationError` (a DistNetworkError and a
 DistStoreError) saying authentication failed, without retrying.
 
 With PYDIST_TLS_CERT, PYDIST_TLS_KEY and PYDIST_TLS_CA (read when the store is made; see
-:mod:`pydist._tls`) every connection is mutual TLS, the token's opening (if any) inside it.
+:mod:`pydist.net.tls`) every connection is mutual TLS, the token's opening (if any) inside it.
 The server refuses (and logs) a client without TLS, torch's clients included, or whose
 certificate the CA did not sign or that expired; the client raises
 :class:`~pydist.store._tcp_client.Refused` at once, saying which side refused and what to fix.
@@ -27,10 +27,10 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from .. import _tls
-from .._auth import resolve_token
-from .._deadline import DEFAULT_STORE_TIMEOUT, Deadline
-from .._errors import DistNetworkError, DistStoreError
+from ..net import tls as _tls
+from ..net.auth import resolve_token
+from ..core.deadline import DEFAULT_STORE_TIMEOUT, Deadline
+from ..core.errors import DistNetworkError, DistStoreError
 from ._base import Store, StoreTimeoutError, check_key, timeout_error
 from ._protocol import ERROR_TYPES, REQUESTS, Message
 from ._state import INTERNAL_PREFIX
@@ -106,7 +106,7 @@ class TCPStore(Store):
     @property
     def auth_token(self) -> bytes | None:
         """The shared token this store authenticates with (None: it does not); transports
-        rendezvousing through this store use it (see ``pydist._auth.token_of``)."""
+        rendezvousing through this store use it (see ``pydist.net.auth.token_of``)."""
         return self._auth_token
 
     def client_address(self) -> str:

@@ -5,7 +5,7 @@ monotonic time plus an offset), ``sleep(s)`` adds ``s`` to the offset at once, a
 ``parties`` threads are all blocked in timed waits on it (Deadline.wait, timed_wait) and
 nothing has completed for ``autojump_threshold`` real seconds, it jumps to the earliest of
 their deadlines, so that wait times out at once. Install it with ``installed()`` (or
-pydist._deadline.set_clock); it affects every Deadline of this process, so only tests whose
+pydist.core.deadline.set_clock); it affects every Deadline of this process, so only tests whose
 ranks are threads of this process use it, and ``parties`` must count every thread that
 waits on it (a wait by fewer threads is real: a peer may still be on its way).
 """
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from .. import _deadline
+from ..core import deadline as _deadline
 
 __all__ = ["MockClock"]
 

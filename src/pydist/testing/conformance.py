@@ -14,12 +14,12 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _collectives as c
-from .. import _objects as o
-from .. import _p2p as p
-from .._init import new_group
-from .._ops import RedOpType
-from .._work import Work
+from ..api import collectives as c
+from ..api import objects as o
+from ..api import p2p as p
+from ..api.groups import new_group
+from ..core.ops import RedOpType
+from ..groups.work import Work
 from .reference import DTYPES, make_op, reduced, supports, value
 
 ALL_OPS = list(RedOpType)

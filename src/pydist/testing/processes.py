@@ -11,7 +11,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-from .._addresses import family_of, host_port
+from ..net.addresses import family_of, host_port
 from .threads import RankFailed
 
 _CONTEXT = multiprocessing.get_context("forkserver")

@@ -7,8 +7,8 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-from .._init import destroy_process_group, init_process_group, is_initialized
-from .._world import World, use_world
+from ..api.groups import destroy_process_group, init_process_group, is_initialized
+from ..groups.world import World, use_world
 from ..store import HashStore
 from ..transport.loopback import LoopbackFabric
 from ..transport.world import WorldTransport

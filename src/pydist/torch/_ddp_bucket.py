@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ._sparse import empty_sparse
+from ..api.sparse import empty_sparse
 
 DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DEFAULT_BUCKET_CAP_MB = 25

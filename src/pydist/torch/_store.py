@@ -12,7 +12,7 @@ from typing import Any
 
 import torch.distributed as tdist
 
-from .._errors import DistStoreError
+from ..core.errors import DistStoreError
 
 
 class TorchStore:

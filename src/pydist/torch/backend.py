@@ -24,11 +24,11 @@ import torch
 import torch.distributed as tdist
 
 import pydist
-from .._group import ProcessGroup
-from .._init import standalone_group, standalone_mpi_group
-from .._ops import RedOpType, ReduceOp
-from .._settings import settings
-from .._work import Work
+from ..groups.process_group import ProcessGroup
+from ..api.groups import standalone_group, standalone_mpi_group
+from ..core.ops import RedOpType, ReduceOp
+from ..core.settings import settings
+from ..groups.work import Work
 from ._profiling import (all_reduce_title, first_argument, first_input_list, no_inputs, profiled, scattered,
                          second_argument, single_input)
 from ._store import TorchStore
@@ -73,7 +73,7 @@ def register() -> None:
     """Register "pydist" with torch.distributed, and the ``mpi://`` rendezvous (idempotent)."""
     if BACKEND_NAME.upper() not in tdist.Backend._plugins:
         tdist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True, devices=["cpu"])
-        from ..backends._mpi_init_method import register as register_rendezvous
+        from ..engines._mpi_init_method import register as register_rendezvous
         register_rendezvous()
 
 

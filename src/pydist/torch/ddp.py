@@ -33,7 +33,7 @@ Differences from torch, all deliberate:
 
 Sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True``) are averaged as
 torch's reducer does: each such weight has a bucket of its own, its gradient is divided in
-place and reduced by a sparse all_reduce (gloo's algorithm, ``pydist.torch._sparse``), and
+place and reduced by a sparse all_reduce (gloo's algorithm, ``pydist.api.sparse``), and
 stays a sparse ``.grad``.
 """
 from __future__ import annotations

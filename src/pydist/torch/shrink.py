@@ -6,7 +6,7 @@ ProcessGroup, as this one does, does not have) and registers the shrunk one as a
 ``c10d::Backend``, which Python cannot construct (``class B(Backend)`` -> "No constructor
 defined"). So this function does torch's steps itself with the same signature, checks and
 wording: the survivors agree and get a pydist group over the same connections
-(``pydist._shrink.shrink_standalone``); it is wrapped as a torch ProcessGroup and
+(``pydist.api.shrink.shrink_standalone``); it is wrapped as a torch ProcessGroup and
 registered as torch registers a shrunk group (the default one then becomes the new
 default: ranks renumbered, the other groups destroyed). When rank 0, the host of torch's
 env:// store, is gone, the new group's store is one the new rank 0 serves (pydist's store
@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as tdist
 import torch.distributed.distributed_c10d as c10d
 
-from .._shrink import SHRINK_DEFAULT, shrink_standalone
+from ..api.shrink import SHRINK_DEFAULT, shrink_standalone
 from .backend import BACKEND_NAME, ProcessGroupPydist
 
 _log = logging.getLogger("pydist")

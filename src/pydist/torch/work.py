@@ -17,8 +17,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as tdist
 
-from .._callbacks import RUNNER
-from .._work import Work
+from ..groups.callbacks import RUNNER
+from ..groups.work import Work
 
 
 class PydistWork(tdist.Work):

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import threading
 
-from .._errors import DistBackendError, PeerFailedError
-from .._settings import settings
-from ._abort import abort_payload, aborted_by
-from ._base import MessageKey, Request, Transport, completed_request
-from ._matching import Matcher, Unexpected, mismatch
-from ._shm_segment import anonymous
-from .arena import Arena, arena_bytes
+from ..core.errors import DistBackendError, PeerFailedError
+from ..core.settings import settings
+from .abort import abort_payload, aborted_by
+from .base import MessageKey, Request, Transport, completed_request
+from .matching import Matcher, Unexpected, mismatch
+from .shm.segment import anonymous
+from .shm.arena import Arena, arena_bytes
 
 
 class LoopbackFabric:

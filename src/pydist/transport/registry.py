@@ -20,15 +20,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from .._deadline import Deadline
-from .._settings import Settings
-from . import _atomics as atomics
-from ._base import MessageKey, Request
-from ._matching import Matcher
-from ._mesh import PeerRecord
-from ._shm_segment import share
-from .shm import ShmTransport, host_segment_bytes, ring_bytes_for
-from .tcp import TcpTransport
+from ..core.deadline import Deadline
+from ..core.settings import Settings
+from .shm import atomics
+from .base import MessageKey, Request
+from .matching import Matcher
+from .tcp.mesh import PeerRecord
+from .shm.segment import share
+from .shm.transport import ShmTransport, host_segment_bytes, ring_bytes_for
+from .tcp.transport import TcpTransport
 
 NETWORK, HOST_LOCAL = "network", "host-local"
 KINDS = (NETWORK, HOST_LOCAL)

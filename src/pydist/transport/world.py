@@ -17,14 +17,14 @@ import dataclasses
 import weakref
 from typing import Callable
 
-from .._deadline import Deadline
-from .._settings import Settings, settings
-from ._base import MessageKey, Request, Transport, completed_request
-from ._matching import Matcher
-from ._shm_segment import share
-from ._identity import machine_of
-from ._signal import oversubscribed
-from .arena import Arena, arena_bytes
+from ..core.deadline import Deadline
+from ..core.settings import Settings, settings
+from .base import MessageKey, Request, Transport, completed_request
+from .matching import Matcher
+from .shm.segment import share
+from .identity import machine_of
+from .shm.signal import oversubscribed
+from .shm.arena import Arena, arena_bytes
 from .registry import HOST_LOCAL, NETWORK, HostLocalTransport, NetworkTransport, Site, select
 
 

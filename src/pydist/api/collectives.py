@@ -1,0 +1,321 @@
+"""The collective operations, with torch.distributed's signatures and argument checks.
+
+Every call validates before anything is sent (misuse raises ValueError/TypeError at the
+call), converts tensors to flat numpy arrays, and runs on the group's backend in issue
+order. ``async_op=True`` returns a Work; otherwise the call returns when done (None). A
+rank outside ``group`` gets a warning and a no-op, as in torch.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Sequence
+
+from ..core.buffers import Buffer, as_buffer
+from ..core.deadline import to_seconds
+from ..groups.process_group import ProcessGroup
+from .groups import member_group
+from ..core.opspec import describe
+from ..core.ops import RedOpType, as_reduce_op, check_op_dtype
+from ..groups.work import Work
+from ..algorithms._partition import block_bounds
+
+
+_BARRIER = describe("barrier", "barrier")
+
+
+def root_rank(group: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
+    """The group rank of a root given as a global rank (``src``/``dst``) or a group rank."""
+    if rank is not None and group_rank is not None:
+        raise ValueError(f"{name} and group_{name}: give one of them, not both")
+    if group_rank is not None:
+        if not isinstance(group_rank, int) or isinstance(group_rank, bool):
+            raise TypeError(f"group_{name}: expected an int (a rank in the group), got {type(group_rank).__name__}")
+        if not 0 <= group_rank < group.size():
+            raise ValueError(f"group_{name}: expected 0 <= group_{name} < {group.size()}, got {group_rank}")
+        return group_rank
+    if rank is None:
+        raise ValueError(f"{name}: required (a global rank), or group_{name} (a rank in the group)")
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise TypeError(f"{name}: expected an int (a global rank), got {type(rank).__name__} {rank!r}")
+    index = group.group_rank_of(rank)
+    if index is None:
+        raise ValueError(f"{name}: rank {rank} is not in the group (its ranks are {group.ranks})")
+    return index
+
+
+def _same_dtype(buffers: Sequence[Buffer], reference: Buffer) -> None:
+    for buffer in buffers:
+        if buffer.dtype_name != reference.dtype_name:
+            raise TypeError(f"{buffer.name}: dtype {buffer.dtype_name} differs from {reference.name}'s "
+                            f"{reference.dtype_name}; all tensors of one call must share a dtype")
+
+
+def _buffer_list(objs: Any, name: str, count: int | None, writable: bool) -> list[Buffer]:
+    """``objs`` as buffers: a list of ``count`` tensors (None: any number but none)."""
+    if not isinstance(objs, (list, tuple)):
+        raise TypeError(f"{name}: expected a list of tensors, got {type(objs).__name__}")
+    if count is None and not objs:
+        raise ValueError(f"{name}: expected a non-empty list of tensors")
+    if count is not None and len(objs) != count:
+        raise ValueError(f"{name}: expected {count} tensors (the group size), got {len(objs)}")
+    return [as_buffer(obj, f"{name}[{i}]", writable) for i, obj in enumerate(objs)]
+
+
+def _sizes_match(buffers: Sequence[Buffer], size: int, name: str) -> None:
+    for index, buffer in enumerate(buffers):
+        if buffer.array.size != size:
+            raise ValueError(f"{name}[{index}]: expected {size} elements, got {buffer.array.size}")
+
+
+#: (op, dtype name) -> the checked ReduceOp, for ops without a factor (a bounded set: the
+#: ReduceOp values times the dtypes). PREMUL_SUM ops carry a factor that may change every
+#: call, so they are checked each time instead of cached.
+_CHECKED_OPS: dict = {}
+
+
+def _reduce_op(op: Any, buffer: Buffer):
+    """``op`` as a ReduceOp valid for the buffer's dtype (checked once per (op, dtype))."""
+    key = (op, buffer.dtype_name)
+    try:
+        return _CHECKED_OPS[key]
+    except (KeyError, TypeError):
+        pass
+    reduce_op = as_reduce_op(op)
+    check_op_dtype(reduce_op, buffer.array.dtype, buffer.dtype_name)
+    if reduce_op.factor is None:
+        try:
+            _CHECKED_OPS[key] = reduce_op
+        except TypeError:  # an unhashable op object: not cached
+            pass
+    return reduce_op
+
+
+def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None) -> Work | None:
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank."""
+    target = member_group(group, "broadcast")
+    if target is None:
+        return None
+    root = root_rank(target, src, group_src, "src")
+    try:
+        buf = as_buffer(tensor, "tensor")
+    except ValueError:
+        if target.rank() == root and as_buffer(tensor, "tensor", writable=False):  # read-only: word it for the root
+            raise ValueError("tensor: broadcast takes a writable tensor on every rank (the others receive into "
+                             "theirs); the source's is read-only") from None
+        raise
+    spec = describe("broadcast", "broadcast", buf, root=root)
+    return target.run(spec, lambda ctx: target.backend.broadcast(ctx, buf.array, root), [buf], async_op)
+
+
+def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce ``tensor`` over the group; every rank gets the result in place. A torch sparse COO
+    tensor is summed as gloo does (``pydist.api.sparse``; SUM only)."""
+    target = member_group(group, "all_reduce")
+    if target is None:
+        return None
+    try:
+        buf = as_buffer(tensor, "tensor")
+    except ValueError:  # not a dense buffer: a sparse tensor takes its own path (off the dense fast path)
+        if getattr(tensor, "is_sparse", False) is True:
+            from .sparse import all_reduce_sparse
+            return all_reduce_sparse(tensor, op, target, async_op)
+        raise
+    reduce_op = _reduce_op(op, buf)
+    spec = describe("all_reduce", "all_reduce", buf, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
+
+
+def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """Reduce ``tensor`` over the group into ``tensor`` of rank ``dst`` (others unchanged)."""
+    target = member_group(group, "reduce")
+    if target is None:
+        return None
+    root = root_rank(target, dst, group_dst, "dst")
+    buf = as_buffer(tensor, "tensor")
+    reduce_op = _reduce_op(op, buf)
+    outputs = [buf] if target.rank() == root else []
+    spec = describe("reduce", "reduce", buf, root=root, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.reduce(ctx, buf.array, root, reduce_op), outputs,
+                      async_op, results=[tensor])
+
+
+def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+    """``tensor_list[i]`` = rank i's ``tensor``, on every rank."""
+    target = member_group(group, "all_gather")
+    if target is None:
+        return None
+    inp = as_buffer(tensor, "tensor", writable=False)
+    outs = _buffer_list(tensor_list, "tensor_list", target.size(), writable=True)
+    _same_dtype(outs, inp)
+    _sizes_match(outs[target.rank():target.rank() + 1], inp.array.size, "tensor_list")
+    arrays = [b.array for b in outs]
+    spec = describe("all_gather", "all_gather", inp, count=max(array.size for array in arrays))
+    return target.run(spec, lambda ctx: target.backend.all_gather(ctx, arrays, inp.array), outs, async_op,
+                      results=[list(tensor_list)])
+
+
+def _blocks_of(buffer: Buffer, parts: int, name: str, per_part: int) -> list:
+    if buffer.array.size != per_part * parts:
+        raise ValueError(f"{name}: expected {parts} x {per_part} = {parts * per_part} elements "
+                         f"(group size x the other tensor's size), got {buffer.array.size}")
+    return [buffer.array[start:stop] for start, stop in block_bounds(buffer.array.size, parts)]
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
+                           async_op: bool = False) -> Work | None:
+    """``output_tensor`` = every rank's ``input_tensor`` concatenated in rank order."""
+    target = member_group(group, "all_gather_into_tensor")
+    if target is None:
+        return None
+    inp = as_buffer(input_tensor, "input_tensor", writable=False)
+    out = as_buffer(output_tensor, "output_tensor")
+    _same_dtype([out], inp)
+    blocks = _blocks_of(out, target.size(), "output_tensor", inp.array.size)
+    spec = describe("all_gather_into_tensor", "all_gather", inp)
+    return target.run(spec, lambda ctx: target.backend.all_gather(ctx, blocks, inp.array), [out], async_op)
+
+
+def _on_root_only(objs: Any, is_root: bool, name: str, root_name: str) -> None:
+    if is_root and objs is None:
+        raise ValueError(f"{name}: required on the {root_name} rank")
+    if not is_root and objs:
+        raise ValueError(f"{name}: must NOT be specified on ranks other than the {root_name}")
+
+
+def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """``gather_list[i]`` on rank ``dst`` = rank i's ``tensor``."""
+    target = member_group(group, "gather")
+    if target is None:
+        return None
+    root = root_rank(target, dst, group_dst, "dst")
+    inp = as_buffer(tensor, "tensor", writable=False)
+    is_root = target.rank() == root
+    _on_root_only(gather_list, is_root, "gather_list", "destination")
+    outs = _buffer_list(gather_list, "gather_list", target.size(), writable=True) if is_root else []
+    _same_dtype(outs, inp)
+    _sizes_match(outs, inp.array.size, "gather_list")
+    arrays = [b.array for b in outs] if is_root else None
+    spec = describe("gather", "gather", inp, root=root)
+    return target.run(spec, lambda ctx: target.backend.gather(ctx, inp.array, arrays, root), outs, async_op,
+                      results=[list(gather_list or ())] if is_root else [])  # checked: a list on the root
+
+
+def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,
+            async_op: bool = False, group_src: int | None = None) -> Work | None:
+    """``tensor`` on rank i = ``scatter_list[i]`` of rank ``src``."""
+    target = member_group(group, "scatter")
+    if target is None:
+        return None
+    root = root_rank(target, src, group_src, "src")
+    out = as_buffer(tensor, "tensor")
+    is_root = target.rank() == root
+    _on_root_only(scatter_list, is_root, "scatter_list", "source")
+    ins = _buffer_list(scatter_list, "scatter_list", target.size(), writable=False) if is_root else []
+    _same_dtype(ins, out)
+    _sizes_match(ins, out.array.size, "scatter_list")
+    arrays = [b.array for b in ins] if is_root else None
+    spec = describe("scatter", "scatter", out, root=root)
+    return target.run(spec, lambda ctx: target.backend.scatter(ctx, out.array, arrays, root), [out], async_op)
+
+
+def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group: Any = None,
+                   async_op: bool = False) -> Work | None:
+    """``output`` on rank i = reduction over ranks of their ``input_list[i]``."""
+    target = member_group(group, "reduce_scatter")
+    if target is None:
+        return None
+    out = as_buffer(output, "output")
+    ins = _buffer_list(input_list, "input_list", target.size(), writable=False)
+    _same_dtype(ins, out)
+    _sizes_match(ins, out.array.size, "input_list")
+    reduce_op = _reduce_op(op, out)
+    arrays = [b.array for b in ins]
+    spec = describe("reduce_scatter", "reduce_scatter", out, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.reduce_scatter(ctx, out.array, arrays, reduce_op), [out],
+                      async_op)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = RedOpType.SUM, group: Any = None,
+                          async_op: bool = False) -> Work | None:
+    """``output`` on rank i = reduction over ranks of block i of their ``input``."""
+    target = member_group(group, "reduce_scatter_tensor")
+    if target is None:
+        return None
+    out = as_buffer(output, "output")
+    inp = as_buffer(input, "input", writable=False)
+    _same_dtype([inp], out)
+    blocks = _blocks_of(inp, target.size(), "input", out.array.size)
+    reduce_op = _reduce_op(op, out)
+    spec = describe("reduce_scatter_tensor", "reduce_scatter", out, reduce_op=reduce_op.op)
+    return target.run(spec, lambda ctx: target.backend.reduce_scatter(ctx, out.array, blocks, reduce_op), [out],
+                      async_op)
+
+
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """``output_tensor_list[j]`` on rank i = ``input_tensor_list[i]`` of rank j."""
+    target = member_group(group, "all_to_all")
+    if target is None:
+        return None
+    outs = _buffer_list(output_tensor_list, "output_tensor_list", target.size(), writable=True)
+    ins = _buffer_list(input_tensor_list, "input_tensor_list", target.size(), writable=False)
+    _same_dtype(outs + ins, outs[0])
+    me = target.rank()
+    _sizes_match(outs[me:me + 1], ins[me].array.size, "output_tensor_list")
+    out_arrays, in_arrays = [b.array for b in outs], [b.array for b in ins]
+    spec = describe("all_to_all", "all_to_all", ins[0], count=sum(array.size for array in in_arrays))
+    return target.run(spec, lambda ctx: target.backend.all_to_all(ctx, out_arrays, in_arrays), outs,
+                      async_op, results=[list(output_tensor_list)])
+
+
+def _split(buffer: Buffer, sizes: list[int] | None, parts: int, name: str) -> list:
+    """Views of ``buffer`` split along dim 0 by ``sizes`` (rows), or evenly."""
+    rows = buffer.shape[0] if buffer.shape else 1
+    row = buffer.array.size // rows if rows else 0
+    if sizes is None or len(sizes) == 0:
+        if rows % parts:
+            raise ValueError(f"{name}: dim 0 ({rows}) must divide by the group size ({parts}) "
+                             "when no split sizes are given")
+        sizes = [rows // parts] * parts
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != parts or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise ValueError(f"{name} split sizes {sizes}: expected {parts} non-negative sizes summing to "
+                         f"dim 0 ({rows})")
+    views, start = [], 0
+    for size in sizes:
+        views.append(buffer.array[start * row:(start + size) * row])
+        start += size
+    return views
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group: Any = None,
+                      async_op: bool = False) -> Work | None:
+    """Split ``input`` along dim 0, send part j to rank j, concatenate what arrives in ``output``."""
+    target = member_group(group, "all_to_all_single")
+    if target is None:
+        return None
+    out = as_buffer(output, "output")
+    inp = as_buffer(input, "input", writable=False)
+    _same_dtype([inp], out)
+    outs = _split(out, output_split_sizes, target.size(), "output")
+    ins = _split(inp, input_split_sizes, target.size(), "input")
+    me = target.rank()
+    if outs[me].size != ins[me].size:
+        raise ValueError(f"output and input split sizes disagree for this rank's own part: "
+                         f"{outs[me].size} vs {ins[me].size} elements")
+    spec = describe("all_to_all_single", "all_to_all", inp)
+    return target.run(spec, lambda ctx: target.backend.all_to_all(ctx, outs, ins), [out], async_op)
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
+            timeout: timedelta | None = None) -> Work | None:
+    """Return once every rank of the group has entered barrier."""
+    target = member_group(group, "barrier")
+    if target is None:
+        return None
+    seconds = None if timeout is None else to_seconds(timeout)
+    return target.run(_BARRIER, lambda ctx: target.backend.barrier(ctx), [], async_op, timeout=seconds)

@@ -1,0 +1,358 @@
+"""The native engine: picks an algorithm per call and runs it over the world's transport.
+
+Choice (docs/algorithms.md has the costs; ``PYDIST_ALGO_<COLLECTIVE>=<name>`` forces one,
+e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
+
+- every rank of the group on this host, with shared memory: the ``shm`` algorithm of each
+  collective (through the group's arena);
+- ranks on several hosts, some host with more than one of them: ``hierarchical`` all_reduce,
+  broadcast, reduce, all_gather and reduce_scatter (shared memory inside hosts, the network
+  among one leader per host); otherwise, and for the other collectives, the network
+  algorithms below, whose same-host pairs still go through shared-memory rings;
+- network algorithms: all_reduce ``recursive_doubling`` up to SMALL_ALL_REDUCE_BYTES (or
+  fewer elements than ranks) and the segmented ``ring`` above (``network_all_reduce``, also
+  the choice among the hosts' leaders in ``hierarchical``); ``binomial`` trees for
+  broadcast and reduce; ``ring`` all_gather and reduce_scatter; ``pairwise`` all_to_all;
+  ``linear`` gather and scatter; ``dissemination`` barrier.
+
+AVG and PREMUL_SUM run as sums with a step before or after (see _ops).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..algorithms.comm import Comm, Hierarchy, as_bytes
+from ..core.errors import DistError, GroupAbortedError, OpTimeoutError
+from ..groups.state import GroupState
+from ..core.opspec import OpSpec
+from ..core.ops import ReduceOp, RedOpType, finish, prescale
+from ..core.settings import settings
+from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm, allreduce_hierarchical,
+                          allreduce_rails, allreduce_recursive_doubling, allreduce_ring, allreduce_shm,
+                          alltoall_pairwise, alltoall_shm, barrier_dissemination, barrier_shm, broadcast_binomial,
+                          broadcast_hierarchical, broadcast_rails, broadcast_shm, gather_linear, gather_shm,
+                          reduce_binomial, reduce_hierarchical, reduce_scatter_hierarchical, reduce_scatter_ring,
+                          reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
+from ..transport.base import MessageKey, Request, Transport
+from .base import Engine, OpContext
+
+#: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
+#: up to this size, the pipelined ring (2(p-1) rounds of 1/p of it) above. Recursive doubling
+#: wins while rounds cost latency, the ring once bytes dominate (it sends 2(p-1)/p buffers per
+#: rank, not log2(p)). Measured with pydist-bench, 4 ranks, PYDIST_SHM=0 (loopback TCP), 2 busy
+#: cores, each algorithm forced: recursive doubling was faster up to 1 MiB (512 KiB: 2.5-3.6 ms
+#: vs 5.3-8.7 ms), about even at 2 MiB, the ring faster from 4 MiB (12-19 ms vs 24-26 ms). So
+#: 64 KiB is conservative on loopback; it stays until the cross-host engine measures real links
+#: (veth, 1 Gbit/s), where the ring's smaller byte count matters sooner.
+SMALL_ALL_REDUCE_BYTES = 64 * 1024
+
+#: calls whose algorithm a group's engine remembers (then it forgets them all and starts again)
+CHOICES_KEPT = 1024
+
+#: per collective, its algorithms by name (their signatures differ by collective)
+ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
+    "all_reduce": {"shm": allreduce_shm.all_reduce, "hierarchical": allreduce_hierarchical.all_reduce,
+                   "rails": allreduce_rails.all_reduce, "recursive_doubling": allreduce_recursive_doubling.all_reduce,
+                   "ring": allreduce_ring.all_reduce},
+    "broadcast": {"shm": broadcast_shm.broadcast, "hierarchical": broadcast_hierarchical.broadcast,
+                  "rails": broadcast_rails.broadcast, "binomial": broadcast_binomial.broadcast},
+    "reduce": {"shm": reduce_shm.reduce, "hierarchical": reduce_hierarchical.reduce,
+               "binomial": reduce_binomial.reduce},
+    "all_gather": {"shm": allgather_shm.all_gather, "hierarchical": allgather_hierarchical.all_gather,
+                   "ring": allgather_ring.all_gather},
+    "reduce_scatter": {"shm": reduce_scatter_shm.reduce_scatter,
+                       "hierarchical": reduce_scatter_hierarchical.reduce_scatter,
+                       "ring": reduce_scatter_ring.reduce_scatter},
+    "all_to_all": {"shm": alltoall_shm.all_to_all, "pairwise": alltoall_pairwise.all_to_all},
+    "gather": {"shm": gather_shm.gather, "linear": gather_linear.gather},
+    "scatter": {"shm": scatter_shm.scatter, "linear": scatter_linear.scatter},
+    "barrier": {"shm": barrier_shm.barrier, "dissemination": barrier_dissemination.barrier},
+}
+#: hierarchical algorithms: shared memory inside each host, the network between hosts. The
+#: engine picks "hierarchical" (one leader per host); "rails" (every rank carries a slice
+#: across hosts) only when forced: on this 2-core machine it used 24 % more CPU and was
+#: slower (docs/algorithms.md, "Several ranks per host").
+HIERARCHICAL = ("hierarchical", "rails")
+NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial", "all_gather": "ring", "reduce_scatter": "ring",
+                   "all_to_all": "pairwise", "gather": "linear", "scatter": "linear", "barrier": "dissemination"}
+
+
+def network_all_reduce(nbytes: int, count: int, peers: int) -> str:
+    """The all_reduce algorithm among ``peers`` network ranks for a buffer of ``nbytes``
+    holding ``count`` elements (fewer elements than peers: the ring has nothing to split)."""
+    return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < peers else "ring"
+
+
+class NativeBackend(Engine):
+    """pydist's own engine for one group: its ranks, over the world's transport."""
+
+    name = "pydist"
+
+    def __init__(self, transport: Transport, group_id: int, ranks: list[int], rank: int,
+                 segment_bytes: int | None = None):
+        self.transport = transport
+        self.group_id = group_id
+        self.ranks = ranks
+        self.rank = rank
+        self.size = len(ranks)
+        self._p2p_keys: dict[int, MessageKey] = {}  # by tag: the point-to-point message keys
+        found = settings()
+        self.segment_bytes = segment_bytes or found.segment_bytes
+        self.forced = found.forced_algorithms()
+        hosts = [transport.host_of(r) for r in ranks]
+        self.local = [g for g, host in enumerate(hosts) if host == hosts[rank]]  # group ranks on this host
+        self.spans_hosts = len(set(hosts)) > 1
+        # every host's group ranks, hosts in the order of their lowest group rank (their leader)
+        self.hosts = [[g for g, host in enumerate(hosts) if host == name] for name in dict.fromkeys(hosts)]
+        self._layouts: dict[int | None, tuple] = {}  # see _layout
+        self._chosen: dict[OpSpec, str] = {}  # the algorithm of each call seen (choose is a pure function of it)
+        self._arena = None
+        self._arena_tried = False
+        self._local_arena = None
+        self._shm_comm: Comm | None = None  # see _comm
+        self.state = transport.group_state(group_id, ranks)  # the group's lifecycle (see _group_state)
+
+    # -- algorithm choice -----------------------------------------------------------------
+    def _arena_for(self, ctx: OpContext, group_ranks: list[int]):
+        """The arena of ``group_ranks`` (this host's), made on first use; None without one.
+        Its waits fail when the group was aborted or one of those members is gone (not any
+        member of the group: a rank on another host may leave once it is done)."""
+        index = group_ranks.index(self.rank)
+        members = [self.ranks[g] for g in group_ranks]
+        try:
+            arena = self.transport.arena(self.group_id, members, group_ranks, index, ctx.deadline, self._describe,
+                                         alive=lambda: self._alive(members))
+        except OpTimeoutError as error:  # the member that creates it never came
+            creator = min(members)
+            raise OpTimeoutError(f"{ctx.name} (seq {ctx.seq}) on rank {self.ranks[self.rank]}: "
+                                 f"{ctx.timeout_text} for rank {creator} "
+                                 f"({self.transport.peer_host(creator)}) to set up the group's shared memory; "
+                                 "that rank has not reached this operation or is stuck") from error
+        if arena is not None:
+            arena.alive = lambda: self._alive(members)
+        return arena
+
+    def arena(self, ctx: OpContext):
+        if not self._arena_tried and self.size > 1 and not self.spans_hosts:
+            self._arena = self._arena_for(ctx, list(range(self.size)))
+        self._arena_tried = True
+        return self._arena
+
+    def choose(self, collective: str, ctx: OpContext, nbytes: int = 0, count: int = 0) -> str:
+        forced = self.forced.get(collective)
+        if forced in ("shm",) + HIERARCHICAL and not self._can(forced, ctx):
+            raise ValueError(f"PYDIST_ALGO_{collective.upper()}={forced}: not possible for this group "
+                             f"(shm needs every rank on one host with shared memory; hierarchical needs several "
+                             f"hosts; rails needs several hosts with the same number of ranks, more than one)")
+        if forced:
+            return forced
+        if self.size > 1 and self.arena(ctx) is not None:
+            return "shm"
+        if "hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.hosts) < self.size:
+            return "hierarchical"
+        if collective != "all_reduce":
+            return NETWORK_DEFAULT[collective]
+        return network_all_reduce(nbytes, count, self.size)
+
+    def _can(self, algorithm: str, ctx: OpContext) -> bool:
+        if algorithm == "shm":
+            return self.size == 1 or self.arena(ctx) is not None
+        if algorithm == "rails":
+            return self.spans_hosts and self._even() and len(self.local) > 1
+        return self.spans_hosts
+
+    def _even(self) -> bool:
+        """Every host has the same number of the group's ranks."""
+        return len({len(ranks) for ranks in self.hosts}) == 1
+
+    # -- running --------------------------------------------------------------------------
+    def _describe(self, member: int) -> str:
+        world = self.ranks[member]
+        return f"rank {world} ({self.transport.peer_host(world)})"
+
+    def group_state(self, ranks: list[int]) -> GroupState:
+        return self.state
+
+    def _alive(self, members: list[int]) -> None:
+        error = self.state.failure(members)
+        if error is not None:
+            raise error
+
+    def _comm(self, ctx: OpContext, collective: str, algorithm: str, call: int, sizes: tuple[int, int],
+              root: int | None) -> Comm:
+        if algorithm == "shm":  # one Comm for all: it never holds receives (the arena carries the data)
+            comm = self._shm_comm
+            if comm is None:
+                comm = self._shm_comm = Comm(self.transport, self.group_id, self.ranks, self.rank, 0, ctx.deadline,
+                                             ctx.name, arena=self._arena)
+            comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call, comm.arena = (
+                ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text, call, self._arena)
+            return comm
+        comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
+                    ctx.timeout_text, None, call)
+        if algorithm in HIERARCHICAL:
+            comm.hierarchy = self._hierarchy(ctx, collective, algorithm, call, sizes, root)
+        return comm
+
+    def close(self) -> None:
+        for arena in (self._arena, self._local_arena):
+            if arena is not None:
+                arena.release()
+        self._arena = self._local_arena = self._shm_comm = None
+
+    def _hierarchy(self, ctx: OpContext, collective: str, algorithm: str, call: int, sizes: tuple[int, int],
+                   root: int | None) -> Hierarchy:
+        """The stages of a hierarchical ``algorithm`` of ``collective``: this host's Comm (over
+        its arena), the leaders' Comm (one rank per host: the lowest, or ``root`` on its host),
+        this rank's rail and, for all_reduce, the network algorithm for ``sizes`` (bytes,
+        count) among the leaders or along each rail."""
+        if self._local_arena is None and len(self.local) > 1:
+            self._local_arena = self._arena_for(ctx, self.local)
+            if self._local_arena is None:
+                raise ValueError(f"hierarchical {collective} needs shared memory between the ranks of a host")
+        hosts, host, leader_ranks, rail_ranks = self._layout(root)
+        local = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
+                     ctx.timeout_text, self._local_arena, call)
+        leaders = None
+        if self.rank == hosts[host][0]:
+            leaders = Comm(self.transport, self.group_id, leader_ranks, host, ctx.seq, ctx.deadline, ctx.name,
+                           ctx.timeout_text, call=call)
+        rail = None
+        if algorithm == "rails" and rail_ranks is not None:
+            rail = Comm(self.transport, self.group_id, rail_ranks, host, ctx.seq, ctx.deadline, ctx.name,
+                        ctx.timeout_text, call=call)
+        inter = None
+        if collective == "all_reduce":
+            nbytes, count = sizes
+            per_rail = len(self.local) if algorithm == "rails" else 1
+            inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes // per_rail, count // per_rail, len(hosts))]
+        return Hierarchy(local, leaders, hosts, host, rail, inter)
+
+    def _layout(self, root: int | None) -> tuple[list[list[int]], int, list[int], list[int] | None]:
+        """For a hierarchy rooted at group rank ``root`` (None: unrooted), made once per root:
+        every host's group ranks with its leader first (the root leads its own host), this
+        rank's host, the leaders' world ranks, and this rank's rail in world ranks (None
+        unless every host has as many ranks)."""
+        layout = self._layouts.get(root)
+        if layout is None:
+            hosts = [[root] + [g for g in ranks if g != root] if root in ranks else ranks for ranks in self.hosts]
+            host = next(h for h, ranks in enumerate(hosts) if self.rank in ranks)
+            place = self.hosts[host].index(self.rank)
+            rail = [self.ranks[ranks[place]] for ranks in self.hosts] if self._even() else None
+            layout = self._layouts[root] = (hosts, host, [self.ranks[ranks[0]] for ranks in hosts], rail)
+        return layout
+
+    def _run(self, ctx: OpContext, collective: str, *args, sizes: tuple[int, int] = (0, 0),
+             root: int | None = None) -> None:
+        """Run ``collective`` (rooted at group rank ``root``, if any) with the algorithm chosen
+        for ``sizes`` (bytes, count), noted in the call's recorder entry. The call's
+        fingerprint (``ctx.spec.call``) goes with every message and arena sync, so that ranks
+        in different calls fail (DesyncError) instead of hanging."""
+        spec = ctx.spec
+        remembered = spec.kind == collective  # a context whose spec describes another call: not cached
+        algorithm = self._chosen.get(spec) if remembered else None
+        if algorithm is None:
+            algorithm = self.choose(collective, ctx, *sizes)
+            if remembered:
+                if len(self._chosen) >= CHOICES_KEPT:
+                    self._chosen.clear()
+                self._chosen[spec] = algorithm
+        if ctx.entry is not None:
+            ctx.entry.algorithm = algorithm
+        call = spec.call
+        on_network = algorithm != "shm"  # shm: no message, the arena compares the fingerprints
+        if on_network:
+            self.transport.begin(self.group_id, ctx.seq, call)
+        comm = self._comm(ctx, collective, algorithm, call, sizes, root)
+        engaged = on_network and self.transport.engage(sizes[0] or _payload_bytes(args))
+        try:
+            ALGORITHMS[collective][algorithm](comm, *args)
+        except BaseException as error:
+            comm.abandon()
+            failure = ctx.explained(error)  # before the abort: the peers then hear who was behind
+            if isinstance(failure, DistError) and not isinstance(failure, GroupAbortedError):
+                self.transport.abort(self.ranks, self.group_id, failure)
+            if failure is not error:
+                raise failure from error.__cause__
+            raise
+        finally:
+            if engaged:
+                self.transport.disengage()
+
+    def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
+        self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
+
+    def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
+        prescale(buf, op)
+        self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
+        finish(buf, op, self.size)
+
+    def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> None:
+        is_root = self.rank == root
+        work = buf if is_root or op.op != RedOpType.PREMUL_SUM else buf.copy()
+        prescale(work, op)
+        self._run(ctx, "reduce", work, root, op, self.segment_bytes, root=root)
+        if is_root:
+            finish(buf, op, self.size)
+
+    def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> None:
+        self._run(ctx, "all_gather", outputs, input, self.segment_bytes)
+
+    def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
+        self._run(ctx, "gather", input, outputs, root)
+
+    def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
+        self._run(ctx, "scatter", output, inputs, root)
+
+    def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None:
+        if op.op == RedOpType.PREMUL_SUM:
+            inputs = [block.copy() for block in inputs]
+            for block in inputs:
+                prescale(block, op)
+        self._run(ctx, "reduce_scatter", output, inputs, op, self.segment_bytes)
+        finish(output, op, self.size)
+
+    def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
+        self._run(ctx, "all_to_all", outputs, inputs)
+
+    def barrier(self, ctx: OpContext) -> None:
+        self._run(ctx, "barrier")
+
+    def _p2p_key(self, tag: int) -> MessageKey:
+        key = self._p2p_keys.get(tag)
+        if key is None:
+            if len(self._p2p_keys) >= 1024:  # tags in use are few; a program cycling through many is bounded
+                self._p2p_keys.clear()
+            key = self._p2p_keys[tag] = MessageKey(self.group_id, 0, tag)
+        return key
+
+    def isend(self, buf: np.ndarray, dst: int, tag: int) -> Request:
+        return self.transport.isend(self.ranks[dst], as_bytes(buf), self._p2p_key(tag))
+
+    def irecv(self, buf: np.ndarray, src: int | None, tag: int) -> Request:
+        peer = None if src is None else self.ranks[src]
+        return self.transport.irecv(peer, as_bytes(buf), self._p2p_key(tag))
+
+    def cancel(self, request: Request) -> None:
+        self.transport.cancel(request)
+
+    def peer_failed(self, error: BaseException) -> None:
+        """Abort the group naming the dead peer, so that ranks blocked in a collective with
+        this one learn the root cause rather than "rank N shut down"."""
+        self.transport.abort(self.ranks, self.group_id, error)
+
+    def peer_host(self, rank: int) -> str:
+        return self.transport.peer_host(self.ranks[rank])
+
+
+def _payload_bytes(args: tuple) -> int:
+    """Bytes of the arrays among an algorithm's arguments (lists of arrays included)."""
+    total = 0
+    for arg in args:
+        if isinstance(arg, np.ndarray):
+            total += arg.nbytes
+        elif isinstance(arg, list):
+            total += sum(item.nbytes for item in arg if isinstance(item, np.ndarray))
+    return total

@@ -1,0 +1,150 @@
+"""Running a group's operations one at a time, in issue order, on every rank.
+
+A blocking operation on an idle group runs inline in the caller's thread (the latency
+path). Anything else (async operations, operations issued while others are queued or
+running) goes into a FIFO served by the group's progress thread, started on first need.
+Completing a Work here only marks it done: its callbacks run on the callback runner
+(_callbacks), so one that waits on another operation of this group does not stall it.
+
+The queue fires the group's lifecycle events (see _group_state): an operation that fails
+with a DistError (timeout, dead peer) *breaks* the group, and queued and later operations
+fail at once with an error that names that first failure, instead of hanging on peers
+that have moved on; ``close`` *destroys* it, after which submitting raises.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Callable
+
+from ..core.errors import DistBackendError, DistError
+from .state import DESTROYED, GroupState
+from .work import Work
+
+Operation = Callable[[int], int | None]  # run(seq) -> source rank or None
+
+
+class OpQueue:
+    """FIFO of one group's operations with an inline fast path; ``state``: the group's
+    lifecycle (a new one if not given)."""
+
+    def __init__(self, name: str, state: GroupState | None = None):
+        self.name = name
+        self.state = state if state is not None else GroupState()
+        self._lock = threading.Lock()  # taken directly on the latency path (cheaper than the Condition)
+        self._cond = threading.Condition(self._lock)
+        self._pending: deque[tuple[int, Operation, Work]] = deque()
+        self._busy = False
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, operation: Operation, work: Work, blocking: bool) -> Work:
+        """Queue ``operation`` (it receives its sequence number); return its Work."""
+        with self._cond:
+            if self.state.state is DESTROYED:
+                raise self._destroyed_error()
+            self._seq += 1
+            seq = self._seq
+            inline = blocking and not self._busy and not self._pending
+            if inline:
+                self._busy = True
+            else:
+                self._pending.append((seq, operation, work))
+                self._start_thread()
+                self._cond.notify_all()
+        if inline:
+            self._execute_and_release(seq, operation, work)
+        return work
+
+    def run_inline(self, body: Callable[..., None], *args: Any) -> bool:
+        """The latency path: run ``body(seq, *args)`` now in the caller's thread if the group
+        is idle (True), else do nothing (False: the caller submits instead). Errors propagate;
+        a DistError breaks the queue as in ``submit``."""
+        state = self.state
+        with self._lock:
+            if state.state is DESTROYED:
+                raise self._destroyed_error()
+            if self._busy or self._pending:
+                return False
+            self._busy = True
+            self._seq += 1
+            seq = self._seq
+        try:
+            if state.failed is not None:
+                raise self._broken_error(seq)
+            body(seq, *args)
+        except DistError as error:
+            state.fail(error)
+            raise
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._pending:
+                    self._cond.notify_all()
+        return True
+
+    def _destroyed_error(self) -> DistBackendError:
+        return DistBackendError(f"process group {self.name} has been destroyed")
+
+    def _broken_error(self, seq: int) -> DistBackendError:
+        return DistBackendError(f"process group {self.name} is broken: an earlier operation failed "
+                                f"({self.state.failed}); operation seq {seq} was not run")
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=f"pydist-progress-{self.name}",
+                                            daemon=True)
+            self._thread.start()
+
+    def _execute(self, seq: int, operation: Operation, work: Work) -> None:
+        if self.state.failed is not None:
+            work._fail(self._broken_error(seq))
+            return
+        try:
+            source = operation(seq)
+        except BaseException as error:  # noqa: BLE001 - delivered through the Work
+            if isinstance(error, DistError):
+                self.state.fail(error)
+            work._fail(error)
+        else:
+            work._succeed(source)
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while self.state.state is not DESTROYED and (self._busy or not self._pending):
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                seq, operation, work = self._pending.popleft()
+                self._busy = True
+            self._execute_and_release(seq, operation, work)
+
+    def _execute_and_release(self, seq: int, operation: Operation, work: Work) -> None:
+        """Run one operation (``_busy`` already set), then let the next one go."""
+        try:
+            self._execute(seq, operation, work)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def drain(self, timeout: float | None) -> bool:
+        """Wait until nothing is queued or running; True when idle."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Let queued operations finish (up to ``timeout``), destroy the group (idempotent),
+        fail what is still queued, then stop the progress thread."""
+        self.drain(timeout)
+        with self._cond:
+            self.state.destroy()
+            self._cond.notify_all()
+            leftover = list(self._pending)
+            self._pending.clear()
+        for seq, _operation, work in leftover:
+            work._fail(DistBackendError(f"process group {self.name} was destroyed before operation "
+                                        f"seq {seq} ran"))
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

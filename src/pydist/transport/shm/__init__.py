@@ -1,0 +1,1 @@
+"""pydist.transport.shm.transport."""

@@ -1,0 +1,168 @@
+"""Waiting for counters in shared memory: spin, then yield, then sleep on a futex.
+
+A Signal is a doorbell word, a sleepers word and a pollers word in shared memory, shared by
+a set of monotonically increasing 64-bit counters. ``publish`` stores a counter and, only when
+someone sleeps, rings the doorbell; ``wait_at_least`` spins on the counter briefly (long
+when every rank has a core of its own, short when ranks outnumber cores, so that 4-8 ranks
+on 2 cores do not starve the rank they wait for), yields the CPU, then sleeps on the
+doorbell futex in slices of at most SLEEP_SLICE seconds, checking the deadline and a
+liveness callback between slices.
+
+Ordering: the store of a counter is a sequentially consistent exchange, then the sleepers
+word is read; a sleeper increments the sleepers word (sequentially consistent), reads the
+doorbell, re-reads the counter and sleeps only while the doorbell is unchanged. Whichever
+goes first, the sleeper either sees the counter or is woken (the futex syscall orders the
+rest), so no wake-up is lost. Data written before ``publish`` is visible to a waiter after
+``wait_at_least`` returns (release/acquire).
+
+``ring`` skips the futex wake while a thread of the owner polls what the ring announces
+(``polling``): waking a sleeping thread of a process whose other thread is already reading
+only makes the two fight for that process's GIL. The poller, on leaving, re-checks for
+work and rings itself; the ringer bumps the doorbell (a locked add) before reading the
+pollers word, the poller leaves with a locked add before re-checking, so one of them sees
+the other. On x86-64 a ring without sleepers is a fence and two plain reads (see
+_atomics.fence); the doorbell is bumped only for a sleeper, which counted itself in with a
+locked add before re-checking, so again one of the two sees the other.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable
+
+from ...core.deadline import Deadline
+from . import atomics
+
+SLEEP_SLICE = 0.05
+
+
+class WaitTimeout(Exception):
+    """The deadline passed before the counter reached its target."""
+
+
+class Signal:
+    """Doorbell + sleepers + pollers at ``offset`` (12 bytes) of a shared buffer whose base
+    address is ``base``."""
+
+    def __init__(self, memory: memoryview, base: int, offset: int, oversubscribed: bool):
+        self._words = memory.cast("Q")  # the whole buffer as 64-bit words
+        self._halves = memory.cast("I")
+        self._base = base
+        self._doorbell = base + offset
+        self._sleepers = base + offset + 4
+        self._sleepers_index = (offset + 4) // 4
+        self._pollers = base + offset + 8
+        self._pollers_index = (offset + 8) // 4
+        self._counting = threading.Lock()
+        self.spins, self.yields = (30, 300) if oversubscribed else (20000, 50)
+
+    def address(self, index: int) -> int:
+        return self._base + 8 * index
+
+    def read(self, index: int) -> int:
+        """Counter ``index`` (in 64-bit words from the buffer start), with acquire order."""
+        if atomics.PLAIN_ORDERING:
+            return self._words[index]
+        return atomics.load_u64_acquire(self._base + 8 * index)
+
+    def publish(self, index: int, value: int) -> None:
+        """Set counter ``index`` to ``value`` and wake sleepers, if any."""
+        atomics.exchange_u64(self._base + 8 * index, value)
+        if self._sleeping():
+            atomics.fetch_add_u32(self._doorbell, 1)
+            atomics.futex_wake(self._doorbell)
+
+    def ring(self) -> None:
+        """Wake sleepers without changing a counter (something else they watch changed,
+        stored before), unless a poller will see the change."""
+        if atomics.PLAIN_ORDERING:  # the change, then the words: a fence, and no doorbell without sleepers
+            atomics.fence()
+            if self._halves[self._sleepers_index] and not self._halves[self._pollers_index]:
+                atomics.fetch_add_u32(self._doorbell, 1)
+                atomics.futex_wake(self._doorbell)
+            return
+        atomics.fetch_add_u32(self._doorbell, 1)
+        if self._sleeping() and not self._halves[self._pollers_index]:
+            atomics.futex_wake(self._doorbell)
+
+    def wake(self) -> None:
+        """Ring and wake the sleepers even while someone polls (stopping a sleeper)."""
+        atomics.fetch_add_u32(self._doorbell, 1)
+        if self._sleeping():
+            atomics.futex_wake(self._doorbell)
+
+    def polling(self, delta: int) -> int:
+        """Count a poller of the owning process in (+1) or out (-1); returns the pollers
+        left. A full barrier: what is read after it was written after the count."""
+        if not atomics.PLAIN_ORDERING:
+            return atomics.fetch_add_u32(self._pollers, delta) + delta
+        with self._counting:  # only the owner's threads count: a process-local lock suffices
+            count = self._halves[self._pollers_index] = self._halves[self._pollers_index] + delta
+        atomics.fence()
+        return count
+
+    def _sleeping(self) -> int:
+        """Sleepers now; called right after a sequentially consistent write (x86: a plain load
+        cannot pass the locked instruction before it)."""
+        if atomics.PLAIN_ORDERING:
+            return self._halves[self._sleepers_index]
+        return atomics.load_u32_seq_cst(self._sleepers)
+
+    def wait_at_least(self, index: int, target: int, deadline: Deadline,
+                      alive: Callable[[], None] | None = None) -> None:
+        """Return once counter ``index`` >= ``target``; WaitTimeout at the deadline. ``alive()``
+        is called between sleeps and may raise (a dead peer)."""
+        words = self._words
+        if words[index] >= target and atomics.PLAIN_ORDERING:
+            return
+        for _ in range(self.spins):
+            if words[index] >= target:
+                return self._acquire(index)
+        for _ in range(self.yields):
+            if words[index] >= target:
+                return self._acquire(index)
+            os.sched_yield()
+        self._sleep_until(index, target, deadline, alive)
+
+    def sleep(self, ready: Callable[[], bool], timeout: float) -> None:
+        """Sleep until the doorbell rings or ``timeout`` passes, unless ``ready()`` already
+        (checked after announcing the sleep, so a ring between the two is not lost)."""
+        atomics.fetch_add_u32(self._sleepers, 1)
+        try:
+            bell = atomics.load_u32_seq_cst(self._doorbell)
+            if not ready():
+                atomics.futex_wait(self._doorbell, bell, timeout)
+        finally:
+            atomics.fetch_add_u32(self._sleepers, -1)
+
+    def _acquire(self, index: int) -> None:
+        if not atomics.PLAIN_ORDERING:
+            atomics.load_u64_acquire(self._base + 8 * index)
+
+    def _sleep_until(self, index: int, target: int, deadline: Deadline, alive) -> None:
+        atomics.fetch_add_u32(self._sleepers, 1)
+        try:
+            while True:
+                bell = atomics.load_u32_seq_cst(self._doorbell)
+                if self.read(index) >= target:
+                    return
+                if alive is not None:
+                    try:
+                        alive()  # only consulted while the counter is short: a peer may leave once done
+                    except BaseException:
+                        if self.read(index) >= target:  # it did its part just before it left
+                            return
+                        raise
+                remaining = deadline.remaining()
+                if remaining == 0:
+                    raise WaitTimeout
+                nap = SLEEP_SLICE if remaining is None else min(remaining, SLEEP_SLICE)
+                atomics.futex_wait(self._doorbell, bell, nap)
+        finally:
+            atomics.fetch_add_u32(self._sleepers, -1)
+
+
+def oversubscribed(ranks: int) -> bool:
+    """True when this machine runs more ranks than it has CPUs."""
+    return ranks > (os.cpu_count() or 1)
+

@@ -1,0 +1,331 @@
+"""Shared-memory channels between the ranks of one host: one ring per ordered pair.
+
+A host segment (created by the host's lowest rank, unlinked once every local rank mapped
+it) holds, per local rank, a Signal (doorbell + sleepers) and, per ordered pair, a
+single-producer single-consumer byte ring carrying the same frames as tcp. A send writes
+what fits at once from the caller's thread and rings the receiver's doorbell; the rest is
+pushed by the sender's progress thread as the receiver frees space (it rings the sender
+when the sender said it waits for space). Each process has one progress thread: it drains
+its incoming rings into posted receives (or holds messages as unexpected, see _matching)
+and pushes pending sends; when idle it sleeps on its doorbell futex. A thread blocked on a
+receive does that work itself for a while (``drive``), and peers then leave the progress
+thread asleep: handing each message to another thread of the process costs a GIL
+hand-off. Frame decoding is the sans-IO FrameReceiver shared with tcp.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from ...core.deadline import Deadline
+from ...core.errors import PeerFailedError
+from . import atomics
+from ..base import MessageKey, Request
+from ..framing import HEADER, HEADER_SIZE, MAGIC, VERSION, Kind, encode_header
+from ..matching import Matcher
+from .segment import Keepalive
+from ..receiver import FrameReceiver
+from .signal import SLEEP_SLICE, Signal
+
+LINE = 64
+#: Messages up to this size are written whole by the sending thread when the ring has room.
+INLINE_BYTES = 64 << 10
+
+
+def ring_bytes_for(local_ranks: int, requested: int) -> int:
+    """Ring capacity: the request (PYDIST_SHM_RING_BYTES), shrunk so all rings of a host stay under 256 MiB."""
+    pairs = max(local_ranks * (local_ranks - 1), 1)
+    size = min(requested, (256 << 20) // pairs)
+    return max(64 << 10, size // 4096 * 4096)
+
+
+def host_segment_bytes(local_ranks: int, ring_bytes: int) -> int:
+    return _rings_offset(local_ranks) + local_ranks * local_ranks * ring_bytes
+
+
+def _rings_offset(local_ranks: int) -> int:
+    header = LINE * (1 + local_ranks + 2 * local_ranks * local_ranks)
+    return (header + 4095) // 4096 * 4096
+
+
+class _Ring:
+    """One ordered pair's ring: positions are byte counts since the start (never wrap)."""
+
+    def __init__(self, memory: np.ndarray, base: int, local_ranks: int, source: int, target: int, capacity: int):
+        index = source * local_ranks + target
+        self.tail_word = (LINE * (1 + local_ranks + 2 * index)) // 8
+        self.head_word = self.tail_word + LINE // 8
+        self.want_word = self.head_word + 1
+        self.base = base
+        start = _rings_offset(local_ranks) + index * capacity
+        self.data = memory[start:start + capacity].data  # a memoryview (the stubs lack ndarray.__buffer__ on 3.11)
+        self.capacity = capacity
+
+
+class _Writer:
+    """The sending end of a ring: frames not yet written, in order."""
+
+    def __init__(self, ring: _Ring):
+        self.ring = ring
+        self.lock = threading.Lock()
+        self.pending: deque[tuple[list[memoryview], Request | None]] = deque()
+        self.error: BaseException | None = None
+
+
+class ShmTransport:
+    """Shared-memory channels of one rank to the other ranks of its host (world ranks)."""
+
+    def __init__(self, rank: int, local_ranks: list[int], memory: np.ndarray, base: int, ring_bytes: int,
+                 matcher: Matcher, oversubscribed: bool, keepalive: Keepalive | None = None):
+        self.rank = rank
+        self.local = local_ranks
+        self.matcher = matcher
+        self._keepalive = keepalive
+        self._gone: dict[int, BaseException] = {}
+        count, me = len(local_ranks), local_ranks.index(rank)
+        self._words = memory.data.cast("Q")
+        self._base = base
+        self._signals = [Signal(memory.data, base, LINE * (1 + i), oversubscribed) for i in range(count)]
+        self._index = {peer: i for i, peer in enumerate(local_ranks)}
+        self._writers = {peer: _Writer(_Ring(memory, base, count, me, i, ring_bytes))
+                         for peer, i in self._index.items() if peer != rank}
+        self._readers = {peer: (_Ring(memory, base, count, i, me, ring_bytes),
+                                FrameReceiver(peer, matcher, lambda header, payload: None))
+                         for peer, i in self._index.items() if peer != rank}
+        self._me = me
+        self._drain_lock = threading.Lock()
+        self.spin_seconds = 0.00002 if oversubscribed else 0.0002
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"pydist-shm-progress-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- positions ------------------------------------------------------------------------
+    def _load(self, word: int) -> int:
+        if atomics.PLAIN_ORDERING:
+            return self._words[word]
+        return atomics.load_u64_acquire(self._base + 8 * word)
+
+    def _store(self, ring: _Ring, word: int, value: int) -> None:
+        """Store ``value``, then a full barrier (later loads see it ordered)."""
+        if atomics.PLAIN_ORDERING:
+            self._words[word] = value
+            atomics.fence()
+        else:
+            atomics.exchange_u64(ring.base + 8 * word, value)
+
+    # -- sending --------------------------------------------------------------------------
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        writer = self._writers[peer]
+        if data.nbytes <= INLINE_BYTES and self._write_whole(peer, writer, data, key, call):
+            return Request.finished(peer, data)
+        request = Request(peer, data)
+        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
+        self._send(peer, [header, data], request)
+        return request
+
+    def _write_whole(self, peer: int, writer: _Writer, data: memoryview, key: MessageKey, call: int) -> bool:
+        """The small-message path: when nothing is queued before it and the frame fits the
+        ring's free space without wrapping, write header and payload in place; True if done."""
+        ring, size = writer.ring, HEADER_SIZE + data.nbytes
+        with writer.lock:
+            if writer.pending or writer.error is not None:
+                return False
+            tail = self._words[ring.tail_word]
+            offset = tail % ring.capacity
+            if offset + size > ring.capacity or ring.capacity - (tail - self._load(ring.head_word)) < size:
+                return False
+            HEADER.pack_into(ring.data, offset, MAGIC, VERSION, Kind.DATA, 0, key.group, key.seq, key.tag,
+                             data.nbytes, call)
+            ring.data[offset + HEADER_SIZE:offset + size] = data
+            self._publish_tail(peer, ring, tail + size)
+        return True
+
+    def _send(self, peer: int, parts: list[memoryview], request: Request | None) -> None:
+        writer = self._writers[peer]
+        with writer.lock:
+            if writer.error is not None:
+                if request is not None:
+                    request.complete(writer.error)
+                return
+            writer.pending.append((parts, request))
+            if len(writer.pending) == 1:
+                self._push(peer, writer)
+        if writer.pending:
+            self._signals[self._me].ring()  # our progress thread finishes it
+
+    def _push(self, peer: int, writer: _Writer) -> bool:
+        """Write pending frames while there is space (writer.lock held); True if any byte moved."""
+        ring, moved = writer.ring, False
+        tail = self._words[ring.tail_word]
+        while writer.pending:
+            parts, request = writer.pending[0]
+            head = self._load(ring.head_word)
+            space = ring.capacity - (tail - head)
+            if space == 0:
+                self._store(ring, ring.want_word, 1)
+                if ring.capacity - (tail - self._load(ring.head_word)) == 0:
+                    break
+                continue
+            while parts and space:
+                part = parts[0]
+                take = min(part.nbytes, space)
+                tail = self._copy_in(ring, tail, part[:take])
+                space -= take
+                moved = True
+                if take == part.nbytes:
+                    parts.pop(0)
+                else:
+                    parts[0] = part[take:]
+            if parts:
+                continue
+            writer.pending.popleft()
+            if request is not None:
+                request.complete()
+        if moved:
+            self._publish_tail(peer, ring, tail)
+        if not writer.pending:
+            self._words[ring.want_word] = 0
+        return moved
+
+    @staticmethod
+    def _copy_in(ring: _Ring, tail: int, data: memoryview) -> int:
+        offset = tail % ring.capacity
+        first = min(data.nbytes, ring.capacity - offset)
+        ring.data[offset:offset + first] = data[:first]
+        if first < data.nbytes:
+            ring.data[:data.nbytes - first] = data[first:]
+        return tail + data.nbytes
+
+    def _publish_tail(self, peer: int, ring: _Ring, tail: int) -> None:
+        if atomics.PLAIN_ORDERING:
+            self._words[ring.tail_word] = tail
+        else:
+            atomics.store_u64_release(ring.base + 8 * ring.tail_word, tail)
+        self._signals[self._index[peer]].ring()
+
+    # -- receiving ------------------------------------------------------------------------
+    def _drain(self, peer: int) -> bool:
+        """Consume what ``peer`` wrote to us; True if anything was read."""
+        ring, receiver = self._readers[peer]
+        head, tail = self._words[ring.head_word], self._load(ring.tail_word)
+        if head == tail:
+            return False
+        offset, available = head % ring.capacity, tail - head
+        first = min(available, ring.capacity - offset)
+        receiver.feed(ring.data[offset:offset + first])
+        if first < available:
+            receiver.feed(ring.data[:available - first])
+        self._store(ring, ring.head_word, tail)
+        if self._words[ring.want_word]:
+            self._signals[self._index[peer]].ring()
+        return True
+
+    # -- progress thread ------------------------------------------------------------------
+    def poll(self) -> bool:
+        """Drain incoming rings now (from any thread; one at a time); True if anything came."""
+        if not self._drain_lock.acquire(blocking=False):
+            return False
+        try:
+            busy = False
+            for peer in self._readers:
+                busy |= self._drain(peer)
+            # after the drain: what a peer wrote before leaving counts
+            for peer in list(self._gone) if self._gone else ():
+                error = self._gone.pop(peer)
+                self.fail_peer(peer, error)
+                self._readers[peer][1].abandon(error)  # a message it left half-written
+                self.matcher.fail_source(peer, error)
+            return busy
+        finally:
+            self._drain_lock.release()
+
+    def drive(self, request: Request, timeout: float | None) -> bool:
+        """Wait for ``request``: drain and push from this thread for up to ``spin_seconds``
+        (announced as polling, so peers do not wake the progress thread), then sleep while
+        the progress thread does. True once complete, False when ``timeout`` passed."""
+        signal, start = self._signals[self._me], time.perf_counter()
+        spin = self.spin_seconds if timeout is None else min(self.spin_seconds, timeout)
+        signal.polling(1)
+        try:
+            while not request.done() and time.perf_counter() - start < spin:
+                self._poll()
+        finally:
+            if signal.polling(-1) == 0 and self._has_work():  # what arrived since the last drain
+                signal.ring()
+        if request.done():
+            return True
+        return request.sleep(None if timeout is None else max(timeout - (time.perf_counter() - start), 0.0))
+
+    def _poll(self) -> bool:
+        busy = self.poll()
+        for peer, writer in self._writers.items():
+            if writer.pending and writer.lock.acquire(blocking=False):
+                try:
+                    busy |= self._push(peer, writer)
+                finally:
+                    writer.lock.release()
+        return busy
+
+    def _run(self) -> None:
+        signal = self._signals[self._me]
+        while not self._stopping:
+            if self._poll():
+                continue
+            signal.sleep(lambda: self._stopping or self._has_work(), SLEEP_SLICE)
+
+    def _has_work(self) -> bool:
+        if self._gone:
+            return True
+        for ring, _ in self._readers.values():
+            if self._words[ring.head_word] != self._load(ring.tail_word):
+                return True
+        return any(w.pending and w.ring.capacity > self._words[w.ring.tail_word] - self._load(w.ring.head_word)
+                   for w in self._writers.values())
+
+    def peer_gone(self, peer: int, error: BaseException) -> None:
+        """``peer`` left (its tcp connection closed): deliver what it already wrote to us,
+        then fail its receives and our sends to it (done by the progress thread)."""
+        signals = self._signals
+        if signals is None:  # closed: nothing left to deliver
+            return
+        self._gone[peer] = error
+        signals[self._me].ring()
+
+    def fail_peer(self, peer: int, error: BaseException) -> None:
+        """``peer`` died: fail sends still waiting for ring space."""
+        writer = self._writers.get(peer)
+        if writer is None:
+            return
+        with writer.lock:
+            writer.error = error
+            pending, writer.pending = list(writer.pending), deque()
+        for _, request in pending:
+            if request is not None:
+                request.complete(error)
+
+    def idle(self) -> bool:
+        return all(not w.pending or w.error is not None for w in self._writers.values())
+
+    def close(self, deadline: Deadline) -> None:
+        """Let pending sends drain (until ``deadline``), then stop the progress thread (once)."""
+        if self._stopping:
+            return
+        while not self.idle() and not deadline.expired():
+            self._signals[self._me].wake()
+            threading.Event().wait(0.001)
+        self._stopping = True
+        self._signals[self._me].wake()
+        self._thread.join(timeout=5)
+        gone = PeerFailedError(f"rank {self.rank} closed its shared-memory channels", rank=self.rank)
+        for peer in self._writers:
+            self.fail_peer(peer, gone)
+        if not self._thread.is_alive():  # drop the views into the segment, so that it unmaps now
+            # closed: dropped so that the segment unmaps, never read again
+            self._words = self._signals = None  # type: ignore[assignment]
+            self._readers, self._writers = {}, {}
+        if self._keepalive is not None:
+            self._keepalive.unlink()  # in case a local rank never attached
+            self._keepalive.close()

@@ -1,0 +1,444 @@
+"""Connection setup for the tcp transport: one socket per pair of ranks and lane, met through the store.
+
+Each rank listens on its advertised address (and on one more per further lane: another
+interface named, see :mod:`._stripes`) and publishes ``tcp/<rank>`` (address, port, host
+name, host identity, interface, lanes) in the store; then, lane by lane, it connects to every
+lower rank and accepts every higher one. Both ends exchange HELLO frames carrying rank and world token, so a stray
+or garbage connection is dropped (and logged) without disturbing the setup.
+
+With a shared token (the store's ``auth_token``, else PYDIST_AUTH_TOKEN; see
+:mod:`pydist.net.auth`) the HELLOs also carry nonces and proofs (:class:`Connector`,
+:class:`Acceptor`): a connection is accepted only after both ranks proved they hold the
+token, so a peer without it cannot inject a frame; it is refused and logged. With
+PYDIST_TLS_CERT/KEY/CA each connection runs mutual TLS before its HELLOs (:mod:`._mesh_tls`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+
+from ...net.auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce, token_of
+from ...core.deadline import Deadline
+from ...core.errors import DistNetworkError
+from ...core.settings import settings
+from ...store._base import StoreTimeoutError
+from ...net.addresses import host_port, listen
+from ...net.interfaces import interface_of
+from ...net.tls import Contexts, contexts
+from ..framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
+from .mesh_tls import REQUIRES_TLS, client_side, mismatch, peer_uses_tls, refused_by, secured, server_side
+from .tls_socket import TlsSocket
+
+log = logging.getLogger("pydist.transport")
+MAX_HELLO_BYTES = 4096
+
+
+@dataclass
+class PeerRecord:
+    rank: int
+    address: str
+    port: int
+    hostname: str
+    host_id: str
+    iface: str = ""  # the interface holding ``address`` on the peer's host
+    lanes: list = field(default_factory=list)  # [address, port, iface] of each further lane
+
+    def lane(self, k: int) -> "PeerRecord":
+        """The record as lane ``k`` reaches it (lane 0: this one)."""
+        if k == 0 or k > len(self.lanes):
+            return self
+        address, port, iface = self.lanes[k - 1]
+        return replace(self, address=address, port=port, iface=iface, lanes=[])
+
+    @property
+    def label(self) -> str:
+        """How errors name the peer's host: ``node7 (10.1.0.7, eth1)``."""
+        return f"{self.hostname} ({self.address}{self._on_iface})"
+
+    @property
+    def dialled(self) -> str:
+        """The listening endpoint and its host: ``[fd00::7]:4242 (node7, eth1)``."""
+        return f"{host_port(self.address, self.port)} ({self.hostname}{self._on_iface})"
+
+    @property
+    def where(self) -> str:
+        """Each lane's address and interface, for debug output: ``10.1.0.7, eth0; 10.2.0.7, eth1``."""
+        lanes = (self.lane(k) for k in range(1 + len(self.lanes)))
+        return "; ".join(f"{lane.address}, {lane.iface or 'interface unknown'}" for lane in lanes)
+
+    @property
+    def _on_iface(self) -> str:
+        return f", {self.iface}" if self.iface else ""
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(n - len(chunks))
+        if not chunk:
+            raise ConnectionError("connection closed during handshake")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _hello_frame(fields: dict) -> bytes:
+    return encode_frame(Kind.HELLO, 0, 0, 0, json.dumps(fields).encode())
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    """One whole HELLO frame (header and payload); FramingError/ConnectionError on anything else."""
+    head = _recv_exactly(sock, HEADER_SIZE)
+    header = decode_header(head)
+    if header.kind != Kind.HELLO or header.nbytes > MAX_HELLO_BYTES:
+        raise FramingError(f"expected a HELLO frame, got {header.kind.name} of {header.nbytes} bytes")
+    return head + _recv_exactly(sock, header.nbytes)
+
+
+def _fields(frame: bytes) -> dict:
+    """The JSON object a HELLO frame carries; FramingError if it is not one."""
+    try:
+        fields = json.loads(frame[HEADER_SIZE:])
+    except ValueError as error:
+        raise FramingError(f"HELLO payload is not JSON: {error}") from None
+    if not isinstance(fields, dict):
+        raise FramingError("HELLO payload is not a JSON object")
+    return fields
+
+
+def _rank_of(fields: dict) -> int:
+    rank = fields.get("rank")
+    if type(rank) is not int:
+        raise FramingError(f"HELLO without a rank: {str(fields)[:80]}")
+    return rank
+
+
+def _unhex(value: object) -> bytes:
+    try:
+        return bytes.fromhex(value) if isinstance(value, str) else b""
+    except ValueError:
+        return b""
+
+
+class Refused(FramingError):
+    """The accepting side refuses a connection (authentication); send ``reply``, then close."""
+
+    def __init__(self, message: str, reason_for_peer: str):
+        super().__init__(message)
+        self.reply = _hello_frame({"refused": reason_for_peer})
+
+
+class Connector:
+    """The connecting rank's side of the handshake, sans-IO. Send ``first``, then pass each
+    HELLO frame received to ``on_hello`` (it returns the frame to send, maybe b"") until
+    ``done``. Raises FramingError (not ``expected`` of this job: retry) or
+    AuthenticationError (the peer refused this rank's proof, has no token, or failed to prove).
+
+    Without a token: HELLO {rank, token} each way. With one (see :mod:`pydist.net.auth`)::
+
+        -> HELLO {rank, token, nonce}   <- HELLO {rank, token, nonce}
+        -> HELLO {proof}                <- HELLO {proof} | HELLO {refused}, close
+    """
+
+    def __init__(self, rank: int, world: str, expected: int, auth_token: bytes | None):
+        self._world, self._expected, self._auth_token = world, expected, auth_token
+        fields: dict = {"rank": rank, "token": world}
+        if auth_token is not None:
+            fields["nonce"] = new_nonce().hex()
+        self.first = _hello_frame(fields)
+        self._transcript: Transcript | None = None
+        self.done = False
+
+    def on_hello(self, frame: bytes) -> bytes:
+        fields = _fields(frame)
+        if "refused" in fields:
+            raise AuthenticationError(f"it refused this rank: {str(fields['refused'])[:200]}")
+        if self._transcript is not None:
+            if not self._transcript.check(SERVER, _unhex(fields.get("proof"))):
+                raise AuthenticationError("it did not prove that it holds the token")
+            self.done = True
+            return b""
+        if fields.get("token") != self._world:
+            raise FramingError("HELLO from another job (world token differs)")
+        if _rank_of(fields) != self._expected:
+            raise FramingError(f"the peer is not rank {self._expected}")
+        if self._auth_token is None:
+            self.done = True
+            return b""
+        if not isinstance(fields.get("nonce"), str):
+            raise AuthenticationError("it has no token (it does not authenticate) and this rank has one")
+        self._transcript = Transcript(self._auth_token, "mesh")
+        self._transcript.add(self.first)
+        self._transcript.add(frame)
+        return _hello_frame({"proof": self._transcript.proof(CLIENT).hex()})
+
+
+class Acceptor:
+    """The accepting rank's side, sans-IO: pass each HELLO frame received to ``on_hello``
+    (it returns the frame to send) until ``done``; ``peer`` is then the connector's rank,
+    one of ``expected``. Raises FramingError (a stray or garbage: drop it) or
+    :class:`Refused` (failed authentication: send its reply, then drop it)."""
+
+    def __init__(self, rank: int, world: str, expected: set[int], auth_token: bytes | None):
+        self._rank, self._world, self.expected, self._auth_token = rank, world, expected, auth_token
+        self._transcript: Transcript | None = None
+        self.peer: int | None = None
+        self.done = False
+
+    def on_hello(self, frame: bytes) -> bytes:
+        fields = _fields(frame)
+        if self._transcript is not None:
+            if not self._transcript.check(CLIENT, _unhex(fields.get("proof"))):
+                raise Refused(f"rank {self.peer}: wrong proof (another token, or a replayed handshake)",
+                              "wrong proof: the tokens differ")
+            self.done = True
+            return _hello_frame({"proof": self._transcript.proof(SERVER).hex()})
+        if fields.get("token") != self._world:
+            raise FramingError("HELLO from another job (world token differs)")
+        peer = _rank_of(fields)
+        if peer not in self.expected:
+            raise FramingError(f"unexpected HELLO from rank {peer}")
+        self.peer = peer
+        reply: dict = {"rank": self._rank, "token": self._world}
+        if self._auth_token is None:
+            if "nonce" in fields:
+                raise Refused(f"rank {peer} authenticates and this rank has no token",
+                              "it has no token (PYDIST_AUTH_TOKEN) and does not authenticate")
+            self.done = True
+            return _hello_frame(reply)
+        if not isinstance(fields.get("nonce"), str):
+            raise Refused(f"rank {peer} did not authenticate (it has no token)",
+                          "it requires a token (PYDIST_AUTH_TOKEN) and this rank has none")
+        reply["nonce"] = new_nonce().hex()
+        answer = _hello_frame(reply)
+        self._transcript = Transcript(self._auth_token, "mesh")
+        self._transcript.add(frame)
+        self._transcript.add(answer)
+        return answer
+
+
+def _tune(sock: socket.socket) -> socket.socket:
+    """No Nagle delay; and the heartbeat (PYDIST_PEER_TIMEOUT): once the connection is idle
+    for a second the kernel probes the peer every second and drops the connection when
+    probes or sent data go unanswered for the peer timeout, so a host that vanished (power,
+    cable: no FIN, no RST) fails its connection like a dead process does. A live peer's
+    kernel answers the probes even while its process is busy or stopped."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    seconds = settings().peer_timeout
+    if seconds > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
+        probes = max(1, int(seconds) - 1)  # after 1 s idle, one a second: unanswered for ~the timeout
+        for level, option, value in ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+                                     (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
+                                     (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1),
+                                     (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes),
+                                     (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(seconds * 1000)))):
+            sock.setsockopt(level, option, value)
+    return sock
+
+
+def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
+                        deadline: Deadline) -> tuple[list[PeerRecord], str]:
+    """Publish this rank's record and return every rank's record and the world token."""
+    if rank == 0:
+        store.set("tcp/token", uuid.uuid4().hex)
+    store.set(f"tcp/{rank}", json.dumps(record.__dict__))
+    keys = ["tcp/token"] + [f"tcp/{r}" for r in range(size)]
+    try:
+        store.wait(keys, _remaining_timedelta(deadline))
+    except StoreTimeoutError as error:
+        missing = [r for r in range(size) if not store.check([f"tcp/{r}"])]
+        raise StoreTimeoutError(f"rank {rank}: ranks {missing} never registered their address in the store "
+                                f"(their processes did not start, died, or cannot reach the store): {error}",
+                                error.keys) from error
+    values = store.multi_get(keys)
+    token = values[0].decode()
+    return [PeerRecord(**json.loads(v)) for v in values[1:]], token
+
+
+def _remaining_timedelta(deadline: Deadline):
+    from datetime import timedelta
+    left = deadline.remaining()
+    return timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001))
+
+
+def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
+               auth_token: bytes | None = None, tls: Contexts | None = None) -> socket.socket | TlsSocket:
+    """Connect to a lower rank (with ``tls``: over mutual TLS), retrying with backoff until
+    the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused)."""
+    delay, last_error = 0.01, None
+    while not deadline.expired():
+        try:
+            timeout = deadline.remaining()
+            sock = socket.create_connection((record.address, record.port), timeout=min(timeout or 30, 30))
+            try:
+                if tls is not None:
+                    sock = client_side(sock, tls, rank, record.rank, record.dialled)
+                handshake = Connector(rank, token, record.rank, auth_token)
+                sock.sendall(handshake.first)
+                while not handshake.done:
+                    reply = handshake.on_hello(_read_frame(sock))
+                    if reply:
+                        sock.sendall(reply)
+            except ssl.SSLError as error:  # TLS 1.3: a refused certificate shows at the first read
+                sock.close()
+                raise refused_by(rank, record.rank, record.dialled, error) from None
+            except OSError as error:
+                sock.close()
+                if isinstance(sock, ssl.SSLSocket):  # it accepted TLS, then hung up: it refused this rank
+                    raise refused_by(rank, record.rank, record.dialled, error) from None
+                raise
+            except BaseException:
+                sock.close()
+                raise
+            return secured(_tune(sock))
+        except AuthenticationError as error:
+            raise AuthenticationError(f"rank {rank} could not authenticate with rank {record.rank} at "
+                                      f"{record.dialled}: authentication failed: {error}") from None
+        except (OSError, ValueError) as error:
+            last_error = error
+            time.sleep(min(delay, deadline.remaining() or delay))
+            delay = min(delay * 2, 1.0)
+    raise DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at "
+                           f"{record.dialled} before the timeout: "
+                           f"{last_error}") from last_error
+
+
+def _ranks_at(address: str, expected: set[int], records: list[PeerRecord] | None) -> str | None:
+    """The expected ranks whose record has ``address``, in words, or None if none has."""
+    ranks = sorted(r for r in expected if records is not None and records[r].address == address)
+    if not ranks:
+        return None
+    host = records[ranks[0]].label if records is not None else address
+    return f"rank {ranks[0]} on {host}" if len(ranks) == 1 else f"one of ranks {ranks} on {host}"
+
+
+def accept_from(listener: socket.socket, expected: set[int], rank: int, token: str,
+                deadline: Deadline, auth_token: bytes | None = None, tls: Contexts | None = None,
+                records: list[PeerRecord] | None = None) -> dict[int, socket.socket | TlsSocket]:
+    """Accept one connection from each rank in ``expected``; drop strays, garbage and (with
+    ``auth_token``) connections that fail authentication, logging each with its address.
+    A TLS failure or mismatch (``tls`` set and the peer plain, or the reverse) from an
+    expected rank's address raises TlsRefused naming it (its ``records`` give addresses)."""
+    accepted: dict[int, socket.socket | TlsSocket] = {}
+    try:
+        while len(accepted) < len(expected):
+            remaining = deadline.remaining()
+            if remaining == 0:
+                missing = sorted(expected - accepted.keys())
+                raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}")
+            listener.settimeout(remaining)
+            try:
+                sock, where = listener.accept()
+            except socket.timeout:
+                continue
+            peer_sock = _handshake(sock, where, expected - accepted.keys(), rank, token, auth_token, tls, records)
+            if peer_sock is not None:
+                accepted[peer_sock[0]] = secured(_tune(peer_sock[1]))
+    except BaseException:
+        for done in accepted.values():
+            done.close()
+        raise
+    return accepted
+
+
+def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token: str, auth_token: bytes | None,
+               tls: Contexts | None, records: list[PeerRecord] | None) -> tuple[int, socket.socket] | None:
+    """(peer, socket) after the acceptor's side of TLS and HELLOs, or None (dropped, logged)."""
+    handshake = Acceptor(rank, token, expected, auth_token)
+    try:
+        sock.settimeout(10)
+        if peer_uses_tls(sock) != (tls is not None):
+            _mismatched(sock, where, handshake, rank, tls is not None, records)
+            return None
+        if tls is not None:
+            secure = server_side(sock, tls, rank, _ranks_at(where[0], expected, records))
+            if secure is None:
+                log.warning("pydist rank %d dropped a connection from %s: its TLS failed", rank, where)
+                return None
+            sock = secure
+        while not handshake.done:
+            reply = handshake.on_hello(_read_frame(sock))
+            sock.sendall(reply)
+    except Refused as error:
+        log.warning("pydist rank %d refused a connection from %s: authentication failed: %s", rank, where, error)
+        try:
+            sock.sendall(error.reply)
+        except OSError:
+            pass
+        sock.close()
+        return None
+    except (OSError, ValueError) as error:
+        log.warning("pydist rank %d dropped a connection from %s: %s", rank, where, error)
+        sock.close()
+        return None
+    except BaseException:
+        sock.close()
+        raise
+    assert handshake.peer is not None  # done: it names the connector
+    return handshake.peer, sock
+
+
+def _mismatched(sock: socket.socket, where, handshake: Acceptor, rank: int, this_uses_tls: bool,
+                records: list[PeerRecord] | None) -> None:
+    """A peer using TLS when this rank does not, or the reverse: tell it (a plain HELLO
+    ``refused``), then raise naming it (a plain peer by its HELLO's rank, a TLS one by its
+    address); a stray's is logged and dropped."""
+    who = _ranks_at(where[0], handshake.expected, records)
+    if this_uses_tls:
+        peer = _rank_of(_fields(_read_frame(sock)))
+        if peer in handshake.expected:
+            who = f"rank {peer} on {records[peer].label}" if records is not None else f"rank {peer} at {where[0]}"
+    try:
+        sock.sendall(_hello_frame({"refused": REQUIRES_TLS if this_uses_tls else "it does not use TLS"}))
+    except OSError:
+        pass
+    sock.close()
+    if who is None:
+        log.warning("pydist rank %d dropped a connection from %s: %s", rank, where,
+                    "it does not use TLS" if this_uses_tls else "it uses TLS")
+        return
+    raise mismatch(rank, who, this_uses_tls)
+
+
+Connection = socket.socket | TlsSocket
+
+
+def lane_count(one: PeerRecord, other: PeerRecord) -> int:
+    """How many lanes (connections) join two ranks: both must offer an address for each."""
+    return 1 + min(len(one.lanes), len(other.lanes))
+
+
+def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
+               lanes: list[str] | None = None) -> tuple[dict[int, list[Connection]], list[PeerRecord], str]:
+    """Sockets to every other rank (blocking mode), lane 0 first, every rank's record, the
+    world token. ``lanes``: this rank's further addresses, each listened on; two ranks open
+    one connection per lane both offer, lane by lane (the HELLO's world token names the lane)."""
+    with ExitStack() as listening:
+        listeners = [listening.enter_context(listen(a, backlog=max(size, 16))) for a in [address, *(lanes or [])]]
+        ports = [listener.getsockname()[1] for listener in listeners]
+        record = PeerRecord(rank, address, ports[0], hostname, host_id, interface_of(address),
+                            [[a, port, interface_of(a)] for a, port in zip(lanes or [], ports[1:])])
+        records, token = publish_and_collect(store, rank, size, record, deadline)
+        auth_token, tls = token_of(store), contexts()
+        sockets: dict[int, list[Connection]] = {}
+        try:
+            for k, listener in enumerate(listeners):
+                world = token if k == 0 else f"{token}/lane{k}"
+                peers = [p for p in range(size) if p != rank and k < lane_count(records[rank], records[p])]
+                for peer in (p for p in peers if p < rank):
+                    sockets.setdefault(peer, []).append(
+                        connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls))
+                accepted = accept_from(listener, {p for p in peers if p > rank}, rank, world, deadline, auth_token,
+                                       tls, [r.lane(k) for r in records])
+                for peer in sorted(accepted):
+                    sockets.setdefault(peer, []).append(accepted[peer])
+        except BaseException:
+            for sock in (s for socks in sockets.values() for s in socks):
+                sock.close()
+            raise
+    return sockets, records, token

@@ -1,0 +1,551 @@
+"""TCP transport: one connection per pair of ranks (per interface named, see _stripes), one
+I/O thread per world.
+
+Sends are tried at once from the caller's thread (small messages never wait for the I/O
+thread); whatever the kernel does not take is queued and finished by the I/O thread. The
+I/O thread reads every connection, except while a caller blocked on a receive has borrowed
+them (``TcpTransport.drive``, PYDIST_TCP_READER=caller; see _tcp_poller): that caller reads
+the sockets itself until its receive completes, as MPI progress engines do, so a message
+costs no hand-off between threads. Whoever reads, a frame whose receive is already posted
+lands straight in the destination buffer (large payloads with no intermediate copy); others
+are held as unexpected until matched. Past PYDIST_MAX_UNEXPECTED_BYTES held from one peer, and with no
+receive wanting its data, the I/O thread stops reading that peer (between two frames) until
+a receive wants it, so TCP's flow control blocks a sender that runs ahead (see _flow). A
+peer that disconnects fails every receive and send involving it with PeerFailedError naming
+its rank and host; a clean shutdown is announced by a BYE frame so the error can say so.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from ...core.deadline import Deadline
+from ...core.errors import DistBackendError, PeerFailedError
+from ..abort import abort_payload, aborted_by
+from ..base import MessageKey, Request, Transport
+from ..framing import FramingError, Header, Kind, encode_frame, encode_header
+from ..matching import Matcher
+from ..identity import lane_addresses
+from .mesh import build_mesh
+from ..receiver import FrameReceiver
+from .stripes import bounds, join, part_key
+from .poller import Poller
+from .tls_socket import TlsSocket
+from ...core.settings import settings
+
+log = logging.getLogger("pydist.transport")
+
+STAGING_BYTES = 64 * 1024  # a frame's first read: larger takes more payload through staging
+DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
+FLUSH_SECONDS = 10.0  # close(): how long queued sends may take to drain
+LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before closing anyway
+#: A caller reading the sockets looks at least this often (seconds) whether its receive was
+#: completed some other way (an abort or a dead peer seen by another transport).
+DRIVE_SLICE = 0.05
+#: A message up to this size is read by its blocked caller (larger ones: the I/O thread, which
+#: reads the next segment while the caller reduces the last; measured faster from 1 MiB up); an
+#: operation up to this size borrows the sockets from its start to its end.
+CALLER_READ_BYTES = 64 * 1024
+#: gloo's words for a peer that went away, which torch's tests and code written against gloo match.
+CLOSED = "Connection closed by peer"
+
+
+class _Outgoing:
+    __slots__ = ("parts", "request")
+
+    def __init__(self, parts: list[memoryview], request: Request | None):
+        self.parts = parts
+        self.request = request
+
+    def advance(self, sent: int) -> bool:
+        """Drop ``sent`` bytes from the front; True when everything is sent."""
+        while sent and self.parts:
+            head = self.parts[0]
+            if sent >= head.nbytes:
+                sent -= head.nbytes
+                self.parts.pop(0)
+            else:
+                self.parts[0] = head[sent:]
+                sent = 0
+        while self.parts and self.parts[0].nbytes == 0:
+            self.parts.pop(0)
+        return not self.parts
+
+
+class _Connection:
+    """The socket to one peer: its send queue, and the frame being received from it."""
+
+    def __init__(self, transport: "TcpTransport", peer: int, sock: socket.socket | TlsSocket, host: str):
+        self.transport = transport
+        self.peer = peer
+        self.host = host
+        self.sock = sock
+        self.fd = sock.fileno()
+        sock.setblocking(False)
+        self.receiver = FrameReceiver(peer, transport.matcher, self._control)
+        self.staging = bytearray(STAGING_BYTES)
+        self.staging_view = memoryview(self.staging)
+        self.send_lock = threading.Lock()
+        self.queue: deque[_Outgoing] = deque()
+        self.want_write = False
+        self.write_armed = False  # the I/O thread waits for the socket to be writable
+        self.closing = False  # close(): read to the peer's EOF, paused or not
+        self.bye_received = False
+        self.error: BaseException | None = None
+
+    # -- sending (any thread) -------------------------------------------------------------
+    def send(self, parts: list[memoryview], request: Request | None) -> None:
+        """Send now what the kernel takes; queue the rest for the I/O thread."""
+        with self.send_lock:
+            if self.error is not None:
+                if request is not None:
+                    request.complete(self.error)
+                return
+            outgoing = _Outgoing(parts, request)
+            if not self.queue:
+                try:
+                    done = outgoing.advance(self.sock.sendmsg(outgoing.parts))
+                except BlockingIOError:
+                    done = False
+                except OSError as error:
+                    self.transport._fail_later(self, error)
+                    if request is not None:
+                        request.complete(self._failure(error))
+                    return
+                if done:
+                    if request is not None:
+                        request.complete()
+                    return
+            self.queue.append(outgoing)
+            wake = not self.want_write
+            self.want_write = True
+        if wake:
+            self.transport._want_write(self)
+
+    def flush(self) -> bool:
+        """I/O thread: send queued bytes; True when the queue is empty."""
+        with self.send_lock:
+            while self.queue:
+                outgoing = self.queue[0]
+                try:
+                    sent = self.sock.sendmsg(outgoing.parts)
+                except BlockingIOError:
+                    return False
+                if not outgoing.advance(sent):
+                    return False
+                self.queue.popleft()
+                if outgoing.request is not None:
+                    outgoing.request.complete()
+            self.want_write = False
+            return True
+
+    @property
+    def reading(self) -> bool:
+        """Not paused (too much unexpected data held from this peer, see _flow), or closing."""
+        return self.closing or self.peer not in self.transport.matcher.throttle.paused
+
+    def idle(self) -> bool:
+        with self.send_lock:
+            return not self.queue or self.error is not None
+
+    # -- receiving (I/O thread) -----------------------------------------------------------
+    def on_readable(self) -> None:
+        """Read what is available; raises OSError/FramingError/EOFError on a broken peer."""
+        receiver = self.receiver
+        while True:
+            direct = receiver.direct_view(DIRECT_MIN)
+            try:
+                n = self.sock.recv_into(direct if direct is not None else self.staging)
+            except BlockingIOError:
+                return
+            if n == 0:
+                raise EOFError
+            if direct is not None:
+                receiver.direct_done(n)
+            else:
+                receiver.feed(self.staging_view[:n])
+            if receiver.between_frames() and self.transport._should_pause(self):
+                return
+            if direct is None and n < STAGING_BYTES:
+                return
+
+    def _control(self, header: Header, payload: bytes) -> None:
+        if header.kind == Kind.BYE:
+            self.bye_received = True
+        else:
+            self.transport._peer_aborted(self.peer, header.group, payload)
+
+    def _failure(self, cause: BaseException | None) -> PeerFailedError:
+        me = self.transport.rank
+        if self.bye_received:
+            text = (f"rank {self.peer} on {self.host} has shut down its process group "
+                    f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")
+        elif isinstance(cause, OSError) and cause.errno == errno.ETIMEDOUT:
+            text = (f"rank {self.peer} on {self.host} stopped answering rank {me} for "
+                    f"{settings().peer_timeout:g} s (PYDIST_PEER_TIMEOUT): its host or the network "
+                    f"between them is gone ({type(cause).__name__}: {cause})")
+        else:
+            text = (f"rank {self.peer} on {self.host} closed its connection to rank {me} "
+                    f"unexpectedly: its process exited or was killed, or the network failed: {CLOSED}")
+            if cause is not None and not isinstance(cause, EOFError):
+                text += f" ({type(cause).__name__}: {cause})"
+        error = PeerFailedError(text, rank=self.peer, host=self.host)
+        error.__cause__ = cause if isinstance(cause, OSError) else None
+        return error
+
+    def fail(self, cause: BaseException | None, error: BaseException | None = None) -> None:
+        """Mark the peer gone: fail queued sends, the receive in progress, and later receives
+        (with ``error``, else one made from ``cause``)."""
+        with self.send_lock:
+            if self.error is not None:
+                return
+            self.error = error or self._failure(cause)
+            queued = list(self.queue)
+            self.queue.clear()
+        for outgoing in queued:
+            if outgoing.request is not None:
+                outgoing.request.complete(self.error)
+        if not self.transport.reading_elsewhere():  # else that reader abandons it when it stops
+            self.receiver.abandon(self.error)
+        self.transport._on_peer_failed(self.peer, self.error)
+
+
+class TcpTransport(Transport):
+    """The tcp transport of one rank: sockets to all peers and their I/O thread."""
+
+    def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str,
+                 hostname: str, host_id: str, matcher: Matcher | None = None, on_peer_failed=None,
+                 lanes: list[str] | None = None):
+        """``lanes``: further addresses to listen on, one connection per peer on each (default:
+        the other interfaces PYDIST_SOCKET_IFNAME names, see ``lane_addresses``)."""
+        self.rank, self.size = rank, size
+        self.matcher = matcher if matcher is not None else Matcher()
+        self._on_peer_failed = on_peer_failed or self.matcher.fail_source
+        self.caller_reads = settings().tcp_reader == "caller"
+        self._stripe_bytes = settings().stripe_bytes or (1 << 62)
+        self._failed_while_read = False
+        lanes = lane_addresses(address) if lanes is None else lanes
+        sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
+                                                       lanes)
+        #: each peer's connections, lane 0 (every message under PYDIST_STRIPE_BYTES) first
+        self._lanes = {peer: [_Connection(self, peer, sock, self.records[peer].lane(k).label)
+                              for k, sock in enumerate(socks)] for peer, socks in sockets.items()}
+        self._every = [conn for lanes in self._lanes.values() for conn in lanes]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._poller = Poller(self._wake_r.fileno(), self._wake)
+        self._arm_lock = threading.Lock()
+        self._by_fd = {conn.fd: conn for conn in self._every}
+        for conn in self._every:
+            self._arm(conn)
+        self._pending_lock = threading.Lock()
+        self._pending_write: list[_Connection] = []
+        self.matcher.throttle.resume = self._resume_reading
+        self._pending_fail: list[tuple[_Connection, BaseException]] = []
+        self._parts: dict[Request, list[Request]] = {}  # striped receives in progress: their parts
+        self._stopping = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-io-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- Transport ------------------------------------------------------------------------
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
+        request = Request(peer, data)
+        request.drive = self.driver(data.nbytes)  # its waiter reads arrivals meanwhile (they may be what it waits for)
+        lanes, parts = self._lanes[peer], self._parts_of(peer, data.nbytes, call)
+        if parts:
+            join(request, [self._send_on(lanes[k], data[a:b], part_key(key, k), call)
+                           for k, (a, b) in enumerate(parts)])
+        else:
+            self._send_on(lanes[0], data, key, call, request)
+        return request
+
+    def _parts_of(self, peer: int | None, nbytes: int, call: int) -> list[tuple[int, int]]:
+        """How a message goes to or comes from ``peer``: (start, stop) of each lane's part, or
+        [] to go whole on lane 0. Both ends decide alike: a collective's message (``call``
+        set: both know its size) of PYDIST_STRIPE_BYTES or more, to a peer with several lanes."""
+        lanes = len(self._lanes.get(peer, ())) if peer is not None else 0
+        return bounds(nbytes, lanes) if call and lanes > 1 and nbytes >= self._stripe_bytes else []
+
+    def _send_on(self, conn: _Connection, data: memoryview, key: MessageKey, call: int,
+                 request: Request | None = None) -> Request:
+        """Send ``data`` as one frame on ``conn``, completing ``request`` (made if None)."""
+        request = request or Request(conn.peer, data)
+        header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
+        conn.send([header, data], request)
+        if not request.done():
+            self.matcher.track_send(key.group, request)
+        return request
+
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        """A collective's message of PYDIST_STRIPE_BYTES or more from a peer with several lanes
+        arrives in parts, one per lane (as ``isend`` sends it); others whole on lane 0."""
+        request = Request(peer, data, call)
+        request.drive = self.driver(data.nbytes)
+        cuts = self._parts_of(peer, data.nbytes, call)
+        if cuts:
+            parts = [Request(peer, data[a:b], call) for a, b in cuts]
+            for k, part in enumerate(parts):
+                self.matcher.post(part, peer, part_key(key, k))
+            self._parts[request] = parts
+            join(request, parts)
+            request.add_callback(self._forget_parts)
+        else:
+            self.matcher.post(request, peer, key)
+        return request
+
+    def _forget_parts(self, request: Request) -> None:
+        self._parts.pop(request, None)
+
+    def connections(self) -> list[_Connection]:
+        """Every connection to every peer (each lane of each)."""
+        return list(self._every)
+
+    def lanes(self, peer: int) -> list[_Connection]:
+        """The connections to ``peer``, lane 0 first."""
+        return list(self._lanes[peer])
+
+    def driver(self, nbytes: int) -> Callable[[Request, float | None], bool]:
+        """How a caller blocked on a message of ``nbytes`` waits: reading the sockets itself
+        (``drive``), or asleep while the I/O thread reads (``sleep``: PYDIST_TCP_READER=io,
+        or a message over CALLER_READ_BYTES)."""
+        return self.drive if self.caller_reads and nbytes <= CALLER_READ_BYTES else self.sleep
+
+    def drive(self, request: Request, timeout: float | None) -> bool:
+        """The caller blocked on ``request`` reads every peer's socket itself until the
+        request completes (True) or ``timeout`` seconds pass (False); while another caller
+        drives them it sleeps instead (``sleep``)."""
+        poller = self._poller
+        if not poller.enter():
+            return self.sleep(request, timeout)
+        end = None if timeout is None else time.monotonic() + timeout
+        request.add_callback(self._ring_unless_mine)
+        try:
+            ready = poller.ready_reads()
+            while True:
+                for fd in ready:
+                    self._read(self._by_fd[fd])
+                if request._completed:
+                    break
+                left = DRIVE_SLICE if end is None else min(DRIVE_SLICE, end - time.monotonic())
+                if left <= 0:
+                    return False
+                ready = poller.ready_reads(left)
+        finally:
+            self._leave()
+        return True
+
+    def engage(self, nbytes: int) -> bool:
+        """A blocking operation of ``nbytes`` starts in this thread: for a small one (at most
+        CALLER_READ_BYTES), borrow the sockets for all of it (True: ``disengage`` at its end),
+        so that no arrival wakes the I/O thread between its steps; a large one borrows them
+        only while it waits (the I/O thread then reads a segment while the caller reduces
+        the previous one)."""
+        return self.caller_reads and nbytes <= CALLER_READ_BYTES and self._poller.enter()
+
+    def disengage(self) -> None:
+        self._leave()
+
+    def sleep(self, request: Request, timeout: float | None) -> bool:
+        """Wait for ``request`` without reading: the I/O thread (or the thread driving the
+        sockets now) reads for it."""
+        poller = self._poller
+        poller.sleepers += 1  # under the GIL; read by leave() under its lock
+        try:
+            poller.release_idle()
+            return request.sleep(timeout)
+        finally:
+            poller.sleepers -= 1
+
+    def _leave(self) -> None:
+        self._poller.leave()
+        if self._failed_while_read:
+            self._failed_while_read = False
+            for conn in self._every:
+                if conn.error is not None:
+                    conn.receiver.abandon(conn.error)  # failed while a caller read it
+
+    def _ring_unless_mine(self, request: Request) -> None:
+        """A driven request completed: wake its driver if another thread completed it."""
+        if not self._poller.driving():
+            self._poller.ring()
+
+    def reading_elsewhere(self) -> bool:
+        """A caller drives the sockets now (see drive): it abandons a failed frame itself."""
+        if self._poller.depth:
+            self._failed_while_read = True
+            return True
+        return False
+
+    def _read(self, conn: _Connection) -> None:
+        """Read what ``conn`` has (the reading thread); a broken peer is failed."""
+        if conn.error is not None:
+            return
+        try:
+            conn.on_readable()
+        except (OSError, EOFError, FramingError) as error:
+            self._broken(conn, error)
+
+    def cancel(self, request: Request) -> None:
+        for part in self._parts.get(request, [request]):
+            self.matcher.cancel(part, DistBackendError("receive cancelled"))
+
+    def peer_host(self, peer: int) -> str:
+        return self.records[peer].label
+
+    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
+        payload = abort_payload(error, self.matcher.known_dead(group))
+        frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, payload))
+        for peer in peers:
+            if peer != self.rank:
+                self._lanes[peer][0].send([frame], None)
+
+    def close(self) -> None:
+        """Flush queued sends, send BYE and EOF, wait briefly for peers' EOF (so nothing they
+        still send hits a closed socket), stop the I/O thread, close everything."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = Deadline.after(FLUSH_SECONDS)
+        self._wait_until(lambda: all(c.idle() for c in self._every), deadline)
+        bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0))
+        for conn in self._every:
+            conn.send([bye], None)
+        self._wait_until(lambda: all(c.idle() for c in self._every), deadline)
+        for conn in self._every:
+            conn.closing = True  # read to every peer's EOF, paused or not
+            self._arm(conn)
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self._wait_until(lambda: all(c.error is not None for c in self._every),
+                         Deadline.after(LINGER_SECONDS))
+        self._stopping = True
+        self._wake()
+        self._thread.join(timeout=FLUSH_SECONDS)
+        for conn in self._every:
+            conn.fail(None)
+        self._poller.close()
+        for conn in self._every:
+            conn.sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    @staticmethod
+    def _wait_until(condition, deadline: Deadline) -> None:
+        delay = 0.0005
+        while not condition() and not deadline.expired():
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    # -- I/O thread -----------------------------------------------------------------------
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _want_write(self, conn: _Connection) -> None:
+        with self._pending_lock:
+            self._pending_write.append(conn)
+        self._wake()
+
+    def _resume_reading(self, peer: int) -> None:
+        """Any thread: read from ``peer`` again (a receive wants its data; see _flow)."""
+        for conn in self._lanes.get(peer, []):  # none: a peer of another transport (shared memory)
+            self._arm(conn)
+
+    def _should_pause(self, conn: _Connection) -> bool:
+        """The reading thread, between frames: stop reading ``conn`` (the matcher holds too
+        much of its unexpected data and nothing wants it)."""
+        if self._closed or not self.matcher.should_pause(conn.peer):
+            return False
+        self._arm(conn)  # every change of the paused set is followed by an _arm: the last one wins
+        return True
+
+    def _arm(self, conn: _Connection, write: bool | None = None) -> None:
+        """Any thread: wait for ``conn``'s socket to be readable (unless paused or failed)
+        and, if ``write`` (None: as before), writable."""
+        with self._arm_lock:  # the state read and its registration as one step: the last call wins
+            if write is not None:
+                conn.write_armed = write
+            alive = conn.error is None
+            self._poller.want(conn.fd, alive and conn.reading, alive and conn.write_armed)
+
+    def _broken(self, conn: _Connection, error: BaseException) -> None:
+        """Reading ``conn`` failed (any thread): its peer is gone or sent garbage."""
+        if isinstance(error, FramingError):
+            log.warning("pydist rank %d: garbage from rank %d: %s", self.rank, conn.peer, error)
+        self._drop(conn, error)
+
+    def _fail_later(self, conn: _Connection, error: BaseException) -> None:
+        """A send failed on a caller's thread: the I/O thread drops ``conn``, because only a
+        thread that reads the sockets may abandon the frame half read from it."""
+        with self._pending_lock:
+            self._pending_fail.append((conn, error))
+        self._wake()
+
+    def _peer_aborted(self, peer: int, group: int, payload: bytes) -> None:
+        self.matcher.fail_group(group, aborted_by(peer, self.records[peer].hostname, payload))
+
+    def _apply_pending(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        with self._pending_lock:
+            writes, self._pending_write = self._pending_write, []
+            fails, self._pending_fail = self._pending_fail, []
+        for conn, error in fails:
+            self._drop(conn, error)
+        for conn in writes:
+            self._flush(conn)
+
+    def _drop(self, conn: _Connection, cause: BaseException | None) -> None:
+        """``conn`` failed: fail it and (before close) the peer's other lanes with its error,
+        hanging them up, so the peer too sees this rank leave instead of hearing over a
+        surviving lane that it is itself the one gone."""
+        conn.fail(cause)
+        self._arm(conn)  # failed: unregistered
+        for sibling in self._lanes[conn.peer] if not self._closed else []:
+            if sibling.error is None:
+                try:
+                    sibling.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sibling.fail(cause, conn.error)
+                self._arm(sibling)
+
+    def _run(self) -> None:
+        poller = self._poller
+        while not self._stopping:
+            woken, readable, writable = poller.wait_io()
+            if woken:
+                self._apply_pending()
+            if readable:
+                with poller.read_lock:
+                    if not poller.borrowed:  # else a caller reads them (this event is stale)
+                        for fd in poller.ready_reads():
+                            self._read(self._by_fd[fd])
+            for fd in writable:
+                self._flush(self._by_fd[fd])
+
+    def _flush(self, conn: _Connection) -> None:
+        """I/O thread: send what ``conn`` has queued; wait for it to be writable if the
+        kernel did not take everything. A broken peer is failed."""
+        if conn.error is not None:
+            return
+        try:
+            self._arm(conn, not conn.flush())
+        except OSError as error:
+            self._drop(conn, error)
