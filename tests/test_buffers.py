@@ -23,7 +23,7 @@ def test_numpy_strided_is_staged_and_written_back():
     buf = as_buffer(view, "t")
     assert buf.staged
     buf.array[:] = [1, 2, 3, 4]
-    buf.finish()
+    buf.write_back()
     assert a[:, 1].tolist() == [1, 2, 3, 4] and a[:, 0].tolist() == [0, 0, 0, 0]
 
 

@@ -1,6 +1,7 @@
 """The group lifecycle state machine (pydist.groups.state): every transition, the moves it
-refuses, the facts it records, and how the matcher and the operation queue drive it.
-Fast: no processes, no sockets."""
+refuses, the facts it records; the GroupStates that keeps what a rank knows (the ranks gone,
+the calls started) and tells the transport to fail waiters; how the failure path and the
+operation queue drive a group. Fast: no processes, no sockets."""
 from __future__ import annotations
 
 import threading
@@ -9,11 +10,13 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pydist.core.errors import DesyncError, DistBackendError, GroupAbortedError, OpTimeoutError, PeerFailedError
+from pydist.groups.failure import FailurePath
 from pydist.groups.queue import OpQueue
 from pydist.groups.state import (ABORT, ABORTED, ALLOWED, BROKEN, DESTROY, DESTROYED, FAIL, READY, TRANSITIONS,
                                  GroupState, GroupStates, IllegalTransition)
 from pydist.groups.work import Work
 from pydist.transport.base import MessageKey, Request
+from pydist.testing.wiring import wired_matcher
 from pydist.transport.matching import Matcher
 
 STATES = [READY, ABORTED, BROKEN, DESTROYED]
@@ -117,11 +120,12 @@ def test_destroy_from_ready_has_no_error_and_a_late_abort_is_still_recorded():
 
 
 def test_dead_members_from_the_transport_and_from_a_peers_abort():
-    state = GroupState(7, [0, 1, 2])
+    states = GroupStates()
+    state = states.register(7, [0, 1, 2])
     first = PeerFailedError("rank 2 died", rank=2)
-    state.rank_gone(2, first)
-    state.rank_gone(2, PeerFailedError("again", rank=2))
-    state.rank_gone(5, PeerFailedError("not a member", rank=5))
+    states.peer_gone(2, first)
+    states.peer_gone(2, PeerFailedError("again", rank=2))
+    states.peer_gone(5, PeerFailedError("not a member", rank=5))
     assert state.dead == {2: first} and state.state == READY  # a death alone changes no state
     named = PeerFailedError("rank 1 failed (rank 0 saw it and aborted the group)", rank=1)
     state.abort(named)
@@ -131,11 +135,12 @@ def test_dead_members_from_the_transport_and_from_a_peers_abort():
 
 
 def test_failure_is_the_abort_else_the_first_dead_of_the_sources():
-    state = GroupState(7, [0, 1, 2, 3])
+    states = GroupStates()
+    state = states.register(7, [0, 1, 2, 3])
     assert state.failure([0, 1, 2]) is None
     two, three = PeerFailedError("2", rank=2), PeerFailedError("3", rank=3)
-    state.rank_gone(3, three)
-    state.rank_gone(2, two)
+    states.peer_gone(3, three)
+    states.peer_gone(2, two)
     assert state.failure([0, 1]) is None
     assert state.failure([0, 2, 3]) is two and state.failure([3, 2]) is three
     abort = GroupAbortedError("aborted", rank=0)
@@ -146,27 +151,62 @@ def test_failure_is_the_abort_else_the_first_dead_of_the_sources():
 def test_the_table_registers_groups_and_records_the_dead_in_each():
     states = GroupStates()
     gone = PeerFailedError("rank 3 died", rank=3)
-    states.rank_gone(3, gone)
-    states.rank_gone(3, PeerFailedError("again", rank=3))
+    states.peer_gone(3, gone)
+    states.peer_gone(3, PeerFailedError("again", rank=3))
     a = states.register(1, [0, 3])
     b = states.register(2, [0, 1])
     assert states.register(1, [0, 3]) is a and states.by_id == {1: a, 2: b}
     assert a.dead == {3: gone} and b.dead == {} and states.dead == {3: gone}
     one = PeerFailedError("rank 1 died", rank=1)
-    states.rank_gone(1, one)
+    states.peer_gone(1, one)
     assert a.dead == {3: gone} and b.dead == {1: one}
 
 
 def test_an_abort_before_the_group_is_made_lands_in_the_state_it_later_gets():
     states = GroupStates()
     named = PeerFailedError("rank 9 failed", rank=9)
-    states.abort(4, named)
+    states.abort_group(4, named)
     early = states.by_id[4]
     assert early.state == ABORTED and early.members is None and early.dead == {9: named}
-    states.rank_gone(2, PeerFailedError("rank 2 died", rank=2))  # membership unknown: recorded at register
+    states.peer_gone(2, PeerFailedError("rank 2 died", rank=2))
     state = states.register(4, [0, 1, 2])
     assert state is early and state.aborted is named
-    assert sorted(state.dead) == [2]  # rank 9 is no member: forgotten
+    assert sorted(state.dead) == [2]  # rank 9 is no member: left out
+
+
+class Recorder:
+    """A carrier that notes what GroupStates tells it, with what GroupStates knew by then."""
+
+    def __init__(self, states: GroupStates):
+        self.states, self.heard = states, []
+
+    def failed_peer(self, peer, error):
+        self.heard.append(("peer", peer, sorted(self.states.dead)))
+
+    def failed_group(self, group, error):
+        self.heard.append(("group", group, self.states.by_id[group].aborted is error))
+
+    def held_calls(self, group, seq):
+        return [(1, MessageKey(group, seq, 0), 0x2222)] if (group, seq) == (KEY.group, KEY.seq) else []
+
+
+def test_the_carrier_hears_of_a_failure_after_it_is_recorded():
+    """The world transport fails waiters and wakes arena sleepers on these calls: by then the
+    death or the abort is recorded, so a waiter that looks sees it."""
+    states = GroupStates()
+    states.carrier = carrier = Recorder(states)
+    states.peer_gone(3, PeerFailedError("rank 3 died", rank=3))
+    states.abort_group(KEY.group, DistBackendError("aborted"))
+    assert carrier.heard == [("peer", 3, [3]), ("group", KEY.group, True)]
+
+
+def test_a_call_started_here_and_a_held_message_of_another_call_abort_the_group():
+    states = GroupStates()
+    states.carrier = Recorder(states)
+    state = states.register(KEY.group, [0, 1])
+    state.started(KEY.seq, 0x1111)
+    assert state.state == ABORTED and isinstance(state.error, DesyncError)
+    assert states.call_of(KEY.group, KEY.seq) == 0x1111 and states.call_of(KEY.group, KEY.seq + 1) == 0
 
 
 def test_concurrent_events_keep_exactly_one_first_error():
@@ -184,6 +224,12 @@ def test_concurrent_events_keep_exactly_one_first_error():
 
 
 # -- who fires the events --------------------------------------------------------------------
+def wired() -> tuple[GroupStates, Matcher]:
+    """A GroupStates and a matcher wired as the world transport wires them."""
+    matcher = wired_matcher()
+    return matcher.events, matcher  # type: ignore[return-value]
+
+
 def receive(matcher: Matcher, source: int | None = 1, key: MessageKey = KEY) -> Request:
     request = Request(source, memoryview(bytearray(4)))
     matcher.post(request, source, key)
@@ -191,45 +237,65 @@ def receive(matcher: Matcher, source: int | None = 1, key: MessageKey = KEY) -> 
 
 
 def test_a_peers_abort_moves_the_group_to_aborted_and_fails_its_receives():
-    matcher = Matcher()
-    state = matcher.states.register(KEY.group, [0, 1])
+    states, matcher = wired()
+    state = states.register(KEY.group, [0, 1])
     pending = receive(matcher)
     abort = GroupAbortedError("rank 1 aborted", rank=1)
-    matcher.fail_group(KEY.group, abort)
+    states.abort_group(KEY.group, abort)
     assert state.state == ABORTED and state.error is abort
     assert pending.error is abort and receive(matcher).error is abort
     assert receive(matcher, key=MessageKey(8, 1, 0)).done() is False  # other groups go on
 
 
 def test_a_desync_aborts_the_group():
-    matcher = Matcher()
-    state = matcher.states.register(KEY.group, [0, 1])
-    matcher.begin(KEY.group, KEY.seq, call=0x1111)
-    matcher.arrive(1, KEY, 4, call=0x2222)
-    assert state.state == ABORTED and isinstance(state.error, DesyncError)
+    """A message of another call for an operation this rank started, in either order."""
+    for started_first in (True, False):
+        states, matcher = wired()
+        state = states.register(KEY.group, [0, 1])
+        if started_first:
+            state.started(KEY.seq, 0x1111)
+        matcher.arrive(1, KEY, 4, call=0x2222)
+        if not started_first:
+            state.started(KEY.seq, 0x1111)
+        assert state.state == ABORTED and isinstance(state.error, DesyncError), started_first
 
 
 def test_a_gone_source_is_dead_for_its_groups_and_fails_its_receives():
-    matcher = Matcher()
-    state = matcher.states.register(KEY.group, [0, 1])
-    other = matcher.states.register(8, [0, 2])
+    states, matcher = wired()
+    state = states.register(KEY.group, [0, 1])
+    other = states.register(8, [0, 2])
+    pending = receive(matcher)
     gone = PeerFailedError("rank 1 died", rank=1)
-    matcher.fail_source(1, gone)
+    states.peer_gone(1, gone)
     assert state.dead == {1: gone} and other.dead == {} and state.state == READY
-    assert receive(matcher).error is gone
+    assert pending.error is gone and receive(matcher).error is gone
+
+
+class Engine:
+    """An engine that records the aborts the failure path sends."""
+
+    def __init__(self):
+        self.aborts = []
+
+    def abort_peers(self, error):
+        self.aborts.append(error)
 
 
 def test_a_failed_operation_breaks_the_group_and_later_ones_fail_fast():
-    state = GroupState(7, [0, 1])
+    state, engine = GroupState(7, [0, 1]), Engine()
+    failures = FailurePath(7, engine, state, [0, 1], [0, 1], None, 30.0)
     queue = OpQueue("g", state)
     timeout = OpTimeoutError("all_reduce seq 1 timed out")
 
     def failing(seq):
-        raise timeout
+        try:
+            raise timeout
+        except OpTimeoutError as error:
+            raise failures.collective(error, seq) from None
 
     with pytest.raises(OpTimeoutError):
         queue.run_inline(failing)
-    assert (state.state, state.failed) == (BROKEN, timeout)
+    assert (state.state, state.failed) == (BROKEN, timeout) and engine.aborts == [timeout]
     ran = []
     with pytest.raises(DistBackendError, match=r"g is broken: an earlier operation failed \(all_reduce seq 1"):
         queue.run_inline(ran.append)
@@ -241,14 +307,17 @@ def test_a_failed_operation_breaks_the_group_and_later_ones_fail_fast():
 
 
 def test_an_aborted_group_still_runs_operations_and_a_non_dist_error_does_not_break_it():
-    state = GroupState(7, [0, 1])
+    state, engine = GroupState(7, [0, 1]), Engine()
+    failures = FailurePath(7, engine, state, [0, 1], [0, 1], None, 30.0)
     queue = OpQueue("g", state)
     state.abort(GroupAbortedError("rank 1 aborted", rank=1))
     ran = []
     assert queue.run_inline(ran.append) and ran == [1]
-    with pytest.raises(ValueError):
-        queue.run_inline(lambda seq: (_ for _ in ()).throw(ValueError("misuse")))
-    assert state.state == ABORTED
+    assert failures.collective(ValueError("misuse"), 2).args == ("misuse",)
+    assert state.state == ABORTED and engine.aborts == []
+    peer_abort = GroupAbortedError("rank 1 aborted", rank=1)
+    assert failures.collective(peer_abort, 3) is peer_abort
+    assert state.state == BROKEN and engine.aborts == []  # a peer's abort is not sent back
     queue.close(1.0)
 
 

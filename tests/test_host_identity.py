@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import os
 
+from pydist.core.settings import settings
 from pydist.transport.identity import host_identity, machine_of
 from pydist.transport.shm.signal import oversubscribed
 
 
 def test_network_namespaces_of_one_machine_are_hosts_of_one_machine():
-    mine = host_identity()
+    mine = host_identity(settings())
     assert len(mine.split("/")) == 3  # host name, boot id, network namespace
     name, boot, _ = mine.split("/")
     other_namespace = f"{name}/{boot}/4026532999"
@@ -18,7 +19,7 @@ def test_network_namespaces_of_one_machine_are_hosts_of_one_machine():
 
 def test_a_given_identity_is_its_own_machine(monkeypatch):
     monkeypatch.setenv("PYDIST_HOST_ID", "rack3-node7")
-    assert host_identity() == "rack3-node7" and machine_of("rack3-node7") == "rack3-node7"
+    assert host_identity(settings()) == "rack3-node7" and machine_of("rack3-node7") == "rack3-node7"
 
 
 def test_waits_stop_spinning_once_a_machine_runs_more_ranks_than_cores():

@@ -11,6 +11,7 @@ import pydist
 from pydist.core.errors import DistNetworkError
 from pydist.net.interfaces import Interface, interface_of, interfaces, matching, named_addresses
 from pydist.store import HashStore
+from pydist.core.settings import settings
 from pydist.transport.identity import advertise_address
 
 HOST = [Interface("lo", ("127.0.0.1", "::1")), Interface("eth0", ("10.0.0.2", "fd00::2")),
@@ -43,7 +44,7 @@ def test_an_interface_named_gives_its_address_in_the_stores_family(no_ifname):
     assert named_addresses(socket.AF_INET) == [("lo", lo.addresses[0])]
     if "::1" in lo.addresses:
         assert named_addresses(socket.AF_INET6) == [("lo", "::1")]
-    assert advertise_address(HashStore()) == "127.0.0.1"
+    assert advertise_address(HashStore(), settings()) == "127.0.0.1"
 
 
 def test_gloo_socket_ifname_counts_when_pydists_is_unset_and_names_are_exact(no_ifname):

@@ -21,6 +21,7 @@ from pydist.rendezvous import OwningPrefixStore, TorchStore, rendezvous
 from pydist.store import PrefixStore, TCPStore
 from pydist.store._base import StoreTimeoutError
 from pydist.testing.commands import finish, start_command
+from pydist.core.settings import settings
 from pydist.transport.identity import advertise_address
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,7 +206,7 @@ def test_agent_store_is_prefixed_by_attempt_and_owned(env):
         assert isinstance(store, OwningPrefixStore) and (rank, size) == (0, 1)
         store.set("k", b"v")
         assert agent.get("/worker/attempt_3/k") == b"v" and store.list_keys() == ["k"]
-        assert advertise_address(PrefixStore("pydist/1", store)) == "127.0.0.1"
+        assert advertise_address(PrefixStore("pydist/1", store), settings()) == "127.0.0.1"
         client = store.underlying_store
         store.close()
         with pytest.raises(DistStoreError):  # pydist's TCPStore client: "<host:port> is closed"

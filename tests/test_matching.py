@@ -1,4 +1,5 @@
-"""Matching of posted receives and arriving messages (the transports' shared core)."""
+"""Matching of posted receives and arriving messages (the transports' shared core), with the
+knowledge it asks of the layer above (a GroupStates: aborted groups, gone ranks)."""
 import threading
 
 import numpy as np
@@ -6,7 +7,8 @@ import pytest
 
 from pydist.core.errors import DistBackendError, PeerFailedError
 from pydist.transport.base import MessageKey, Request
-from pydist.transport.matching import Matcher, Unexpected
+from pydist.testing.wiring import wired_matcher
+from pydist.transport.matching import Matcher, deliver_whole
 
 KEY = MessageKey(1, 0, 5)
 
@@ -16,31 +18,25 @@ def recv_request(nbytes: int, peer=None) -> Request:
 
 
 def deliver(matcher: Matcher, source: int, key: MessageKey, payload: bytes) -> None:
-    target = matcher.arrive(source, key, len(payload))
-    if isinstance(target, Unexpected):
-        target.data[:] = payload
-        matcher.unexpected_done(target)
-    else:
-        target.buffer[:] = payload
-        target.complete(source=source)
+    deliver_whole(matcher, source, key, memoryview(payload))
 
 
 def test_posted_first_then_arrival():
-    matcher, request = Matcher(), recv_request(3, 2)
+    matcher, request = wired_matcher(), recv_request(3, 2)
     matcher.post(request, 2, KEY)
     deliver(matcher, 2, KEY, b"abc")
     assert request.done() and bytes(request.buffer) == b"abc" and request.source == 2
 
 
 def test_arrival_first_is_held_then_matched():
-    matcher, request = Matcher(), recv_request(3, 2)
+    matcher, request = wired_matcher(), recv_request(3, 2)
     deliver(matcher, 2, KEY, b"xyz")
     matcher.post(request, 2, KEY)
     assert request.done() and bytes(request.buffer) == b"xyz"
 
 
 def test_fifo_per_source_and_key():
-    matcher = Matcher()
+    matcher = wired_matcher()
     for payload in (b"1", b"2", b"3"):
         deliver(matcher, 0, KEY, payload)
     got = []
@@ -53,23 +49,21 @@ def test_fifo_per_source_and_key():
 
 def test_in_flight_unexpected_is_not_overtaken():
     """A receive posted while an unexpected message is still arriving waits for that one."""
-    matcher = Matcher()
+    matcher = wired_matcher()
     first = matcher.arrive(0, KEY, 1)
-    assert isinstance(first, Unexpected)
     early = recv_request(1, 0)
     matcher.post(early, 0, KEY)
     assert not early.done()
     second = matcher.arrive(0, KEY, 1)
-    assert isinstance(second, Unexpected)
-    second.data[:] = b"B"
-    matcher.unexpected_done(second)
-    first.data[:] = b"A"
-    matcher.unexpected_done(first)
-    assert bytes(early.buffer) == b"A"
+    second.into()[:] = b"B"
+    second.landed()
+    first.into()[:] = b"A"
+    first.landed()
+    assert bytes(early.buffer) == b"A" and early.done()
 
 
 def test_any_source_takes_the_earliest_arrival():
-    matcher = Matcher()
+    matcher = wired_matcher()
     deliver(matcher, 3, KEY, b"c")
     deliver(matcher, 1, KEY, b"a")
     request = recv_request(1)
@@ -81,7 +75,7 @@ def test_any_source_takes_the_earliest_arrival():
 
 
 def test_any_source_and_specific_posted_in_order():
-    matcher = Matcher()
+    matcher = wired_matcher()
     anywhere, specific = recv_request(1), recv_request(1, 4)
     matcher.post(anywhere, None, KEY)
     matcher.post(specific, 4, KEY)
@@ -91,7 +85,7 @@ def test_any_source_and_specific_posted_in_order():
 
 
 def test_keys_do_not_mix():
-    matcher = Matcher()
+    matcher = wired_matcher()
     deliver(matcher, 0, MessageKey(1, 0, 6), b"6")
     request = recv_request(1, 0)
     matcher.post(request, 0, KEY)
@@ -101,7 +95,7 @@ def test_keys_do_not_mix():
 
 
 def test_size_mismatch_fails_the_receive_without_writing():
-    matcher, request = Matcher(), recv_request(4, 0)
+    matcher, request = wired_matcher(), recv_request(4, 0)
     deliver(matcher, 0, KEY, b"toolong!")
     matcher.post(request, 0, KEY)
     assert isinstance(request.error, DistBackendError) and "8 bytes" in str(request.error)
@@ -109,11 +103,11 @@ def test_size_mismatch_fails_the_receive_without_writing():
 
 
 def test_dead_source_fails_pending_and_later_receives():
-    matcher = Matcher()
+    matcher = wired_matcher()
     pending = recv_request(1, 2)
     matcher.post(pending, 2, KEY)
     deliver(matcher, 2, MessageKey(1, 0, 9), b"z")  # arrived before the failure: still delivered
-    matcher.fail_source(2, PeerFailedError("rank 2 died", rank=2))
+    matcher.events.peer_gone(2, PeerFailedError("rank 2 died", rank=2))
     assert isinstance(pending.error, PeerFailedError)
     later = recv_request(1, 2)
     matcher.post(later, 2, KEY)
@@ -124,10 +118,11 @@ def test_dead_source_fails_pending_and_later_receives():
 
 
 def test_cancelled_receive_is_skipped():
-    matcher, request = Matcher(), recv_request(1, 0)
+    matcher, request = wired_matcher(), recv_request(1, 0)
     matcher.post(request, 0, KEY)
     matcher.cancel(request, DistBackendError("cancelled"))
-    assert isinstance(matcher.arrive(0, KEY, 1), Unexpected)
+    held = matcher.arrive(0, KEY, 1)
+    assert held.into() is not None and held.into() is not request.buffer  # held, not into the cancelled one
     assert matcher.pending_receives() == 0
 
 
@@ -147,7 +142,7 @@ def test_request_wait_and_callbacks_across_threads():
 @pytest.mark.parametrize("threads", [4])
 def test_concurrent_posts_and_arrivals(threads):
     """Many senders and one receiver per source, racing: every message lands exactly once."""
-    matcher, count = Matcher(), 300
+    matcher, count = wired_matcher(), 300
     received = {s: [] for s in range(threads)}
 
     def sender(source):
@@ -171,11 +166,11 @@ def test_concurrent_posts_and_arrivals(threads):
 
 def test_aborted_group_fails_its_receives_only():
     from pydist.core.errors import GroupAbortedError
-    matcher = Matcher()
+    matcher = wired_matcher()
     mine, other = recv_request(1, 0), recv_request(1, 0)
     matcher.post(mine, 0, KEY)
     matcher.post(other, 0, MessageKey(2, 0, 5))
-    matcher.fail_group(KEY.group, GroupAbortedError("rank 0 aborted", rank=0))
+    matcher.events.abort_group(KEY.group, GroupAbortedError("rank 0 aborted", rank=0))
     assert isinstance(mine.error, GroupAbortedError) and not other.done()
     later = recv_request(1)
     matcher.post(later, None, MessageKey(KEY.group, 3, 0))
@@ -186,9 +181,9 @@ def test_a_receive_on_an_aborted_group_fails_even_if_its_message_is_already_here
     """A peer's message arrived before its group was aborted: a receive posted afterwards
     fails with the abort instead of completing the operation as if nothing happened."""
     from pydist.core.errors import GroupAbortedError
-    matcher = Matcher()
+    matcher = wired_matcher()
     deliver(matcher, 1, KEY, b"x")
-    matcher.fail_group(KEY.group, GroupAbortedError("rank 2 aborted", rank=2))
+    matcher.events.abort_group(KEY.group, GroupAbortedError("rank 2 aborted", rank=2))
     late = recv_request(1, 1)
     matcher.post(late, 1, KEY)
     assert isinstance(late.error, GroupAbortedError)
@@ -197,38 +192,39 @@ def test_a_receive_on_an_aborted_group_fails_even_if_its_message_is_already_here
 def test_a_receive_waiting_on_a_message_still_arriving_fails_when_its_sender_dies():
     """The message's header came before the receive was posted, then the sender died in the
     middle of its payload: the receive fails naming it instead of waiting for ever."""
-    matcher = Matcher()
-    partial = matcher.arrive(0, KEY, 8)
-    assert isinstance(partial, Unexpected)
+    matcher = wired_matcher()
+    matcher.arrive(0, KEY, 8)
     waiting = recv_request(8, 0)
     matcher.post(waiting, 0, KEY)
     assert not waiting.done()
-    matcher.fail_source(0, PeerFailedError("rank 0 died", rank=0))
+    matcher.events.peer_gone(0, PeerFailedError("rank 0 died", rank=0))
     assert isinstance(waiting.error, PeerFailedError)
 
 
 def test_a_receive_waiting_on_a_message_still_arriving_fails_when_the_group_is_aborted():
     from pydist.core.errors import GroupAbortedError
-    matcher = Matcher()
+    matcher = wired_matcher()
     matcher.arrive(0, KEY, 8)
     waiting = recv_request(8, 0)
     matcher.post(waiting, 0, KEY)
-    matcher.fail_group(KEY.group, GroupAbortedError("rank 1 aborted", rank=1))
+    matcher.events.abort_group(KEY.group, GroupAbortedError("rank 1 aborted", rank=1))
     assert isinstance(waiting.error, GroupAbortedError)
 
 
 def test_a_message_cut_off_fails_the_receive_posted_after_it_was_cut():
-    matcher = Matcher()
+    matcher = wired_matcher()
     partial = matcher.arrive(0, KEY, 8)
-    matcher.fail_source(0, PeerFailedError("rank 0 died", rank=0))
+    matcher.events.peer_gone(0, PeerFailedError("rank 0 died", rank=0))
     late = recv_request(8, 0)
     matcher.post(late, 0, KEY)
-    assert isinstance(late.error, PeerFailedError) and not partial.complete
+    assert isinstance(late.error, PeerFailedError)
+    partial.landed()  # the rest of its bytes can no longer come: nothing waits on them
+    assert isinstance(late.error, PeerFailedError)
 
 
 def test_held_bytes_count_every_unexpected_message_once():
     """Empty messages (barriers) and full ones: held bytes go back to nothing once taken."""
-    matcher = Matcher()
+    matcher = wired_matcher()
     for payload in (b"", b"", b"abcd", b""):
         deliver(matcher, 2, KEY, payload)
     assert matcher.throttle.held == {2: 4}
@@ -237,19 +233,9 @@ def test_held_bytes_count_every_unexpected_message_once():
     assert matcher.throttle.held == {}
 
 
-def test_an_abort_fails_the_groups_unfinished_sends():
-    from pydist.core.errors import GroupAbortedError
-    matcher = Matcher()
-    sending, other = recv_request(4, 1), recv_request(4, 1)
-    matcher.track_send(KEY.group, sending)
-    matcher.track_send(KEY.group + 1, other)
-    matcher.fail_group(KEY.group, GroupAbortedError("rank 2 aborted", rank=2))
-    assert isinstance(sending.error, GroupAbortedError) and not other.done()
-
-
 def _receiver_with_a_posted_receive(nbytes: int):
     from pydist.transport.receiver import FrameReceiver
-    matcher = Matcher()
+    matcher = wired_matcher()
     receiver = FrameReceiver(1, matcher, lambda header, payload: None)
     buffer = np.zeros(nbytes, np.uint8)
     request = Request(1, buffer.data)
@@ -279,7 +265,7 @@ def test_whole_frames_and_a_partial_one_in_one_feed_arrive_in_order(split):
     decoder's: wherever the stream is cut, every message lands in its receive, in order."""
     from pydist.transport.framing import Kind, encode_header
     from pydist.transport.receiver import FrameReceiver
-    matcher = Matcher()
+    matcher = wired_matcher()
     receiver = FrameReceiver(1, matcher, lambda header, payload: None)
     buffers = [np.zeros(size, np.uint8) for size in (12, 0, 40)]
     requests = [Request(1, b.data) for b in buffers]
@@ -292,13 +278,3 @@ def test_whole_frames_and_a_partial_one_in_one_feed_arrive_in_order(split):
     assert all(r.done() and r.error is None for r in requests)
     assert [bytes(b) for b in buffers] == [bytes([i + 1]) * b.nbytes for i, b in enumerate(buffers)]
     assert receiver.between_frames()
-
-
-def test_watchers_hear_of_a_gone_source_and_an_aborted_group():
-    """The world transport wakes the shared-memory arenas' sleepers through these calls,
-    after the death or the abort is recorded (so they see it when they look)."""
-    matcher, heard = Matcher(), []
-    matcher.watchers.append(lambda: heard.append(sorted(matcher.states.dead)))
-    matcher.fail_source(3, PeerFailedError("rank 3 died", rank=3))
-    matcher.fail_group(KEY.group, DistBackendError("aborted"))
-    assert heard == [[3], [3]]

@@ -231,7 +231,7 @@ def _torch_sum(rank, size):
     from pydist.transport.tcp.tls_socket import TlsSocket
     t = torch.ones(4) * (rank + 1)
     tdist.all_reduce(t)
-    connections = c10d._get_default_group().pydist_group.owned_transport.network.connections()
+    connections = c10d._get_default_group().pydist_world.transport.network.connections()
     return t.tolist(), all(isinstance(c.sock, TlsSocket) for c in connections)
 
 

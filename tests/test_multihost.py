@@ -50,10 +50,11 @@ def finish(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[in
 
 PROBE = """
 import json, pydist
+from pydist.core.settings import settings
 from pydist.transport.identity import host_identity
 pydist.init_process_group()
 ids = [None] * pydist.get_world_size()
-pydist.all_gather_object(ids, host_identity())
+pydist.all_gather_object(ids, host_identity(settings()))
 print("HOSTS " + json.dumps(ids), flush=True)
 pydist.destroy_process_group()
 """

@@ -29,7 +29,7 @@ def _chosen(rank, size):
     from pydist.core.deadline import Deadline
     from pydist.engines.base import OpContext
     ctx = OpContext("probe", 0, Deadline(None))
-    backend = dist.group.WORLD.backend
+    backend = dist.group.WORLD.engine
     chosen = {c: backend.choose(c, ctx, 1 << 20, 1 << 18) for c in ALGORITHMS}
     dist.barrier()  # every rank has attached to the arena the probe made before anyone leaves
     return chosen

@@ -6,7 +6,7 @@ import numpy as np
 from pydist.core.deadline import Deadline
 from pydist.core.errors import PeerFailedError
 from pydist.transport.base import MessageKey, Request
-from pydist.transport.matching import Matcher
+from pydist.testing.wiring import wired_matcher
 from pydist.transport.shm.segment import anonymous
 from pydist.transport.shm.transport import ShmTransport, host_segment_bytes, ring_bytes_for
 
@@ -16,8 +16,11 @@ KEY = MessageKey(7, 1, 0)
 def _pair() -> tuple[ShmTransport, ShmTransport]:
     ring = ring_bytes_for(2, 64 << 10)
     memory, base = anonymous(host_segment_bytes(2, ring))
-    return tuple(ShmTransport(rank, [0, 1], memory, base, ring, Matcher(), oversubscribed=True)  # type: ignore[return-value]
-                 for rank in (0, 1))
+    pair = []
+    for rank in (0, 1):
+        matcher = wired_matcher()
+        pair.append(ShmTransport(rank, [0, 1], memory, base, ring, matcher, True, matcher.events.peer_gone))
+    return pair[0], pair[1]
 
 
 def _half_sent(sender: ShmTransport, receiver: ShmTransport) -> Request:
@@ -95,7 +98,7 @@ def test_a_half_filled_receive_of_an_aborted_group_fails_with_the_abort_when_its
     try:
         request = _half_sent(sender, receiver)
         aborted = GroupAbortedError("rank 0 aborted: rank 5 died", rank=0)
-        receiver.matcher.fail_group(KEY.group, aborted)
+        receiver.matcher.events.abort_group(KEY.group, aborted)
         receiver.peer_gone(0, PeerFailedError("rank 0 has shut down its process group", rank=0))
         assert request.wait(30)
         assert request.error is aborted

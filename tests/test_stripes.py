@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pydist.core.deadline import Deadline
-from pydist.core.errors import PeerFailedError
+from pydist.core.errors import GroupAbortedError, PeerFailedError
+from pydist.core.settings import settings
 from pydist.store import HashStore
+from pydist.testing.wiring import wired_matcher
 from pydist.transport.base import MessageKey
 from pydist.transport.tcp.stripes import ALIGN, bounds, part_key
 from pydist.transport.tcp.transport import TcpTransport
@@ -43,8 +45,9 @@ def open_pair(lanes: tuple[list[str], list[str]]) -> list[TcpTransport]:
 
     def build(rank: int) -> None:
         try:
+            matcher = wired_matcher(settings().max_unexpected_bytes)
             made[rank] = TcpTransport(rank, 2, store, Deadline.after(30), "127.0.0.1", "localhost",
-                                      f"host{rank}", lanes=lanes[rank])
+                                      f"host{rank}", matcher, matcher.events, settings(), lanes=lanes[rank])
         except BaseException as error:  # reported below
             errors.append(error)
 
@@ -160,5 +163,27 @@ def test_every_lane_runs_tls_when_the_mesh_does(monkeypatch, tmp_path):
         assert all(isinstance(c.sock, TlsSocket) for t in transports for c in t.connections())
         assert len(transports[0].connections()) == 2
         exchange(transports, 3 << 20, CALL)
+    finally:
+        close(transports)
+
+
+def test_an_abort_fails_the_groups_unfinished_sends(monkeypatch):
+    """A send of a group still queued when the group is aborted fails with the abort (a
+    broadcast root only sends: it learns of the abort this way, not when the peer leaves);
+    another group's send goes on."""
+    monkeypatch.setenv("PYDIST_MAX_UNEXPECTED_BYTES", str(64 << 10))  # the receiver stops reading early
+    transports = open_pair(([], []))
+    try:
+        filler = np.ones(1 << 20, np.uint8)  # held by the receiver, over its limit: it stops reading
+        assert transports[0].isend(1, memoryview(filler), MessageKey(KEY.group + 2, 0, 0), CALL).wait(30)
+        big = np.ones(32 << 20, np.uint8)  # far more than the socket buffers hold
+        stuck = transports[0].isend(1, memoryview(big), KEY, CALL)
+        other = transports[0].isend(1, memoryview(big[:16]), MessageKey(KEY.group + 1, 0, 0), CALL)
+        assert not stuck.wait(0.2), "the receiver read on past its limit of unexpected bytes"
+        aborted = GroupAbortedError("rank 1 aborted the group", rank=1)
+        transports[0].matcher.events.abort_group(KEY.group, aborted)
+        transports[0].fail_sends(KEY.group, aborted)  # what the world transport does on the abort
+        assert stuck.wait(30) and stuck.error is aborted
+        assert other.error is None
     finally:
         close(transports)

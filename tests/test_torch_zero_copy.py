@@ -19,7 +19,7 @@ from test_torch_futures import _model, _on_both, _train  # noqa: E402
 def test_a_wrapped_tensor_can_still_be_resized(dtype):
     tensor = torch.ones(4, dtype=dtype)
     buffer = as_buffer(tensor, "tensor")
-    buffer.finish()
+    buffer.write_back()
     tensor.resize_(8)
     assert tensor.shape == (8,)
 

@@ -10,37 +10,42 @@ import pytest
 
 import pydist as dist
 from pydist.core.deadline import Deadline
+from pydist.core.settings import settings
+from pydist.groups.state import GroupStates
 from pydist.store import HashStore
 from pydist.testing import run_threads
 from pydist.transport import registry
-from pydist.transport.loopback import LoopbackFabric, LoopbackTransport
+from pydist.transport.base import HostLocalTransport
+from pydist.transport.loopback import LoopbackFabric
 from pydist.transport.registry import HOST_LOCAL, NETWORK, Site, TransportEntry
 from pydist.transport.world import WorldTransport
 
 
-class ThreadPost:
-    """A host-local transport for thread-ranks, defined only here: a loopback fabric whose
-    matchers are the worlds' own, so a send is copied straight into the peer's matcher.
+class ThreadPost(HostLocalTransport):
+    """A host-local transport for thread-ranks, defined only here: a loopback fabric attached
+    to the worlds' own matchers, so a send is copied straight into the peer's matcher.
     Every send is recorded as (source, destination, bytes)."""
 
     def __init__(self, fabric: LoopbackFabric, site: Site, sent: list):
-        fabric.matchers[site.rank] = site.matcher
+        self.link = fabric.attach(site.rank, site.matcher, site.events, site.on_peer_gone)
         site.store.set(f"thread-post/{site.rank}", b"1")
         site.store.wait([f"thread-post/{r}" for r in site.local], timedelta(seconds=30))  # local peers reachable
-        self.link = LoopbackTransport(fabric, site.rank)
-        self.matcher, self.rank, self.sent = site.matcher, site.rank, sent
+        self.rank, self.sent, self.on_peer_gone = site.rank, sent, site.on_peer_gone
 
     def isend(self, peer, data, key, call=0):
         self.sent.append((self.rank, peer, data.nbytes))
         return self.link.isend(peer, data, key, call)
 
-    def drive(self, request, timeout) -> bool:
-        return request.sleep(timeout)  # a send lands at once: nothing to move meanwhile
+    def irecv(self, peer, data, key, call=0):
+        return self.link.irecv(peer, data, key, call)  # a send lands at once: nothing to move meanwhile
+
+    def cancel(self, request) -> None:
+        self.link.cancel(request)
 
     def peer_gone(self, peer: int, error: BaseException) -> None:
-        self.matcher.fail_source(peer, error)
+        self.on_peer_gone(peer, error)  # nothing of the peer's is in flight here
 
-    def close(self, deadline: Deadline) -> None:
+    def close(self) -> None:
         """Nothing held: the network transport says goodbye to the peers."""
 
 
@@ -115,7 +120,7 @@ def test_no_network_transport_is_a_clear_error():
     registry.unregister("tcp")
     try:
         with pytest.raises(RuntimeError, match="rank 0: no registered network transport applies"):
-            WorldTransport(0, 1, HashStore(), Deadline.after(5), "127.0.0.1", "localhost", "this-host")
+            WorldTransport(0, 1, HashStore(), Deadline.after(5), GroupStates(), settings())
     finally:
         registry.register(tcp)
     assert registry.entries(NETWORK) == [tcp]

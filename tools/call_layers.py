@@ -3,7 +3,7 @@
 Run: pydist-run --nproc-per-node N tools/call_layers.py [iterations]
 Each layer is called directly in a loop, 4 B float32: the public function (dist.all_reduce,
 dist.broadcast, dist.barrier); ProcessGroup.run with the same OpSpec and engine body; the
-engine's method (backend.all_reduce(ctx, ...)); the shared-memory algorithm on the engine's
+engine's method (engine.all_reduce(ctx, ...)); the shared-memory algorithm on the engine's
 Comm; the arena's sync alone. The rows say what each layer adds to the one below it.
 """
 import numpy as np
@@ -19,7 +19,7 @@ from pydist.engines.native import ALGORITHMS
 def main():
     dist.init_process_group("pydist")
     group = dist.group.WORLD
-    engine = group.backend
+    engine = group.engine
     buf = np.zeros(1, np.float32)
     op = ReduceOp(ReduceOp.SUM)
     specs = {"all_reduce": describe("all_reduce", "all_reduce", buf, reduce_op=op.op),
@@ -36,7 +36,7 @@ def main():
 
     def context(name):
         seq[0] += 1
-        return OpContext(name, seq[0], Deadline(now() + 60), "timed out", lambda e, s: e, specs[name], None)
+        return OpContext(name, seq[0], Deadline(now() + 60), "timed out", specs[name])
 
     def layers(name):
         spec, body = specs[name], bodies[name]

@@ -15,7 +15,7 @@ def main():
     rank, peer = dist.get_rank(), 1 - dist.get_rank()
     buf = np.zeros(1, np.float32)
     group = dist.group.WORLD
-    engine = group.backend
+    engine = group.engine
     transport = engine.transport
     key = engine._p2p_key(0)
     view = memoryview(buf).cast("B")

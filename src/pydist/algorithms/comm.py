@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
 from ..core.deadline import Deadline
 from ..core.errors import OpTimeoutError
-from ..transport.base import MessageKey, Request, Transport
+from ..transport.base import MessageKey, Request
 
 
 def as_bytes(array: np.ndarray) -> memoryview:
@@ -34,6 +34,15 @@ def with_context(error: BaseException, prefix: str) -> BaseException:
     wrapped.args = (f"{prefix}: {error}",) + tuple(error.args[1:])
     wrapped.__cause__ = error.__cause__ or error
     return wrapped
+
+
+class Link(Protocol):
+    """What a Comm uses of the world's transport (transport.world.WorldTransport), in transport ranks."""
+
+    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request: ...
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request: ...
+    def cancel(self, request: Request) -> None: ...
+    def peer_host(self, peer: int) -> str: ...
 
 
 SCRATCH_KEEP_BYTES = 256 << 20  # scratch a thread keeps between operations, at most
@@ -70,7 +79,7 @@ class Comm:
     __slots__ = ("transport", "group_id", "ranks", "rank", "size", "seq", "deadline", "op_name", "timeout_text",
                  "arena", "call", "hierarchy", "_receives")
 
-    def __init__(self, transport: Transport, group_id: int, ranks: list[int], rank: int,
+    def __init__(self, transport: Link, group_id: int, ranks: list[int], rank: int,
                  seq: int, deadline: Deadline, op_name: str, timeout_text: str = "Timed out waiting", arena=None,
                  call: int = 0):
         self.transport = transport

@@ -39,7 +39,7 @@ def all_reduce_coalesced(tensors: Any, op: Any = RedOpType.SUM, group: Any = Non
 
     def body(ctx) -> None:
         flat = _joined(buffers)
-        target.backend.all_reduce(ctx, flat, reduce_op)
+        target.engine.all_reduce(ctx, flat, reduce_op)
         _spread(flat, buffers)
     return target.run(spec, body, buffers, async_op)
 
@@ -87,7 +87,7 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
         flat = _joined(inputs)
         blocks = ([row[0].array for row in rows] if len(inputs) == 1
                   else list(np.empty((len(rows), flat.size), flat.dtype)))
-        target.backend.all_gather(ctx, blocks, flat)
+        target.engine.all_gather(ctx, blocks, flat)
         for block, row in zip(blocks, rows):
             _spread(block, row)
     return target.run(spec, body, [b for row in rows for b in row], async_op,

@@ -105,7 +105,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
                              "theirs); the source's is read-only") from None
         raise
     spec = describe("broadcast", "broadcast", buf, root=root)
-    return target.run(spec, lambda ctx: target.backend.broadcast(ctx, buf.array, root), [buf], async_op)
+    return target.run(spec, lambda ctx: target.engine.broadcast(ctx, buf.array, root), [buf], async_op)
 
 
 def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -123,7 +123,7 @@ def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op
         raise
     reduce_op = _reduce_op(op, buf)
     spec = describe("all_reduce", "all_reduce", buf, reduce_op=reduce_op.op)
-    return target.run(spec, lambda ctx: target.backend.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
+    return target.run(spec, lambda ctx: target.engine.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: Any = None,
@@ -137,7 +137,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: 
     reduce_op = _reduce_op(op, buf)
     outputs = [buf] if target.rank() == root else []
     spec = describe("reduce", "reduce", buf, root=root, reduce_op=reduce_op.op)
-    return target.run(spec, lambda ctx: target.backend.reduce(ctx, buf.array, root, reduce_op), outputs,
+    return target.run(spec, lambda ctx: target.engine.reduce(ctx, buf.array, root, reduce_op), outputs,
                       async_op, results=[tensor])
 
 
@@ -152,7 +152,7 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     _sizes_match(outs[target.rank():target.rank() + 1], inp.array.size, "tensor_list")
     arrays = [b.array for b in outs]
     spec = describe("all_gather", "all_gather", inp, count=max(array.size for array in arrays))
-    return target.run(spec, lambda ctx: target.backend.all_gather(ctx, arrays, inp.array), outs, async_op,
+    return target.run(spec, lambda ctx: target.engine.all_gather(ctx, arrays, inp.array), outs, async_op,
                       results=[list(tensor_list)])
 
 
@@ -174,7 +174,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     _same_dtype([out], inp)
     blocks = _blocks_of(out, target.size(), "output_tensor", inp.array.size)
     spec = describe("all_gather_into_tensor", "all_gather", inp)
-    return target.run(spec, lambda ctx: target.backend.all_gather(ctx, blocks, inp.array), [out], async_op)
+    return target.run(spec, lambda ctx: target.engine.all_gather(ctx, blocks, inp.array), [out], async_op)
 
 
 def _on_root_only(objs: Any, is_root: bool, name: str, root_name: str) -> None:
@@ -199,7 +199,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     _sizes_match(outs, inp.array.size, "gather_list")
     arrays = [b.array for b in outs] if is_root else None
     spec = describe("gather", "gather", inp, root=root)
-    return target.run(spec, lambda ctx: target.backend.gather(ctx, inp.array, arrays, root), outs, async_op,
+    return target.run(spec, lambda ctx: target.engine.gather(ctx, inp.array, arrays, root), outs, async_op,
                       results=[list(gather_list or ())] if is_root else [])  # checked: a list on the root
 
 
@@ -218,7 +218,7 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
     _sizes_match(ins, out.array.size, "scatter_list")
     arrays = [b.array for b in ins] if is_root else None
     spec = describe("scatter", "scatter", out, root=root)
-    return target.run(spec, lambda ctx: target.backend.scatter(ctx, out.array, arrays, root), [out], async_op)
+    return target.run(spec, lambda ctx: target.engine.scatter(ctx, out.array, arrays, root), [out], async_op)
 
 
 def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group: Any = None,
@@ -234,7 +234,7 @@ def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group
     reduce_op = _reduce_op(op, out)
     arrays = [b.array for b in ins]
     spec = describe("reduce_scatter", "reduce_scatter", out, reduce_op=reduce_op.op)
-    return target.run(spec, lambda ctx: target.backend.reduce_scatter(ctx, out.array, arrays, reduce_op), [out],
+    return target.run(spec, lambda ctx: target.engine.reduce_scatter(ctx, out.array, arrays, reduce_op), [out],
                       async_op)
 
 
@@ -250,7 +250,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = RedOpType.SUM, grou
     blocks = _blocks_of(inp, target.size(), "input", out.array.size)
     reduce_op = _reduce_op(op, out)
     spec = describe("reduce_scatter_tensor", "reduce_scatter", out, reduce_op=reduce_op.op)
-    return target.run(spec, lambda ctx: target.backend.reduce_scatter(ctx, out.array, blocks, reduce_op), [out],
+    return target.run(spec, lambda ctx: target.engine.reduce_scatter(ctx, out.array, blocks, reduce_op), [out],
                       async_op)
 
 
@@ -267,7 +267,7 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
     _sizes_match(outs[me:me + 1], ins[me].array.size, "output_tensor_list")
     out_arrays, in_arrays = [b.array for b in outs], [b.array for b in ins]
     spec = describe("all_to_all", "all_to_all", ins[0], count=sum(array.size for array in in_arrays))
-    return target.run(spec, lambda ctx: target.backend.all_to_all(ctx, out_arrays, in_arrays), outs,
+    return target.run(spec, lambda ctx: target.engine.all_to_all(ctx, out_arrays, in_arrays), outs,
                       async_op, results=[list(output_tensor_list)])
 
 
@@ -308,7 +308,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
         raise ValueError(f"output and input split sizes disagree for this rank's own part: "
                          f"{outs[me].size} vs {ins[me].size} elements")
     spec = describe("all_to_all_single", "all_to_all", inp)
-    return target.run(spec, lambda ctx: target.backend.all_to_all(ctx, outs, ins), [out], async_op)
+    return target.run(spec, lambda ctx: target.engine.all_to_all(ctx, outs, ins), [out], async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -318,4 +318,4 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     if target is None:
         return None
     seconds = None if timeout is None else to_seconds(timeout)
-    return target.run(_BARRIER, lambda ctx: target.backend.barrier(ctx), [], async_op, timeout=seconds)
+    return target.run(_BARRIER, lambda ctx: target.engine.barrier(ctx), [], async_op, timeout=seconds)

@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import atexit
-import os
 import warnings
 from datetime import timedelta
 from typing import Any
 
-from ..algorithms.comm import Comm
-from ..core.deadline import DEFAULT_PG_TIMEOUT, Deadline, to_seconds
+from ..core.deadline import DEFAULT_PG_TIMEOUT, to_seconds
+from ..groups.factory import join_mpi, join_native, make_group
 from ..groups.process_group import ProcessGroup
-from ..groups.progress import ProgressBoard
 from ..groups.world import World, current, process_world
-from ..algorithms.barrier_dissemination import barrier
-from ..engines.native import NativeBackend
 from ..rendezvous import rendezvous
-from ..store import PrefixStore, TCPStore
+from ..store import TCPStore
 
 
 class Backend(str):
@@ -99,96 +95,12 @@ def member_group(group: Any, op: str) -> ProcessGroup | None:
     return target
 
 
-def _timeout_seconds(timeout: Any) -> float:
+def timeout_seconds(timeout: Any) -> float:
     seconds = to_seconds(timeout, DEFAULT_PG_TIMEOUT.total_seconds())
     assert seconds is not None  # a default was given
     if seconds <= 0:
         raise ValueError(f"timeout: expected a positive duration, got {timeout!r}")
     return seconds
-
-
-def default_transport(rank: int, size: int, store, deadline: Deadline):
-    """The world transport (tcp + shared memory) of ``rank``, met through ``store``."""
-    from ..debug._registry import note_endpoint
-    from ..transport.identity import advertise_address, host_identity
-    from ..transport.world import WorldTransport
-    from ..groups.world import local_host
-    transport = WorldTransport(rank, size, store, deadline, advertise_address(store), local_host(), host_identity())
-    note_endpoint(rank, transport.network.records[rank].where)
-    return transport
-
-
-def _make_transport(world: World, rank: int, size: int, store, deadline: Deadline):
-    if world.transport_factory is not None:
-        return world.transport_factory(rank, size, store, deadline)
-    return default_transport(rank, size, store, deadline)
-
-
-def _all_ready(transport, rank: int, size: int, deadline: Deadline) -> None:
-    """The last step of setting up ranks: a barrier over the transport (group id 0, which no
-    group has). The store may live in one of the ranks (env://): without it, that rank could
-    return, finish and exit while a slower one still needs the store for its own setup."""
-    barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))
-
-
-def _job_rank_and_size(rank: int, size: int) -> tuple[int, int]:
-    """This process's rank and size in its whole job, for a group outside pydist's world (the
-    torch plugin's, in group ranks): RANK and WORLD_SIZE from the launcher, else the group's."""
-    job_rank, job_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
-    if job_rank.isdigit() and job_size.isdigit():
-        return int(job_rank), int(job_size)
-    return rank, size
-
-
-def standalone_group(store, rank: int, size: int, timeout: float, name: str) -> ProcessGroup:
-    """A group with a transport of its own, outside pydist's global state (what the torch
-    plugin makes for each torch group); ``destroy()`` closes its transport too."""
-    deadline = Deadline.after(timeout)
-    transport = default_transport(rank, size, store, deadline)
-    try:
-        _all_ready(transport, rank, size, deadline)
-    except BaseException:
-        transport.close()
-        raise
-    ranks = list(range(size))
-    group = ProcessGroup(name, 1, ranks, rank, NativeBackend(transport, 1, ranks, rank), timeout,
-                         world=_job_rank_and_size(rank, size))
-    group.owned_transport = transport
-    return group
-
-
-def standalone_mpi_group(global_ranks: list[int] | None, rank: int, size: int, timeout: float,
-                         name: str) -> ProcessGroup:
-    """``standalone_group`` over MPI: ``global_ranks`` are the members' MPI world ranks (see
-    backends.mpi.standalone_backend)."""
-    from ..engines.mpi import standalone_backend
-    backend = standalone_backend(global_ranks, rank, size)
-    return ProcessGroup(name, 1, list(range(size)), rank, backend, timeout, world=_job_rank_and_size(rank, size))
-
-
-def _group_backend(world: World, group_id: int, members: list[int]):
-    """The backend object of a new group of ``members`` (world ranks) on this rank, per the world's backend."""
-    if world.backend_name == Backend.MPI:
-        from ..engines.mpi import group_backend
-        return group_backend(members)
-    assert world.transport is not None  # init_process_group made it before any group
-    return NativeBackend(world.transport, group_id, [world.transport_rank(m) for m in members],
-                         members.index(world.rank))
-
-
-def _init_mpi(world: World, rank: int, world_size: int, seconds: float, group_name: str) -> None:
-    """The default group over MPI.COMM_WORLD: no store, no rendezvous (mpiexec did it), as
-    torch's MPI backend; ``rank``/``world_size`` other than -1 must equal MPI's."""
-    from ..engines.mpi import group_backend, rank_and_size
-    rank, world_size = rank_and_size(rank, world_size)
-    ranks = list(range(world_size))
-    backend = group_backend(ranks)
-    world.generation += 1
-    world.store = world.owned_store = world.transport = None
-    world.rank, world.size, world.backend_name = rank, world_size, Backend(Backend.MPI)
-    group_id, _name = world.group_id(ranks)
-    world.default_group = ProcessGroup(group_name or "default_pg", group_id, ranks, rank, backend, seconds)
-    world.groups.append(world.default_group)
 
 
 def init_process_group(backend: str | None = None, init_method: str | None = None,
@@ -207,46 +119,28 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     backend_name = Backend(backend or Backend.PYDIST)
     if store is not None and init_method is not None:
         raise ValueError("Cannot specify both init_method and store.")
-    seconds = _timeout_seconds(timeout)
+    seconds = timeout_seconds(timeout)
     if backend_name == Backend.MPI:
-        _init_mpi(world, rank, world_size, seconds, group_name)
-        return
-    owned = None
-    if store is None:
-        store, rank, world_size = rendezvous(init_method or "env://", rank, world_size,
-                                             timedelta(seconds=seconds))
-        owned = store
-    elif world_size <= 0:
-        raise ValueError(f"world_size: must be positive when store is given, got {world_size}")
-    elif rank < 0:
-        raise ValueError(f"rank: must be non-negative when store is given, got {rank}")
-    if not 0 <= rank < world_size:
-        if owned is not None:
-            owned.close()
-        raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
-    world.generation += 1
-    prefixed = PrefixStore(f"pydist/{world.generation}", store)
-    deadline = Deadline.after(seconds)
-    transport = progress = None
-    try:
-        transport = _make_transport(world, rank, world_size, prefixed, deadline)
-        progress = ProgressBoard(prefixed, rank)  # writes its first record: before the barrier
-        _all_ready(transport, rank, world_size, deadline)
-    except BaseException:
-        for each in (progress, transport, owned):
-            if each is not None:
-                each.close()
-        raise
-    world.store, world.owned_store, world.transport = prefixed, owned, transport
-    world.rank, world.size, world.backend_name = rank, world_size, backend_name
-    world.transport_ranks, world.store_host = None, 0 if isinstance(owned, TCPStore) else None
-    ranks = list(range(world_size))
-    group_id, name = world.group_id(ranks)
-    default = ProcessGroup(group_name or "default_pg", group_id, ranks, rank,
-                           _group_backend(world, group_id, ranks), seconds)
-    world.progress = default.progress = progress
-    world.default_group = default
-    world.groups.append(default)
+        join_mpi(world, rank, world_size)
+    else:
+        owned = None
+        if store is None:
+            store, rank, world_size = rendezvous(init_method or "env://", rank, world_size,
+                                                 timedelta(seconds=seconds))
+            owned = store
+        elif world_size <= 0:
+            raise ValueError(f"world_size: must be positive when store is given, got {world_size}")
+        elif rank < 0:
+            raise ValueError(f"rank: must be non-negative when store is given, got {rank}")
+        if not 0 <= rank < world_size:
+            if owned is not None:
+                owned.close()
+            raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
+        join_native(world, rank, world_size, store, seconds, backend_name, owned,
+                    store_host=0 if isinstance(owned, TCPStore) else None)
+    ranks = list(range(world.size))
+    group_id, _name = world.group_id(ranks)
+    make_group(world, ranks, group_id, group_name or "default_pg", seconds, default=True)
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
@@ -258,23 +152,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         raise _not_initialized()
     if group is not None and group is not world.default_group:
         group.destroy(timeout=group.timeout)
-        if group in world.groups:
-            world.groups.remove(group)
+        world.remove_group(group)
         return
-    for each in reversed(world.groups):
-        each.destroy(timeout=each.timeout)
-    world.groups.clear()
-    world.default_group = None
-    if world.progress is not None:
-        world.progress.close()
-        world.progress = None
-    if world.transport is not None:  # None for MPI
-        world.transport.close()
-    if world.owned_store is not None:
-        world.owned_store.close()
-    world.store = world.owned_store = world.transport = None
-    world.rank = world.size = -1
-    world.transport_ranks = world.store_host = None
+    world.leave()
 
 
 def is_initialized() -> bool:
@@ -301,7 +181,7 @@ def get_backend(group: ProcessGroup | None = None) -> Backend:
     target = resolve_group(group)
     if target is None:
         raise ValueError("Invalid process group specified")
-    return Backend(target.backend.name)
+    return Backend(target.engine.name)
 
 
 def get_backend_config(group: ProcessGroup | None = None) -> str:
@@ -343,12 +223,8 @@ def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None, 
     if world.rank not in members:
         return NON_GROUP_MEMBER
     assert world.default_group is not None  # _default_world() raises before init
-    seconds = world.default_group.timeout if timeout is None else _timeout_seconds(timeout)
-    created = ProcessGroup(name, group_id, members, world.rank, _group_backend(world, group_id, members),
-                           seconds, desc=group_desc or "", world=(world.rank, world.size))
-    created.progress = world.progress
-    world.groups.append(created)
-    return created
+    seconds = world.default_group.timeout if timeout is None else timeout_seconds(timeout)
+    return make_group(world, members, group_id, name, seconds, desc=group_desc or "")
 
 
 def new_subgroups_by_enumeration(ranks_per_subgroup_list: list[list[int]], timeout: timedelta | None = None,

@@ -63,7 +63,7 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
                 group=target, group_dst=root)
     parts = [np.empty(int(s), np.uint8) for s in sizes] if is_root else None
     target.run(describe("gather_object", "gather", mine, root=root),
-               lambda ctx: target.backend.gather(ctx, mine, parts, root), [], False)
+               lambda ctx: target.engine.gather(ctx, mine, parts, root), [], False)
     if is_root:
         assert object_gather_list is not None and parts is not None  # the root's (checked above)
         object_gather_list[:] = [_loads(part) for part in parts]
@@ -110,7 +110,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     coll.scatter(size, sizes, group=target, group_src=root)
     data = np.empty(int(size[0]), np.uint8)
     target.run(describe("scatter_object_list", "scatter", data, root=root),
-               lambda ctx: target.backend.scatter(ctx, data, payloads, root), [], False)
+               lambda ctx: target.engine.scatter(ctx, data, payloads, root), [], False)
     scatter_object_output_list[0] = _loads(data)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 from ..core.buffers import Buffer, as_buffer
 from ..algorithms.comm import with_context
 from ..core.deadline import timed_wait
-from ..core.errors import DistBackendError, DistError, PeerFailedError, timed_out_waiting
+from ..core.errors import DistBackendError, timed_out_waiting
 from ..groups.process_group import ProcessGroup
 from .groups import member_group
 from ..groups.work import Work
@@ -36,19 +36,18 @@ class _Posted(NamedTuple):
 
 
 def _wait(posted: _Posted, timeout: float | None = None) -> None:
-    """Wait for a posted operation (default: the group's timeout); raise naming the peer."""
+    """Wait for a posted operation (default: the group's timeout); raise naming the peer,
+    through the group's failure path."""
     seconds = posted.group.timeout if timeout is None else timeout
     if not timed_wait(posted.request.wait, seconds):
-        posted.group.backend.cancel(posted.request)
+        posted.group.engine.cancel(posted.request)
         peer = "any rank" if posted.peer is None else f"rank {posted.peer}"
-        raise DistBackendError(f"{posted.description}: {timed_out_waiting(seconds)} for {peer}")
-    if posted.request.error is not None:
-        if isinstance(posted.request.error, PeerFailedError):
-            posted.group.backend.peer_failed(posted.request.error)
+        error: BaseException = DistBackendError(f"{posted.description}: {timed_out_waiting(seconds)} for {peer}")
+    elif posted.request.error is not None:
         error = with_context(posted.request.error, posted.description)
-        if isinstance(error, DistError):
-            posted.group.note_dead(error)
-        raise error
+    else:
+        return
+    raise posted.group.failures.point_to_point(error)
 
 
 class P2PWork(Work):
@@ -64,7 +63,7 @@ class P2PWork(Work):
             self._fail(with_context(request.error, self.description))
             return
         if self._posted.buffer is not None:
-            self._posted.buffer.finish()
+            self._posted.buffer.write_back()
         self._succeed(request.source)
 
     def wait(self, timeout: Any = None) -> bool:
@@ -96,7 +95,7 @@ def _post_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: in
         return None
     peer = _peer(target, dst, group_dst, "dst")
     buf = as_buffer(tensor, "tensor", writable=False)
-    request = target.backend.isend(buf.array, peer, _check_tag(tag))
+    request = target.engine.isend(buf.array, peer, _check_tag(tag))
     return _Posted(target, request, None, target.ranks[peer], tag)
 
 
@@ -107,7 +106,7 @@ def _post_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: in
         return None
     peer = None if src is None and group_src is None else _peer(target, src, group_src, "src")
     buf = as_buffer(tensor, "tensor")
-    request = target.backend.irecv(buf.array, peer, _check_tag(tag))
+    request = target.engine.irecv(buf.array, peer, _check_tag(tag))
     return _Posted(target, request, buf, None if peer is None else target.ranks[peer], tag)
 
 
@@ -140,7 +139,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
         return -1
     _wait(posted)
     assert posted.buffer is not None  # a receive's
-    posted.buffer.finish()
+    posted.buffer.write_back()
     return posted.request.source
 
 

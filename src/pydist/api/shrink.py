@@ -2,7 +2,7 @@
 
 ``shrink_group(ranks_to_exclude, group=None, shrink_flags=SHRINK_DEFAULT)`` is called by the
 survivors of ``group`` (never by an excluded rank). They agree, over their own connections
-(``_agreement``: no store, whose host may be the rank that died), on the members left: the
+(groups.agreement: no store, whose host may be the rank that died), on the members left: the
 group ranks given, plus every rank found dead before or during the shrink. The result is a
 new group of them (its id chosen by the agreement's leader); the old one is destroyed.
 Shrinking the default group makes the new group the default world, its ranks renumbered
@@ -13,8 +13,8 @@ env:// and tcp://) is gone, the leader serves a new store and the decision says 
 instead of waiting for a dead rank); ``SHRINK_DEFAULT`` lets them finish or fail first. The
 new group's first operation is a barrier: a member that died during the shrink (after its
 proposal reached the leader) fails it at every survivor, and they shrink again without it.
-``shrink_standalone`` does the same for a group with a transport of its own (the torch
-plugin's; see pydist.torch.shrink).
+``shrink(world, parent, ...)`` does it for any World: the process's, or a torch group's
+private one (see pydist.torch.shrink).
 
 ``split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
 group_desc=None)``: every member of the parent calls it with the same list of disjoint rank
@@ -28,15 +28,17 @@ import struct
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-from ..groups.agreement import agree
 from ..core.deadline import Deadline
 from ..core.errors import DistError, GroupAbortedError
+from ..engines.native import NativeEngine
+from ..groups.agreement import agree
+from ..groups.factory import make_group, namespace
 from ..groups.process_group import ProcessGroup
-from .groups import _default_world, _group_backend, _timeout_seconds, resolve_group
 from ..groups.progress import ProgressBoard
-from ..groups.world import World, group_digest
-from ..engines.native import NativeBackend
+from ..groups.world import World, current, group_digest
 from ..store import PrefixStore, Store, TCPStore
+from .collectives import barrier
+from .groups import get_rank, resolve_group, timeout_seconds
 
 SHRINK_DEFAULT = 0x00
 SHRINK_ABORT = 0x01
@@ -46,17 +48,19 @@ _log = logging.getLogger("pydist")
 
 
 class Shrunk(NamedTuple):
-    """What the survivors agreed on: the members (transport ranks, sorted), the new group's
-    id, and the store the leader serves when the old one's host is gone (port 0: none)."""
+    """What the survivors agreed on: the members (transport ranks, sorted), the parent's
+    group ranks of them, the new group's id, and the store the leader serves when the old
+    one's host is gone (port 0: none)."""
     members: list[int]
-    kept: list[int]  # the parent's group ranks of the members
+    kept: list[int]
     group_id: int
     store_host: str
     store_port: int
     server: Store | None  # the leader's server of that store
 
 
-def _agree(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int, store_host: int | None) -> Shrunk:
+def _agree(world: World, parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int,
+           store_host: int | None) -> Shrunk:
     """Check the arguments, abort in-flight work if asked, and agree with the other
     survivors (see the module note); ``store_host``: the transport rank serving the store
     (None: elsewhere, it survives)."""
@@ -65,13 +69,14 @@ def _agree(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int,
         raise ValueError(f"Cannot shrink a process group with size {parent.size()}. "
                          "Group must have at least 2 ranks to support shrinking.")
     excluded = _check_excluded(ranks_to_exclude, parent)
-    if not isinstance(parent.backend, NativeBackend):
+    engine = parent.engine
+    if not isinstance(engine, NativeEngine):
         raise TypeError(f"Process group backend for '{parent.group_name}' does not support shrinking operations.")
-    transport, me = parent.backend.transport, parent.ranks[parent.rank()]
+    transport, me = engine.transport, parent.ranks[parent.rank()]
     if shrink_flags & SHRINK_ABORT:
-        transport.matcher.states.abort(parent.group_id, GroupAbortedError(
+        world.states.abort_group(parent.group_id, GroupAbortedError(
             f"{parent.group_name}: aborted by shrink_group on rank {me}", rank=me))
-    members = parent.backend.ranks  # the transport's ranks, in group order
+    members = engine.transport_ranks  # in group order
     served: list[Store] = []
 
     def extra(left: list[int]) -> bytes:
@@ -83,7 +88,7 @@ def _agree(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int,
         return _EXTRA.pack(group_id, served[0].port, transport.address.encode())  # type: ignore[attr-defined]
 
     decision = agree(transport, group_digest(f"shrink:{parent.group_id:x}"), sorted(members),
-                     {members[g] for g in excluded}, Deadline.after(parent.timeout), extra)
+                     {members[g] for g in excluded}, Deadline.after(parent.timeout), extra, world.states.dead)
     group_id, port, host = _EXTRA.unpack(decision.extra[:_EXTRA.size])
     _log.info("shrink_group %s: members now %s (transport ranks)", parent.group_name, decision.members)
     left = set(decision.members)
@@ -101,35 +106,39 @@ def shrink_group(ranks_to_exclude: list[int], group: ProcessGroup | None = None,
                  shrink_flags: int = SHRINK_DEFAULT, pg_options: Any = None) -> ProcessGroup:
     """A new group of ``group``'s ranks without ``ranks_to_exclude`` (group ranks) and without
     the ranks found dead meanwhile; see the module note."""
-    world = _default_world()
+    get_rank()  # raises before init, as torch does
     parent = resolve_group(group)
     if parent is None:
         raise RuntimeError("shrink_group: this rank is not a member of the group (NON_GROUP_MEMBER)")
+    return shrink(current(), parent, ranks_to_exclude, shrink_flags)
+
+
+def shrink(world: World, parent: ProcessGroup, ranks_to_exclude: list[int],
+           shrink_flags: int = SHRINK_DEFAULT) -> ProcessGroup:
+    """``shrink_group`` of ``world``'s group ``parent``."""
     is_default = parent is world.default_group
-    shrunk = _agree(parent, ranks_to_exclude, shrink_flags, world.store_host if is_default else None)
+    shrunk = _agree(world, parent, ranks_to_exclude, shrink_flags, world.store_host if is_default else None)
     drain = 0.0 if shrink_flags & SHRINK_ABORT else parent.timeout
     if not is_default:
         parent.destroy(timeout=drain)
-        if parent in world.groups:
-            world.groups.remove(parent)
-        created = _add_group(world, [parent.ranks[g] for g in shrunk.kept], shrunk.group_id, parent.timeout,
-                             f"{parent.group_desc}:shrunk")
+        world.remove_group(parent)
+        created = make_group(world, [parent.ranks[g] for g in shrunk.kept], shrunk.group_id,
+                             f"pg-{shrunk.group_id:016x}"[:20], parent.timeout, f"{parent.group_desc}:shrunk")
     else:
         for each in reversed(world.groups):  # the default group's shrink renumbers: the others cannot stay
             each.destroy(timeout=drain if each is parent else 0.0)
-        world.groups.clear()
+            world.remove_group(each)
         _renumber(world, shrunk, parent.timeout)
-        created = world.default_group = _add_group(world, list(range(len(shrunk.kept))), shrunk.group_id,
-                                                   parent.timeout, "default:shrunken")
+        created = make_group(world, list(range(len(shrunk.kept))), shrunk.group_id,
+                             f"pg-{shrunk.group_id:016x}"[:20], parent.timeout, "default:shrunken", default=True)
     dead = _unconfirmed(created)
-    return created if dead is None else shrink_group(dead, group=created, shrink_flags=SHRINK_ABORT)
+    return created if dead is None else shrink(world, created, dead, SHRINK_ABORT)
 
 
 def _unconfirmed(group: ProcessGroup) -> list[int] | None:
     """A barrier on the new group: a member that died during the shrink, after its proposal
     reached the leader, fails it at every survivor. None when it passed, else the group
     ranks to shrink away again."""
-    from .collectives import barrier
     try:
         barrier(group=group)
     except DistError as error:
@@ -141,64 +150,19 @@ def _unconfirmed(group: ProcessGroup) -> list[int] | None:
     return None
 
 
-def shrink_standalone(parent: ProcessGroup, ranks_to_exclude: list[int], shrink_flags: int = SHRINK_DEFAULT,
-                      ) -> tuple[ProcessGroup, Store | None]:
-    """``shrink_group`` for a group with a transport of its own (the torch plugin's): the new
-    group takes over the transport, ranked 0..n-1; and the new store when the old one's host
-    (transport rank 0, torch's env:// master) is gone, else None."""
-    shrunk = _agree(parent, ranks_to_exclude, shrink_flags, store_host=0)
-    assert isinstance(parent.backend, NativeBackend)  # _agree refuses others
-    transport = parent.backend.transport
-    store = _store_of(shrunk, parent.timeout) if shrunk.store_port else None
-    if store is not None:
-        transport.use_store(PrefixStore("pydist/shrunk", store))
-    index = shrunk.members.index(transport.rank)
-    group = ProcessGroup(parent.group_name, shrunk.group_id, list(range(len(shrunk.members))), index,
-                         NativeBackend(transport, shrunk.group_id, shrunk.members, index), parent.timeout,
-                         desc=f"{parent.group_desc}:shrunk")
-    group.owned_transport, parent.owned_transport = parent.owned_transport, None
-    parent.destroy(timeout=0.0 if shrink_flags & SHRINK_ABORT else parent.timeout)
-    dead = _unconfirmed(group)
-    if dead is None:
-        return group, store
-    again, newer = shrink_standalone(group, dead, SHRINK_ABORT)
-    return again, newer or store
-
-
 def _renumber(world: World, shrunk: Shrunk, timeout: float) -> None:
     """The world after its default group shrank to ``shrunk.members`` (transport ranks):
     ranks 0..n-1, a fresh namespace in the store (the new one when the old one's host is
     gone), a new progress board."""
-    members = shrunk.members
-    me = members.index(world.transport_rank(world.rank))
-    if world.progress is not None:
-        world.progress.close()
-    if shrunk.store_port:
-        store = _store_of(shrunk, timeout)
-        if world.owned_store is not None:
-            world.owned_store.close()
-        world.owned_store, world.store_host = store, members[0]
-        base: Any = store
+    owned = _store_of(shrunk, timeout) if shrunk.store_port else None
+    if owned is not None:
+        base: Any = owned
     else:
         assert world.store is not None  # a native world keeps its store
         base = world.store.underlying_store if isinstance(world.store, PrefixStore) else world.store
-    world.generation += 1
-    world.store = PrefixStore(f"pydist/{world.generation}", base)
-    assert world.transport is not None  # a native world has one
-    world.transport.use_store(world.store)
-    world.transport_ranks = list(members)
-    world.rank, world.size = me, len(members)
-    world.group_counts.clear()
-    world.progress = ProgressBoard(world.store, me)
-
-
-def _add_group(world: World, ranks: list[int], group_id: int, timeout: float, desc: str) -> ProcessGroup:
-    created = ProcessGroup(f"pg-{group_id:016x}"[:20], group_id, ranks, world.rank,
-                           _group_backend(world, group_id, ranks), timeout, desc=desc,
-                           world=(world.rank, world.size))
-    created.progress = world.progress
-    world.groups.append(created)
-    return created
+    store = namespace(world, base)
+    me = shrunk.members.index(world.transport_rank(world.rank))
+    world.renumber(shrunk.members, store, ProgressBoard(store, me), owned, shrunk.members[0] if owned else None)
 
 
 def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[int]] | None = None,
@@ -206,7 +170,8 @@ def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[in
                 group_desc: str | None = None) -> ProcessGroup | None:
     """The group of this rank among ``split_ranks`` (disjoint lists of global ranks, all in
     ``parent_pg``), called by every member of the parent; None when this rank is in none."""
-    world = _default_world()
+    world = current()
+    get_rank()  # raises before init, as torch does
     parent = resolve_group(parent_pg)
     if parent is None:
         raise ValueError("parent_pg: this rank is not a member of it")
@@ -223,11 +188,10 @@ def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[in
     mine = next((sorted(s) for s in split_ranks if world.rank in s), None)
     if mine is None:
         return None
-    world.group_counts[("split", parent.group_id, tuple(mine))] += 1
-    count = world.group_counts[("split", parent.group_id, tuple(mine))]
-    group_id = group_digest(f"split:{parent.group_id:x}:{','.join(map(str, mine))}:{count}")
-    seconds = parent.timeout if timeout is None else _timeout_seconds(timeout)
-    return _add_group(world, mine, group_id, seconds, group_desc or f"{parent.group_desc}:split")
+    group_id = world.split_id(parent.group_id, mine)
+    seconds = parent.timeout if timeout is None else timeout_seconds(timeout)
+    return make_group(world, mine, group_id, f"pg-{group_id:016x}"[:20], seconds,
+                      group_desc or f"{parent.group_desc}:split")
 
 
 def _check_arguments(ranks_to_exclude: Any, shrink_flags: Any) -> None:

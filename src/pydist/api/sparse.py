@@ -117,7 +117,7 @@ def all_reduce_sparse(tensor: torch.Tensor, op: Any, group: ProcessGroup, async_
     mine = _describe(local)
     rows = list(descriptions)
     described = group.run(describe("all_reduce_sparse", "all_gather", mine),
-                          lambda ctx: group.backend.all_gather(ctx, rows, mine), [], async_op)
+                          lambda ctx: group.engine.all_gather(ctx, rows, mine), [], async_op)
     payload = _payload(local)
 
     def exchange(ctx: Any) -> None:
@@ -127,7 +127,7 @@ def all_reduce_sparse(tensor: torch.Tensor, op: Any, group: ProcessGroup, async_
         value_bytes = local.element_size() * int(np.prod(local.shape[local.sparse_dim():], dtype=np.int64))
         parts = [np.empty(_index_bytes(row) + value_bytes * int(row[_NNZ]), np.uint8) for row in descriptions]
         exact = describe("all_reduce_sparse", "all_gather", payload, count=max(part.size for part in parts))
-        group.backend.all_gather(ctx._replace(spec=exact), parts, payload)
+        group.engine.all_gather(ctx._replace(spec=exact), parts, payload)
         with torch.no_grad():
             total = _rank_tensor(parts[0], descriptions[0], local)
             for part, row in zip(parts[1:], descriptions[1:]):

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..core.settings import settings
 from ..transport.identity import host_identity
 from .backends import BACKENDS
 from .ops import OPS
@@ -92,7 +93,7 @@ def count_hosts(comm: Any) -> int:
     namespace, or PYDIST_HOST_ID): each rank writes a 48-bit hash of its host identity (+1)
     into its slot of a zero vector, so the maximum across ranks holds every rank's."""
     slots = np.zeros(comm.size)
-    slots[comm.rank] = int.from_bytes(hashlib.sha256(host_identity().encode()).digest()[:6], "big") + 1
+    slots[comm.rank] = int.from_bytes(hashlib.sha256(host_identity(settings()).encode()).digest()[:6], "big") + 1
     return len(set(comm.max_across_ranks(slots).tolist()))
 
 

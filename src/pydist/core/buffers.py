@@ -3,7 +3,7 @@
 ``as_buffer(obj, name)`` returns a Buffer whose ``array`` is a 1-D, C-contiguous numpy
 array the algorithms read and write. It is a zero-copy view of the user's memory when that
 memory is contiguous; otherwise (strided views, torch bfloat16, which numpy lacks and which
-is reduced in float32) it is a staging copy and ``finish()`` writes the result back.
+is reduced in float32) it is a staging copy and ``write_back()`` writes the result back.
 torch is never imported here: a tensor is recognised by its type's module.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ _SUPPORTED_KINDS = "biufc"
 
 
 class Buffer:
-    """One user tensor, flattened: ``array`` to work on, ``finish()`` to publish results."""
+    """One user tensor, flattened: ``array`` to work on, ``write_back()`` to publish results."""
 
     __slots__ = ("obj", "name", "array", "dtype_name", "shape", "_target", "_from_bf16")
 
@@ -33,10 +33,10 @@ class Buffer:
 
     @property
     def staged(self) -> bool:
-        """True when ``array`` is a copy that ``finish()`` must write back."""
+        """True when ``array`` is a copy that ``write_back()`` must write back."""
         return self._target is not None
 
-    def finish(self) -> None:
+    def write_back(self) -> None:
         """Copy a staged result back into the user's memory (no-op for zero-copy views)."""
         if self._target is None:
             return

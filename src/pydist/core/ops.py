@@ -134,7 +134,7 @@ def prescale(buf: np.ndarray, op: ReduceOp) -> None:
         np.multiply(buf, np.asarray(factor).astype(buf.dtype), out=buf)
 
 
-def finish(buf: np.ndarray, op: ReduceOp, group_size: int) -> None:
+def postscale(buf: np.ndarray, op: ReduceOp, group_size: int) -> None:
     """Apply AVG's division by the group size to a reduced result, in place.
 
     Integers are divided truncating toward zero, as C (and NCCL) do.

@@ -5,7 +5,7 @@ the operation is queued or run inline), ``started`` (it has its sequence number 
 ``completed`` and ``failed``. Each operation is one ``Entry`` stored in the group's ring
 buffer of ``PYDIST_TRACE_BUFFER`` entries (default 2000; 0 turns the recorder off): the
 call's OpSpec (op name, dtype, count, root, reduce op: ``pydist.core.opspec``, as the public
-function described it), state, the algorithm the engine noted, error text, and monotonic
+function described it), state, the algorithm the engine ran, error text, and monotonic
 times. Entries are reused once the ring has come round, so recording allocates nothing that
 outlives the operation; an entry holds no reference to a tensor. With ``PYDIST_DEBUG=detail``
 the entry also gets the caller's file and line (a frame walk, so only then).
@@ -97,7 +97,7 @@ class GroupTrace:
         # only what the state makes current is set: readers ignore seq and the times of a
         # queued entry, the error of one that did not fail (see _registry.entry_record)
         entry.spec, entry.async_op, entry.state, entry.queued = spec, async_op, QUEUED, _monotonic()
-        entry.algorithm = None  # until the engine notes its choice
+        entry.algorithm = None  # until the operation completes: the algorithm its engine ran
         if self.detail:
             entry.call_site = call_site()
         return entry
@@ -108,8 +108,9 @@ class GroupTrace:
         entry.state = STARTED
         self.running = entry
 
-    def completed(self, entry: Entry) -> None:
+    def completed(self, entry: Entry, algorithm: str | None = None) -> None:
         entry.finished = _monotonic()
+        entry.algorithm = algorithm
         entry.state = COMPLETED
         self.running = None
         if self.timeline is not None:
@@ -144,7 +145,7 @@ class Trace(Protocol):
 
     def started(self, entry: Any, seq: int) -> None: ...
 
-    def completed(self, entry: Any) -> None: ...
+    def completed(self, entry: Any, algorithm: str | None = None) -> None: ...
 
     def failed(self, entry: Any, error: BaseException) -> None: ...
 
@@ -160,7 +161,7 @@ class NullTrace:
     def started(self, entry: None, seq: int) -> None:
         pass
 
-    def completed(self, entry: None) -> None:
+    def completed(self, entry: None, algorithm: str | None = None) -> None:
         pass
 
     def failed(self, entry: None, error: BaseException) -> None:

@@ -1,78 +1,70 @@
 """The interface between process groups and their engines (``Engine``: the native one, MPI's).
 torch's backend *names* are another thing: ``pydist.Backend``.
 
-The public API validates arguments and turns tensors into flat numpy arrays; a backend
-then runs each collective synchronously in whatever thread the group's OpQueue chooses,
-given an OpContext (name, sequence number, deadline). Point-to-point operations return
-transport Requests and do not go through the queue (they progress independently).
+The public API validates arguments and turns tensors into flat numpy arrays; an engine then
+runs each collective synchronously in whatever thread the group's OpQueue chooses, given an
+OpContext (name, sequence number, deadline, the call's OpSpec), and returns the name of the
+algorithm it ran. On failure it only raises (after withdrawing its own pending receives):
+what the failure means for the group is decided by the group layer (groups.failure).
+Point-to-point operations return transport Requests and do not go through the queue (they
+progress independently). Ranks given to an engine are group ranks.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ..core.deadline import Deadline
-from ..core.errors import OpTimeoutError
-from ..groups.state import GroupState
 from ..core.opspec import OpSpec
 from ..core.ops import ReduceOp
 from ..transport.base import Request
 
 
 class OpContext(NamedTuple):
-    """One operation's name, sequence number in its group, and deadline; ``explain`` turns
-    its timeout into one naming the ranks that never reached it (a bounded store lookup);
-    ``spec``: what the call is (its fingerprint ``spec.call`` goes into every message);
-    ``entry``: its flight-recorder entry (None: not recorded), where the engine notes the
-    algorithm it chose."""
+    """One operation's name, sequence number in its group, and deadline; ``spec``: what the
+    call is (its fingerprint ``spec.call`` goes into every message)."""
     name: str
     seq: int
     deadline: Deadline
-    timeout_text: str = "Timed out waiting"  # gloo's wording, with the timeout: _errors.timed_out_waiting
-    explain: Callable[[OpTimeoutError, int], OpTimeoutError] | None = None  # (timeout, seq)
+    timeout_text: str = "Timed out waiting"  # gloo's wording, with the timeout: core.errors.timed_out_waiting
     spec: OpSpec = OpSpec("operation", "barrier")
-    entry: Any = None
-
-    def explained(self, error: BaseException) -> BaseException:
-        """``error``, or for a timeout not explained yet, the explained one."""
-        if isinstance(error, OpTimeoutError) and not error.explained and self.explain is not None:
-            return self.explain(error, self.seq)
-        return error
 
 
 class Engine(ABC):
-    """A group's communication engine, in group ranks."""
+    """A group's communication engine, in group ranks. Each collective returns the name of the
+    algorithm it ran (None when the engine has no choice to report, as MPI)."""
 
     name: str
 
     @abstractmethod
-    def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None: ...
+    def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> str | None: ...
 
     @abstractmethod
-    def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None: ...
+    def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> str | None: ...
 
     @abstractmethod
-    def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> None: ...
+    def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> str | None: ...
 
     @abstractmethod
-    def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> None: ...
+    def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> str | None: ...
 
     @abstractmethod
-    def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None: ...
+    def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> str | None: ...
 
     @abstractmethod
-    def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None: ...
+    def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> str | None: ...
 
     @abstractmethod
-    def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None: ...
+    def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray],
+                       op: ReduceOp) -> str | None: ...
 
     @abstractmethod
-    def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None: ...
+    def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> str | None: ...
 
     @abstractmethod
-    def barrier(self, ctx: OpContext) -> None: ...
+    def barrier(self, ctx: OpContext) -> str | None: ...
 
     @abstractmethod
     def isend(self, buf: np.ndarray, dst: int, tag: int) -> Request: ...
@@ -87,14 +79,9 @@ class Engine(ABC):
     def peer_host(self, rank: int) -> str:
         """Host name of group rank ``rank``."""
 
-    def peer_failed(self, error: BaseException) -> None:  # noqa: B027 - optional hook, default no-op
-        """A point-to-point operation found a dead peer: tell the group (default: nothing)."""
+    def abort_peers(self, error: BaseException) -> None:  # noqa: B027 - optional hook, default no-op
+        """This rank failed an operation of the group with ``error``: tell the other members,
+        so that they fail too, naming the root cause. Default: nothing (MPI cannot)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, default no-op
-        """Release what this group's backend owns (the world's transport is closed by the world)."""
-
-    def group_state(self, ranks: list[int]) -> GroupState:
-        """The lifecycle object of the group this backend serves (``ranks``: its world
-        ranks): the one the transport records aborts and dead ranks in, or (default, a
-        backend without such a transport) a new one."""
-        return GroupState(members=ranks)
+        """Release what this group's engine owns (the world's transport is closed by the world)."""

@@ -1,4 +1,4 @@
-"""The MPI backend: every operation of a group mapped onto MPI through mpi4py.
+"""The MPI engine: every operation of a group mapped onto MPI through mpi4py.
 
 ``init_process_group("mpi")`` under mpiexec/srun takes rank and world size from
 MPI.COMM_WORLD and needs no store (an ``init_method`` or ``store`` is ignored, as by torch's
@@ -32,14 +32,14 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core import errors as _errors
-from ..core.ops import ReduceOp, RedOpType, finish, prescale
+from ..core.ops import ReduceOp, RedOpType, postscale, prescale
 from .base import Engine, OpContext
 from ._mpi_buffers import (address, as_bytes, byte_spec, counts_and_displacements, mpi_op, span,
                            typed_spec)
 from ._mpi_requests import ABANDONED, POLLER, MpiRequest, mpi_error, poll_until, spin_seconds
 from ._mpi_world import load_mpi, mpi_world, rank_and_size
 
-__all__ = ["MPIBackend", "group_backend", "rank_and_size", "standalone_backend"]
+__all__ = ["MPIEngine", "check_group_rank", "group_engine", "rank_and_size"]
 
 #: the error of an expired operation (OpTimeoutError where pydist has it: the group appends
 #: the ranks behind when it knows them)
@@ -78,7 +78,7 @@ def _pack(arrays: list[np.ndarray]) -> np.ndarray:
     return flat
 
 
-class MPIBackend(Engine):
+class MPIEngine(Engine):
     """One group's MPI communicator; ``labels[g]`` is how group rank g is reported (its
     global rank) in errors and as the source of a receive."""
 
@@ -126,7 +126,7 @@ class MPIBackend(Engine):
         in_place = self.mpi.IN_PLACE
         self._run(ctx, lambda: self.comm.Iallreduce(in_place, typed_spec(work), mpi_op(op, work.dtype)),
                   work.nbytes, work)
-        finish(work, op, self.size)
+        postscale(work, op, self.size)
         if work is not buf:
             buf[...] = work
 
@@ -139,7 +139,7 @@ class MPIBackend(Engine):
         spec, mop = typed_spec(work), mpi_op(op, work.dtype)
         if is_root:
             self._run(ctx, lambda: self.comm.Ireduce(self.mpi.IN_PLACE, spec, mop, root), work.nbytes, work)
-            finish(work, op, self.size)
+            postscale(work, op, self.size)
             if work is not buf:
                 buf[...] = work
         else:
@@ -188,7 +188,7 @@ class MPIBackend(Engine):
         mop = mpi_op(op, work.dtype)
         self._run(ctx, lambda: self.comm.Ireduce_scatter_block(typed_spec(flat), typed_spec(work), mop),
                   flat.nbytes, flat, work)
-        finish(work, op, self.size)
+        postscale(work, op, self.size)
         if work is not output:
             output[...] = work
 
@@ -258,18 +258,19 @@ class MPIBackend(Engine):
         POLLER.release()
 
 
-def group_backend(ranks: list[int], labels: list[int] | None = None) -> MPIBackend:
+def group_engine(ranks: list[int], labels: list[int] | None = None) -> MPIEngine:
     """The backend of a group of MPI world ranks ``ranks`` (called by its members only);
     ``labels`` name its ranks in messages (default: their world ranks)."""
     world = mpi_world()
     comm = world.communicator(ranks)
-    return MPIBackend(comm, list(ranks) if labels is None else labels, [world.hosts[r] for r in ranks])
+    return MPIEngine(comm, list(ranks) if labels is None else labels, [world.hosts[r] for r in ranks])
 
 
-def standalone_backend(global_ranks: list[int] | None, rank: int, size: int) -> MPIBackend:
-    """The backend of a group outside pydist's global state (the torch plugin's, one per
-    torch group), in group ranks: ``global_ranks`` are its members' world ranks (None or empty: the world,
-    whose ``rank``/``size`` must then be MPI's: ValueError naming both otherwise)."""
+def check_group_rank(global_ranks: list[int] | None, rank: int, size: int) -> list[int]:
+    """The MPI world ranks of a group outside pydist's global state (the torch plugin's, one
+    per torch group) whose group rank here is ``rank`` of ``size``: ``global_ranks`` (None or
+    empty: the MPI world, whose rank and size must then be ``rank`` and ``size``); ValueError
+    naming both when this process is not that rank."""
     if not global_ranks:
         rank_and_size(rank, size)
         global_ranks = list(range(size))
@@ -277,4 +278,4 @@ def standalone_backend(global_ranks: list[int] | None, rank: int, size: int) -> 
     if len(global_ranks) != size or not 0 <= rank < size or global_ranks[rank] != me:
         raise ValueError(f"rank: group rank {rank} of the ranks {global_ranks} is not this process, MPI rank {me} "
                          "(the MPI backend needs torch's ranks to be MPI's: launch with mpiexec, init_method='mpi://')")
-    return group_backend(global_ranks, labels=list(range(size)))
+    return list(global_ranks)

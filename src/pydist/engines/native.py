@@ -24,18 +24,19 @@ from typing import Callable
 import numpy as np
 
 from ..algorithms.comm import Comm, Hierarchy, as_bytes
-from ..core.errors import DistError, GroupAbortedError, OpTimeoutError
-from ..groups.state import GroupState
+from ..core.errors import OpTimeoutError
 from ..core.opspec import OpSpec
-from ..core.ops import ReduceOp, RedOpType, finish, prescale
-from ..core.settings import settings
+from ..core.ops import ReduceOp, RedOpType, postscale, prescale
+from ..core.settings import Settings
+from ..groups.state import GroupState
 from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm, allreduce_hierarchical,
                           allreduce_rails, allreduce_recursive_doubling, allreduce_ring, allreduce_shm,
                           alltoall_pairwise, alltoall_shm, barrier_dissemination, barrier_shm, broadcast_binomial,
                           broadcast_hierarchical, broadcast_rails, broadcast_shm, gather_linear, gather_shm,
                           reduce_binomial, reduce_hierarchical, reduce_scatter_hierarchical, reduce_scatter_ring,
                           reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
-from ..transport.base import MessageKey, Request, Transport
+from ..transport.base import MessageKey, Request
+from ..transport.world import WorldTransport
 from .base import Engine, OpContext
 
 #: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
@@ -85,23 +86,25 @@ def network_all_reduce(nbytes: int, count: int, peers: int) -> str:
     return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < peers else "ring"
 
 
-class NativeBackend(Engine):
-    """pydist's own engine for one group: its ranks, over the world's transport."""
+class NativeEngine(Engine):
+    """pydist's own engine for one group: its members (``transport_ranks``, in group-rank
+    order) over the world's transport; ``rank``: this rank's group rank; ``state``: the
+    group's lifecycle (aborts and dead members end arena waits)."""
 
     name = "pydist"
 
-    def __init__(self, transport: Transport, group_id: int, ranks: list[int], rank: int,
-                 segment_bytes: int | None = None):
+    def __init__(self, transport: WorldTransport, group_id: int, transport_ranks: list[int], rank: int,
+                 state: GroupState, settings: Settings, segment_bytes: int | None = None):
         self.transport = transport
         self.group_id = group_id
-        self.ranks = ranks
+        self.transport_ranks = transport_ranks
         self.rank = rank
-        self.size = len(ranks)
+        self.size = len(transport_ranks)
+        self.state = state
         self._p2p_keys: dict[int, MessageKey] = {}  # by tag: the point-to-point message keys
-        found = settings()
-        self.segment_bytes = segment_bytes or found.segment_bytes
-        self.forced = found.forced_algorithms()
-        hosts = [transport.host_of(r) for r in ranks]
+        self.segment_bytes = segment_bytes or settings.segment_bytes
+        self.forced = settings.forced_algorithms()
+        hosts = [transport.host_of(r) for r in transport_ranks]
         self.local = [g for g, host in enumerate(hosts) if host == hosts[rank]]  # group ranks on this host
         self.spans_hosts = len(set(hosts)) > 1
         # every host's group ranks, hosts in the order of their lowest group rank (their leader)
@@ -112,7 +115,6 @@ class NativeBackend(Engine):
         self._arena_tried = False
         self._local_arena = None
         self._shm_comm: Comm | None = None  # see _comm
-        self.state = transport.group_state(group_id, ranks)  # the group's lifecycle (see _group_state)
 
     # -- algorithm choice -----------------------------------------------------------------
     def _arena_for(self, ctx: OpContext, group_ranks: list[int]):
@@ -120,13 +122,13 @@ class NativeBackend(Engine):
         Its waits fail when the group was aborted or one of those members is gone (not any
         member of the group: a rank on another host may leave once it is done)."""
         index = group_ranks.index(self.rank)
-        members = [self.ranks[g] for g in group_ranks]
+        members = [self.transport_ranks[g] for g in group_ranks]
         try:
             arena = self.transport.arena(self.group_id, members, group_ranks, index, ctx.deadline, self._describe,
                                          alive=lambda: self._alive(members))
         except OpTimeoutError as error:  # the member that creates it never came
             creator = min(members)
-            raise OpTimeoutError(f"{ctx.name} (seq {ctx.seq}) on rank {self.ranks[self.rank]}: "
+            raise OpTimeoutError(f"{ctx.name} (seq {ctx.seq}) on rank {self.transport_ranks[self.rank]}: "
                                  f"{ctx.timeout_text} for rank {creator} "
                                  f"({self.transport.peer_host(creator)}) to set up the group's shared memory; "
                                  "that rank has not reached this operation or is stuck") from error
@@ -169,11 +171,8 @@ class NativeBackend(Engine):
 
     # -- running --------------------------------------------------------------------------
     def _describe(self, member: int) -> str:
-        world = self.ranks[member]
+        world = self.transport_ranks[member]
         return f"rank {world} ({self.transport.peer_host(world)})"
-
-    def group_state(self, ranks: list[int]) -> GroupState:
-        return self.state
 
     def _alive(self, members: list[int]) -> None:
         error = self.state.failure(members)
@@ -185,12 +184,12 @@ class NativeBackend(Engine):
         if algorithm == "shm":  # one Comm for all: it never holds receives (the arena carries the data)
             comm = self._shm_comm
             if comm is None:
-                comm = self._shm_comm = Comm(self.transport, self.group_id, self.ranks, self.rank, 0, ctx.deadline,
-                                             ctx.name, arena=self._arena)
+                comm = self._shm_comm = Comm(self.transport, self.group_id, self.transport_ranks, self.rank, 0,
+                                             ctx.deadline, ctx.name, arena=self._arena)
             comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call, comm.arena = (
                 ctx.seq, ctx.deadline, ctx.name, ctx.timeout_text, call, self._arena)
             return comm
-        comm = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
+        comm = Comm(self.transport, self.group_id, self.transport_ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                     ctx.timeout_text, None, call)
         if algorithm in HIERARCHICAL:
             comm.hierarchy = self._hierarchy(ctx, collective, algorithm, call, sizes, root)
@@ -213,7 +212,7 @@ class NativeBackend(Engine):
             if self._local_arena is None:
                 raise ValueError(f"hierarchical {collective} needs shared memory between the ranks of a host")
         hosts, host, leader_ranks, rail_ranks = self._layout(root)
-        local = Comm(self.transport, self.group_id, self.ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
+        local = Comm(self.transport, self.group_id, self.transport_ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                      ctx.timeout_text, self._local_arena, call)
         leaders = None
         if self.rank == hosts[host][0]:
@@ -240,16 +239,17 @@ class NativeBackend(Engine):
             hosts = [[root] + [g for g in ranks if g != root] if root in ranks else ranks for ranks in self.hosts]
             host = next(h for h, ranks in enumerate(hosts) if self.rank in ranks)
             place = self.hosts[host].index(self.rank)
-            rail = [self.ranks[ranks[place]] for ranks in self.hosts] if self._even() else None
-            layout = self._layouts[root] = (hosts, host, [self.ranks[ranks[0]] for ranks in hosts], rail)
+            rail = [self.transport_ranks[ranks[place]] for ranks in self.hosts] if self._even() else None
+            layout = self._layouts[root] = (hosts, host, [self.transport_ranks[ranks[0]] for ranks in hosts], rail)
         return layout
 
     def _run(self, ctx: OpContext, collective: str, *args, sizes: tuple[int, int] = (0, 0),
-             root: int | None = None) -> None:
+             root: int | None = None) -> str:
         """Run ``collective`` (rooted at group rank ``root``, if any) with the algorithm chosen
-        for ``sizes`` (bytes, count), noted in the call's recorder entry. The call's
-        fingerprint (``ctx.spec.call``) goes with every message and arena sync, so that ranks
-        in different calls fail (DesyncError) instead of hanging."""
+        for ``sizes`` (bytes, count) and return its name. The call's fingerprint
+        (``ctx.spec.call``) goes with every message and arena sync, so that ranks in different
+        calls fail (DesyncError) instead of hanging. On failure the receives still posted
+        are withdrawn and the error raised as it is (the group layer handles it)."""
         spec = ctx.spec
         remembered = spec.kind == collective  # a context whose spec describes another call: not cached
         algorithm = self._chosen.get(spec) if remembered else None
@@ -259,66 +259,59 @@ class NativeBackend(Engine):
                 if len(self._chosen) >= CHOICES_KEPT:
                     self._chosen.clear()
                 self._chosen[spec] = algorithm
-        if ctx.entry is not None:
-            ctx.entry.algorithm = algorithm
-        call = spec.call
-        on_network = algorithm != "shm"  # shm: no message, the arena compares the fingerprints
-        if on_network:
-            self.transport.begin(self.group_id, ctx.seq, call)
-        comm = self._comm(ctx, collective, algorithm, call, sizes, root)
-        engaged = on_network and self.transport.engage(sizes[0] or _payload_bytes(args))
+        comm = self._comm(ctx, collective, algorithm, spec.call, sizes, root)
+        engaged = algorithm != "shm" and self.transport.engage(sizes[0] or _payload_bytes(args))
         try:
             ALGORITHMS[collective][algorithm](comm, *args)
-        except BaseException as error:
+        except BaseException:
             comm.abandon()
-            failure = ctx.explained(error)  # before the abort: the peers then hear who was behind
-            if isinstance(failure, DistError) and not isinstance(failure, GroupAbortedError):
-                self.transport.abort(self.ranks, self.group_id, failure)
-            if failure is not error:
-                raise failure from error.__cause__
             raise
         finally:
             if engaged:
                 self.transport.disengage()
+        return algorithm
 
-    def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> None:
-        self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
+    def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> str:
+        return self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
 
-    def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
+    def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> str:
         prescale(buf, op)
-        self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
-        finish(buf, op, self.size)
+        algorithm = self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
+        postscale(buf, op, self.size)
+        return algorithm
 
-    def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> None:
+    def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> str:
         is_root = self.rank == root
         work = buf if is_root or op.op != RedOpType.PREMUL_SUM else buf.copy()
         prescale(work, op)
-        self._run(ctx, "reduce", work, root, op, self.segment_bytes, root=root)
+        algorithm = self._run(ctx, "reduce", work, root, op, self.segment_bytes, root=root)
         if is_root:
-            finish(buf, op, self.size)
+            postscale(buf, op, self.size)
+        return algorithm
 
-    def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> None:
-        self._run(ctx, "all_gather", outputs, input, self.segment_bytes)
+    def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> str:
+        return self._run(ctx, "all_gather", outputs, input, self.segment_bytes)
 
-    def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "gather", input, outputs, root)
+    def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> str:
+        return self._run(ctx, "gather", input, outputs, root)
 
-    def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
-        self._run(ctx, "scatter", output, inputs, root)
+    def scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> str:
+        return self._run(ctx, "scatter", output, inputs, root)
 
-    def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> None:
+    def reduce_scatter(self, ctx: OpContext, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp) -> str:
         if op.op == RedOpType.PREMUL_SUM:
             inputs = [block.copy() for block in inputs]
             for block in inputs:
                 prescale(block, op)
-        self._run(ctx, "reduce_scatter", output, inputs, op, self.segment_bytes)
-        finish(output, op, self.size)
+        algorithm = self._run(ctx, "reduce_scatter", output, inputs, op, self.segment_bytes)
+        postscale(output, op, self.size)
+        return algorithm
 
-    def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
-        self._run(ctx, "all_to_all", outputs, inputs)
+    def all_to_all(self, ctx: OpContext, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> str:
+        return self._run(ctx, "all_to_all", outputs, inputs)
 
-    def barrier(self, ctx: OpContext) -> None:
-        self._run(ctx, "barrier")
+    def barrier(self, ctx: OpContext) -> str:
+        return self._run(ctx, "barrier")
 
     def _p2p_key(self, tag: int) -> MessageKey:
         key = self._p2p_keys.get(tag)
@@ -329,22 +322,22 @@ class NativeBackend(Engine):
         return key
 
     def isend(self, buf: np.ndarray, dst: int, tag: int) -> Request:
-        return self.transport.isend(self.ranks[dst], as_bytes(buf), self._p2p_key(tag))
+        return self.transport.isend(self.transport_ranks[dst], as_bytes(buf), self._p2p_key(tag))
 
     def irecv(self, buf: np.ndarray, src: int | None, tag: int) -> Request:
-        peer = None if src is None else self.ranks[src]
+        peer = None if src is None else self.transport_ranks[src]
         return self.transport.irecv(peer, as_bytes(buf), self._p2p_key(tag))
 
     def cancel(self, request: Request) -> None:
         self.transport.cancel(request)
 
-    def peer_failed(self, error: BaseException) -> None:
-        """Abort the group naming the dead peer, so that ranks blocked in a collective with
-        this one learn the root cause rather than "rank N shut down"."""
-        self.transport.abort(self.ranks, self.group_id, error)
+    def abort_peers(self, error: BaseException) -> None:
+        """ABORT frames to every member: their operations of this group fail with ``error``'s
+        account (a dead peer named as such), not with "rank N shut down" later."""
+        self.transport.abort(self.transport_ranks, self.group_id, error, sorted(self.state.dead))
 
     def peer_host(self, rank: int) -> str:
-        return self.transport.peer_host(self.ranks[rank])
+        return self.transport.peer_host(self.transport_ranks[rank])
 
 
 def _payload_bytes(args: tuple) -> int:

@@ -17,14 +17,15 @@ next leader, who waits for those until the deadline and raises naming them.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
 from ..algorithms.comm import as_bytes
 from ..core.deadline import Deadline
 from ..core.errors import DistBackendError, PeerFailedError, timed_out_waiting
-from ..transport.base import MessageKey, Request, Transport
+from ..transport.base import MessageKey, Request
+from ..transport.world import WorldTransport
 
 PROPOSE, DECIDE = 1, 2
 #: Bytes the leader adds to its decision (``extra_for``'s result is padded to this).
@@ -32,24 +33,27 @@ EXTRA_BYTES = 64
 
 
 class Decision(NamedTuple):
-    members: list[int]  # world ranks of the transport, sorted
+    members: list[int]  # transport ranks, sorted
     leader: int
     extra: bytes  # EXTRA_BYTES from the leader's extra_for(members)
 
 
-def agree(transport: Transport, channel: int, candidates: list[int], excluded: set[int], deadline: Deadline,
-          extra_for: Callable[[list[int]], bytes], what: str = "shrink_group") -> Decision:
-    """The Decision of the candidates that call it (see the module note); DistBackendError
-    when this rank is excluded by it or the deadline passes, naming the ranks waited for."""
+def agree(transport: WorldTransport, channel: int, candidates: list[int], excluded: set[int], deadline: Deadline,
+          extra_for: Callable[[list[int]], bytes], dead: Mapping[int, BaseException],
+          what: str = "shrink_group") -> Decision:
+    """The Decision of the candidates that call it (see the module note); ``dead``: the
+    transport ranks this rank knows gone (read again as the agreement goes on).
+    DistBackendError when this rank is excluded by it or the deadline passes, naming the
+    ranks waited for."""
     me = transport.rank
-    excluded = set(excluded) | set(transport.matcher.states.dead)
+    excluded = set(excluded) | set(dead)
     while True:
         alive = [r for r in candidates if r not in excluded]
         leader = alive[0]
         if leader == me:
             decision: Decision | None = _lead(transport, channel, alive, excluded, deadline, extra_for, what)
         else:
-            decision = _follow(transport, channel, leader, excluded, deadline, what)
+            decision = _follow(transport, channel, leader, excluded, deadline, dead, what)
         if decision is None:  # the leader died before deciding
             excluded.add(leader)
             continue
@@ -59,7 +63,7 @@ def agree(transport: Transport, channel: int, candidates: list[int], excluded: s
         return decision
 
 
-def _lead(transport: Transport, channel: int, alive: list[int], excluded: set[int], deadline: Deadline,
+def _lead(transport: WorldTransport, channel: int, alive: list[int], excluded: set[int], deadline: Deadline,
           extra_for: Callable[[list[int]], bytes], what: str) -> Decision:
     me, size = transport.rank, transport.size
     proposals = {r: np.zeros(size, np.uint8) for r in alive if r != me}
@@ -82,8 +86,8 @@ def _lead(transport: Transport, channel: int, alive: list[int], excluded: set[in
     return decision
 
 
-def _follow(transport: Transport, channel: int, leader: int, excluded: set[int], deadline: Deadline,
-            what: str) -> Decision | None:
+def _follow(transport: WorldTransport, channel: int, leader: int, excluded: set[int], deadline: Deadline,
+            dead: Mapping[int, BaseException], what: str) -> Decision | None:
     """Propose to ``leader`` and wait for its decision; None when it died first."""
     size = transport.size
     proposal = np.zeros(size, np.uint8)
@@ -94,13 +98,13 @@ def _follow(transport: Transport, channel: int, leader: int, excluded: set[int],
     _wait(sent, deadline, transport, f"{what}: the proposal to rank {leader}")
     _wait(decided, deadline, transport, f"{what}: the decision of rank {leader}")
     if decided.error is not None:
-        if isinstance(decided.error, PeerFailedError) or leader in transport.matcher.states.dead:
+        if isinstance(decided.error, PeerFailedError) or leader in dead:
             return None
         raise decided.error
     return _decode(answer, size)
 
 
-def _wait(request: Request, deadline: Deadline, transport: Transport, waiting_for: str) -> None:
+def _wait(request: Request, deadline: Deadline, transport: WorldTransport, waiting_for: str) -> None:
     if not request.wait(deadline.remaining()):
         transport.cancel(request)
         raise DistBackendError(f"{waiting_for}: {timed_out_waiting(None)} (the deadline passed)")

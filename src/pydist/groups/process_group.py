@@ -1,49 +1,58 @@
-"""ProcessGroup: a set of ranks, its backend, its operation queue and sequence numbers.
+"""ProcessGroup: a set of ranks, its engine, its operation queue and sequence numbers.
 
 ``run(spec, body, outputs, async_op)`` is how every collective executes: the body gets an
-OpContext (the call's OpSpec, sequence number, deadline from the group timeout) and runs on the backend in
-issue order (OpQueue); staged output buffers are written back before the Work completes.
-``state`` is the group's lifecycle on this rank (ready, aborted, broken, destroyed; the
-first error; the members known dead): one object, shared with the backend's transport,
-its transitions in _group_state.
+OpContext (the call's OpSpec, sequence number, deadline from the group timeout) and runs on
+the engine in issue order (OpQueue); staged output buffers are written back before the Work
+completes. A failure takes the group's FailurePath (groups.failure). ``state`` is the
+group's lifecycle on this rank (ready, aborted, broken, destroyed; the first error; the
+members known dead): one object, kept by the world's GroupStates, its transitions in
+groups.state. Groups are made by groups.factory, never directly.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.buffers import Buffer
 from ..core import deadline as _deadline
+from ..core.buffers import Buffer
 from ..core.deadline import Deadline
-from ..core.errors import DistError, OpTimeoutError, PeerFailedError, timed_out_waiting
-from .queue import OpQueue
-from .state import GroupState
+from ..core.errors import timed_out_waiting
 from ..core.opspec import OpSpec
-from .progress import EXPLAIN_BUDGET, ProgressBoard
-from .work import Work
 from ..debug.recorder import attach as attach_trace
 from ..engines.base import Engine, OpContext
+from .failure import FailurePath
+from .queue import OpQueue
+from .state import GroupState
+from .work import Work
+
+if TYPE_CHECKING:
+    from .progress import ProgressBoard
 
 
 class ProcessGroup:
     """torch's ProcessGroup: ``rank()`` and ``size()`` in the group, plus pydist internals."""
 
-    def __init__(self, name: str, group_id: int, ranks: list[int], global_rank: int,
-                 backend: Engine, timeout: float, desc: str = "", world: tuple[int, int] | None = None):
-        """``world``: (rank, size) of this process in its whole job, under which the flight
-        recorder files the group (default: ``global_rank`` and the group's size)."""
+    def __init__(self, name: str, group_id: int, global_ranks: list[int], global_rank: int, engine: Engine,
+                 state: GroupState, timeout: float, desc: str = "", job: tuple[int, int] | None = None,
+                 progress: ProgressBoard | None = None, transport_ranks: list[int] | None = None):
+        """``global_ranks``: the members, in group-rank order; ``job``: (rank, size) of this
+        process in its whole job, under which the flight recorder files the group (default:
+        ``global_rank`` and the group's size); ``progress``: the board that names the ranks
+        behind at a timeout; ``transport_ranks``: the members' transport ranks (default: the
+        global ranks)."""
         self.group_name = name
         self.group_desc = desc or name
         self.group_id = group_id
-        self._ranks = list(ranks)
+        self._ranks = list(global_ranks)
         self._rank = self._ranks.index(global_rank)
-        self._backend = backend
+        self._engine = engine
         self._timeout = timeout
         self._timeout_text = timed_out_waiting(timeout)
-        self._state = backend.group_state(self._ranks)
-        self._queue = OpQueue(name, self._state)
-        self.owned_transport = None  # closed by destroy() when the group has a transport of its own
-        self._trace = attach_trace(self, *(world or (global_rank, len(ranks))))  # pydist.debug
-        self.progress: ProgressBoard | None = None  # set by init: names the ranks behind at a timeout
+        self._state = state
+        self._queue = OpQueue(name, state)
+        self._trace = attach_trace(self, *(job or (global_rank, len(global_ranks))))  # pydist.debug
+        self._progress = progress
+        self._failures = FailurePath(group_id, engine, state, self._ranks, transport_ranks or self._ranks,
+                                     progress, timeout)
 
     # -- torch's ProcessGroup API ---------------------------------------------------------
     def rank(self) -> int:
@@ -53,15 +62,20 @@ class ProcessGroup:
         return len(self._ranks)
 
     def name(self) -> str:
-        return self._backend.name
+        return self._engine.name
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's spelling
-        return self._backend.name
+        return self._engine.name
 
     @property
     def ranks(self) -> list[int]:
         """Global ranks of the members, in group-rank order."""
         return list(self._ranks)
+
+    @property
+    def failures(self) -> FailurePath:
+        """What this group does with a failed operation (groups.failure)."""
+        return self._failures
 
     @property
     def timeout(self) -> float:
@@ -73,8 +87,8 @@ class ProcessGroup:
         return self._state
 
     @property
-    def backend(self) -> Engine:
-        return self._backend
+    def engine(self) -> Engine:
+        return self._engine
 
     def group_rank_of(self, global_rank: int) -> int | None:
         try:
@@ -83,7 +97,7 @@ class ProcessGroup:
             return None
 
     # -- running operations ---------------------------------------------------------------
-    def run(self, spec: OpSpec, body: Callable[[OpContext], None], outputs: list[Buffer],
+    def run(self, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
             async_op: bool, results: list[Any] | None = None, timeout: float | None = None) -> Work | None:
         """Execute ``body`` (the call ``spec`` describes) in order with the others; Work when
         async, else None after it ends. ``timeout`` (seconds) narrows the group's timeout for
@@ -100,64 +114,37 @@ class ProcessGroup:
         work.wait()
         return None
 
-    def _operate(self, seq: int, spec: OpSpec, body: Callable[[OpContext], None], outputs: list[Buffer],
+    def _operate(self, seq: int, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
                  entry: Any, timeout: float | None) -> None:
         """Run operation ``seq``: ``body`` within the deadline, then the staged outputs
-        written back; the recorder and the progress board told."""
+        written back; the recorder and the progress board told. A failure takes the
+        group's FailurePath."""
         trace = self._trace
         trace.started(entry, seq)
         try:
-            if self.progress is not None:
-                self.progress.started(self.group_id, seq, spec.name)
+            if self._progress is not None:
+                self._progress.started(self.group_id, seq, spec.name)
+            self._state.started(seq, spec.call)  # a peer's message of another call: desynchronised
             seconds, text = (self._timeout, self._timeout_text) if timeout is None else (timeout,
                                                                                            timed_out_waiting(timeout))
-            context = OpContext(spec.name, seq, Deadline(_deadline.now() + seconds), text, self._explained, spec, entry)
-            try:
-                body(context)
-            except OpTimeoutError as error:  # engines that did not explain it themselves (MPI)
-                explained = context.explained(error)
-                if explained is error:
-                    raise
-                raise explained from error.__cause__
+            algorithm = body(OpContext(spec.name, seq, Deadline(_deadline.now() + seconds), text, spec))
             for buffer in outputs:
                 if buffer.staged:
-                    buffer.finish()
+                    buffer.write_back()
         except BaseException as error:
-            trace.failed(entry, error)
-            if isinstance(error, DistError):
-                self.note_dead(error)
-            raise
-        trace.completed(entry)
-
-    def note_dead(self, error: DistError) -> None:
-        """Set ``error.dead_ranks``: the members this rank knows dead (global ranks), the
-        rank a PeerFailedError names included (a failed send can tell before the transport
-        has recorded the loss)."""
-        dead = set(self._state.dead)
-        if isinstance(error, PeerFailedError) and error.rank is not None:
-            dead.add(error.rank)
-        if dead:
-            transport_ranks = getattr(self._backend, "ranks", self._ranks)
-            error.dead_ranks = frozenset(g for g, t in zip(self._ranks, transport_ranks) if t in dead)
-
-    def _explained(self, error: OpTimeoutError, seq: int) -> OpTimeoutError:
-        """``error`` with the ranks that never reached operation ``seq`` appended."""
-        if self.progress is None:
-            return error
-        budget = min(EXPLAIN_BUDGET, 0.1 * self._timeout)
-        explained = OpTimeoutError(str(error) + self.progress.explain(self.group_id, seq, self._ranks, budget))
-        explained.explained = True
-        return explained
+            failure = self._failures.collective(error, seq)
+            trace.failed(entry, failure)
+            if failure is error:
+                raise
+            raise failure from error.__cause__
+        trace.completed(entry, algorithm)
 
     def destroy(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to ``timeout``), move the state to destroyed, stop
-        the progress thread, release the backend's and (if owned) the transport's resources."""
+        the progress thread, release the engine's resources."""
         self._queue.close(timeout)
         self._trace.destroy()
-        self._backend.close()
-        if self.owned_transport is not None:
-            self.owned_transport.close()
-            self.owned_transport = None
+        self._engine.close()
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name} ranks={self._ranks} rank={self._rank}>"

@@ -6,10 +6,10 @@ running) goes into a FIFO served by the group's progress thread, started on firs
 Completing a Work here only marks it done: its callbacks run on the callback runner
 (_callbacks), so one that waits on another operation of this group does not stall it.
 
-The queue fires the group's lifecycle events (see _group_state): an operation that fails
-with a DistError (timeout, dead peer) *breaks* the group, and queued and later operations
-fail at once with an error that names that first failure, instead of hanging on peers
-that have moved on; ``close`` *destroys* it, after which submitting raises.
+The queue reads the group's lifecycle (see state): once a failed operation has *broken* the
+group (its FailurePath fires that event, see failure), queued and later operations fail at
+once with an error that names that first failure, instead of hanging on peers that have
+moved on; ``close`` *destroys* it, after which submitting raises.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
-from ..core.errors import DistBackendError, DistError
+from ..core.errors import DistBackendError
 from .state import DESTROYED, GroupState
 from .work import Work
 
@@ -58,8 +58,7 @@ class OpQueue:
 
     def run_inline(self, body: Callable[..., None], *args: Any) -> bool:
         """The latency path: run ``body(seq, *args)`` now in the caller's thread if the group
-        is idle (True), else do nothing (False: the caller submits instead). Errors propagate;
-        a DistError breaks the queue as in ``submit``."""
+        is idle (True), else do nothing (False: the caller submits instead). Errors propagate."""
         state = self.state
         with self._lock:
             if state.state is DESTROYED:
@@ -73,9 +72,6 @@ class OpQueue:
             if state.failed is not None:
                 raise self._broken_error(seq)
             body(seq, *args)
-        except DistError as error:
-            state.fail(error)
-            raise
         finally:
             with self._lock:
                 self._busy = False
@@ -103,8 +99,6 @@ class OpQueue:
         try:
             source = operation(seq)
         except BaseException as error:  # noqa: BLE001 - delivered through the Work
-            if isinstance(error, DistError):
-                self.state.fail(error)
             work._fail(error)
         else:
             work._succeed(source)

@@ -21,30 +21,42 @@ States (``GroupState.state``)::
 - DESTROYED: destroy_process_group finished the queue (``OpQueue.close``). Terminal; a new
   group (new_group, a later shrink/split) gets a new GroupState.
 
-Events and who fires them: ``abort(error)`` (transport matcher), ``fail(error)`` (executor),
-``destroy()`` (executor, from ProcessGroup.destroy). Every event is allowed in every state
-(aborts and failures race with each other and with destroy across threads, so a late one
-must not raise); TRANSITIONS says where each leads. No event leads back to READY, out of
-DESTROYED, or from BROKEN to ABORTED: ``ALLOWED`` lists the legal moves and the state
-refuses any other (IllegalTransition), so a wrong edit of the table fails loudly.
+Events and who fires them: ``abort(error)`` (GroupStates, told by the transport or the
+group layer), ``fail(error)`` (the executor), ``destroy()`` (the executor, from
+ProcessGroup.destroy). Every event is allowed in every state (aborts and failures race with
+each other and with destroy across threads, so a late one must not raise); TRANSITIONS says
+where each leads. No event leads back to READY, out of DESTROYED, or from BROKEN to ABORTED:
+``ALLOWED`` lists the legal moves and the state refuses any other (IllegalTransition), so a
+wrong edit of the table fails loudly.
 
 Recorded facts, first one wins (later ones of the same kind are ignored):
 ``error``: the error that moved the group out of READY; ``aborted``: the abort receives fail
 with (recorded in any state, also after destroy); ``failed``: the operation failure later
-operations cite; ``dead``: members known dead, with the error that told (a rank gone from
-the transport, or a peer's abort naming the rank it saw die).
+operations cite. Members known dead (``dead``) are not stored per group: they are the ranks
+the rank's GroupStates knows gone, plus those a peer's abort named dead.
+
+GroupStates is everything this rank knows of its groups and peers, in one place above the
+transport (it implements transport.base.Events): each group's GroupState, the ranks gone
+from the transport, the calls this rank started (to find desynchronised ranks). The
+transport reports to it; once it has recorded a failure it tells its ``carrier`` (the world
+transport) to fail the receives and sends waiting on it.
 
 Thread safety: transitions hold the group's own lock and call nothing while holding it;
 readers of ``state``/``aborted``/``failed`` take no lock (one attribute read: the
 executor's latency path). Lock order: the matcher's or the queue's lock, then the
-GroupStates table's, then a group's. This module imports only
-``_errors``, so transports (below groups and backends) own the table.
+GroupStates table's, then a group's.
 """
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 from ..core.errors import PeerFailedError
+from ..transport.base import MessageKey
+from ..transport.matching import call_mismatch, differ
+
+#: Operations per group whose calls are remembered, to check messages that arrive late.
+RECENT_CALLS = 64
 
 READY, ABORTED, BROKEN, DESTROYED = "ready", "aborted", "broken", "destroyed"
 ABORT, FAIL, DESTROY = "abort", "fail", "destroy"
@@ -66,18 +78,30 @@ class IllegalTransition(RuntimeError):
     """A move the lifecycle does not allow (a bug in pydist, never a user error)."""
 
 
-class GroupState:
-    """The lifecycle of group ``group`` (its id) on this rank; ``members``: its world
-    ranks, None while unknown (a peer's abort can arrive before this rank makes the group)."""
+class Carrier(Protocol):
+    """What GroupStates tells once it has recorded a failure (transport.world.WorldTransport)."""
 
-    def __init__(self, group: int = 0, members: list[int] | None = None):
+    def failed_peer(self, peer: int, error: BaseException) -> None: ...
+    def failed_group(self, group: int, error: BaseException) -> None: ...
+    def held_calls(self, group: int, seq: int) -> list[tuple[int, MessageKey, int]]: ...
+
+
+class GroupState:
+    """The lifecycle of group ``group`` (its id) on this rank; ``members``: its transport
+    ranks, None while unknown (a peer's abort can arrive before this rank makes the group);
+    ``registry``: the GroupStates that keeps it (the ranks gone, the calls started), None for
+    a group on its own."""
+
+    def __init__(self, group: int = 0, members: list[int] | None = None, registry: GroupStates | None = None):
         self.group = group
+        self._registry = registry
         self.members: frozenset[int] | None = None if members is None else frozenset(members)
         self.state = READY
         self.error: BaseException | None = None
         self.aborted: BaseException | None = None
         self.failed: BaseException | None = None
-        self._dead: dict[int, BaseException] = {}
+        self._gone: dict[int, BaseException] = registry.dead if registry is not None else {}  # shared, read only
+        self._named: dict[int, BaseException] = {}  # members a peer's abort named dead
         self._lock = threading.Lock()
 
     # -- events ---------------------------------------------------------------------------
@@ -88,8 +112,8 @@ class GroupState:
             if self.aborted is None:
                 self.aborted = error
             rank = getattr(error, "rank", None) if isinstance(error, PeerFailedError) else None
-            if rank is not None and self._member(rank):
-                self._dead.setdefault(rank, error)
+            if rank is not None:
+                self._named.setdefault(rank, error)
             self._move(ABORT, error)
 
     def fail(self, error: BaseException) -> None:
@@ -105,37 +129,33 @@ class GroupState:
         with self._lock:
             self._move(DESTROY, None)
 
-    def set_members(self, members: list[int]) -> None:
-        """The group's world ranks are now known: forget dead non-members recorded before."""
-        with self._lock:
-            self.members = frozenset(members)
-            self._dead = {rank: error for rank, error in self._dead.items() if rank in self.members}
+    def started(self, seq: int, call: int) -> None:
+        """This rank starts operation ``seq`` as ``call`` (see GroupStates.started)."""
+        if self._registry is not None:
+            self._registry.started(self.group, seq, call)
 
-    def rank_gone(self, rank: int, error: BaseException) -> None:
-        """World rank ``rank`` left this rank's transport (died, or shut down): recorded as
-        dead if it is a member. Changes no state: the operations that needed it fail."""
-        with self._lock:
-            if self._member(rank):
-                self._dead.setdefault(rank, error)
+    def set_members(self, members: list[int]) -> None:
+        """The group's transport ranks are now known."""
+        self.members = frozenset(members)
 
     # -- queries --------------------------------------------------------------------------
     @property
     def dead(self) -> dict[int, BaseException]:
-        """Members known dead (world rank -> the error that told), a copy."""
-        with self._lock:
-            return dict(self._dead)
+        """Members known dead (transport rank -> the error that told), a copy: ranks gone from
+        the transport, then ranks a peer's abort named."""
+        known = {**self._named, **self._gone}
+        return {rank: error for rank, error in known.items() if self._member(rank)}
 
     def failure(self, sources: list[int]) -> BaseException | None:
-        """Why an operation waiting on ``sources`` (world ranks) cannot go on: the abort,
+        """Why an operation waiting on ``sources`` (transport ranks) cannot go on: the abort,
         else the first of them known dead; None if neither."""
         if self.aborted is not None:
             return self.aborted
-        dead = self._dead
-        return next((dead[s] for s in sources if s in dead), None)
+        gone, named = self._gone, self._named
+        return next((gone.get(s) or named[s] for s in sources if s in gone or s in named), None)
 
     def _member(self, rank: int) -> bool:
         return self.members is None or rank in self.members
-
     def _move(self, event: str, error: BaseException | None) -> None:
         """Fire ``event`` (lock held): the one place ``state`` changes."""
         before = self.state
@@ -147,48 +167,76 @@ class GroupState:
         self.state = after
 
     def __repr__(self) -> str:
-        return f"<GroupState {self.group:#x} {self.state} dead={sorted(self._dead)} error={self.error!r}>"
+        return f"<GroupState {self.group:#x} {self.state} dead={sorted(self.dead)} error={self.error!r}>"
 
 
 class GroupStates:
-    """One rank's GroupState per group id (kept by its transport's matcher), and the world
-    ranks gone from that transport. A group's state is made when the group registers or at
-    the first abort naming it, whichever comes first; it is kept after destroy (as the
-    abort must be, for receives posted later)."""
+    """What this rank knows of its groups and peers (implements transport.base.Events): one
+    GroupState per group id, the ranks gone from the transport, and the calls this rank
+    started per group (the last RECENT_CALLS). A group's state is made when the group
+    registers or at the first abort naming it, whichever comes first; it is kept after
+    destroy (as the abort must be, for receives posted later)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         #: group id -> its state; written under the lock, read without it (one dict read)
         self.by_id: dict[int, GroupState] = {}
-        #: world rank -> why it is gone (first error wins); same locking
+        #: transport rank -> why it is gone (first error wins); same locking
         self.dead: dict[int, BaseException] = {}
+        self._calls: dict[int, dict[int, int]] = {}  # group -> {seq: call} of this rank's recent operations
+        #: told once a failure is recorded (the world transport); None: nothing to tell
+        self.carrier: Carrier | None = None
 
     def register(self, group: int, members: list[int]) -> GroupState:
-        """The state of ``group`` whose world ranks are ``members`` (the same object each
-        time), knowing which of them are already gone."""
+        """The state of ``group`` whose transport ranks are ``members`` (the same object each time)."""
         state = self._get_or_make(group)
-        with self._lock:
-            state.set_members(members)
-            for rank, error in self.dead.items():
-                state.rank_gone(rank, error)
+        state.set_members(members)
         return state
 
-    def abort(self, group: int, error: BaseException) -> None:
-        """Abort ``group`` (see GroupState.abort), registered or not."""
-        self._get_or_make(group).abort(error)
+    # -- from the group layer -------------------------------------------------------------
+    def started(self, group: int, seq: int, call: int) -> None:
+        """This rank starts operation ``seq`` of ``group`` as ``call`` (a fingerprint): a
+        message of that operation carrying another call aborts the group as desynchronised.
+        Recorded first, the messages already held looked at after (see Matcher.arrive)."""
+        recent = self._calls.get(group)
+        if recent is None:
+            recent = self._calls[group] = {}
+        recent[seq] = call
+        recent.pop(seq - RECENT_CALLS, None)
+        if self.carrier is None or not call:
+            return
+        for source, key, theirs in self.carrier.held_calls(group, seq):
+            if differ(call, theirs):
+                self.abort_group(group, call_mismatch(call, source, key, theirs))
+                return
 
-    def rank_gone(self, rank: int, error: BaseException) -> None:
-        """World rank ``rank`` is gone: recorded here (first error wins) and in every group
-        with it as a member."""
+    # -- transport.base.Events ------------------------------------------------------------
+    def peer_gone(self, peer: int, error: BaseException) -> None:
+        """Transport rank ``peer`` is gone: recorded (first error wins), then its waiters fail."""
         with self._lock:
-            error = self.dead.setdefault(rank, error)
-            for state in self.by_id.values():
-                if state.members is not None:  # else register() records it
-                    state.rank_gone(rank, error)
+            error = self.dead.setdefault(peer, error)
+        if self.carrier is not None:
+            self.carrier.failed_peer(peer, error)
+
+    def abort_group(self, group: int, error: BaseException) -> None:
+        """Abort ``group`` (see GroupState.abort), registered or not; then its waiters fail."""
+        self._get_or_make(group).abort(error)
+        if self.carrier is not None:
+            self.carrier.failed_group(group, error)
+
+    def refusal(self, source: int | None, group: int) -> BaseException | None:
+        state = self.by_id.get(group)
+        if state is not None and state.aborted is not None:
+            return state.aborted
+        return self.dead.get(source) if source is not None else None
+
+    def call_of(self, group: int, seq: int) -> int:
+        recent = self._calls.get(group)
+        return recent.get(seq, 0) if recent is not None else 0
 
     def _get_or_make(self, group: int) -> GroupState:
         with self._lock:
             state = self.by_id.get(group)
             if state is None:
-                state = self.by_id[group] = GroupState(group)
+                state = self.by_id[group] = GroupState(group, registry=self)
             return state

@@ -8,6 +8,9 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from ..api.groups import destroy_process_group, init_process_group, is_initialized
+from ..core.deadline import Deadline
+from ..core.settings import settings
+from ..groups.state import GroupStates
 from ..groups.world import World, use_world
 from ..store import HashStore
 from ..transport.loopback import LoopbackFabric
@@ -47,15 +50,16 @@ def run_threads(world_size: int, fn: Callable[..., Any], *args: Any, transport: 
     results: list[Any] = [None] * world_size
     errors: dict[int, BaseException] = {}
 
+    def loopback(r: int, size: int, s: Any, deadline: Deadline, events: GroupStates) -> WorldTransport:
+        assert fabric is not None  # transport == "loopback"
+        return fabric.world_transport(r, events, settings(), deadline)
+
+    def tcp(r: int, size: int, s: Any, deadline: Deadline, events: GroupStates) -> WorldTransport:
+        return WorldTransport(r, size, s, deadline, events, settings(), "127.0.0.1", "localhost",
+                              hosts[r] if hosts else "this-host", shares_interpreter=True)
+
     def body(rank: int) -> None:
-        world = World()
-        if fabric is not None:
-            world.transport_factory = lambda r, size, s, deadline: fabric.transport(r)
-        else:
-            world.transport_factory = lambda r, size, s, deadline: WorldTransport(
-                r, size, s, deadline, "127.0.0.1", "localhost", hosts[r] if hosts else "this-host",
-                shares_interpreter=True)
-        use_world(world)
+        use_world(World(transport_factory=loopback if fabric is not None else tcp))
         try:
             init_process_group(store=store, rank=rank, world_size=world_size,
                                timeout=timedelta(seconds=pg_timeout))

@@ -1,7 +1,7 @@
 """The torch.distributed plugin: a ``torch.distributed.ProcessGroup`` subclass over pydist.
 
 torch calls the backend's creator for every group it makes (the default group and each
-new_group); each gets a pydist group with a transport of its own (like gloo's per-group
+new_group); each gets a private pydist World, with a transport of its own (like gloo's per-group
 connections), met through torch's store. With ``pg_options=pydist.torch.Options("mpi")``,
 ``pg_options="mpi"`` or the environment variable PYDIST_BACKEND=mpi, the group runs on
 pydist's MPI backend instead (under mpiexec; torch's rank must be MPI's, the store is used
@@ -24,8 +24,9 @@ import torch
 import torch.distributed as tdist
 
 import pydist
+from ..groups.factory import standalone_mpi_world, standalone_world
 from ..groups.process_group import ProcessGroup
-from ..api.groups import standalone_group, standalone_mpi_group
+from ..groups.world import World
 from ..core.ops import RedOpType, ReduceOp
 from ..core.settings import settings
 from ..groups.work import Work
@@ -117,16 +118,17 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     profiling_name = BACKEND_NAME  # the prefix of its torch profiler events ("pydist:all_reduce")
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, engine: str = "pydist",
-                 global_ranks: list[int] | None = None, group: ProcessGroup | None = None):
-        """``group``: an existing pydist group to wrap (a shrunk one) instead of a new one."""
+                 global_ranks: list[int] | None = None, world: World | None = None):
+        """``world``: an existing private world to wrap (a shrunk one) instead of a new one."""
         super().__init__(rank, size)
-        self._group: ProcessGroup | None  # None once shut down
-        if group is not None:
-            self._group = group
+        self._world: World | None  # None once shut down
+        if world is not None:
+            self._world = world
         elif engine == "mpi":
-            self._group = standalone_mpi_group(global_ranks, rank, size, timeout.total_seconds(), "torch")
+            self._world = standalone_mpi_world(global_ranks, rank, size, timeout.total_seconds(), "torch")
         else:
-            self._group = standalone_group(TorchStore(store), rank, size, timeout.total_seconds(), "torch")
+            self._world = standalone_world(TorchStore(store), rank, size, timeout.total_seconds(), "torch")
+        self._group: ProcessGroup | None = self._world.default_group
         self.engine = engine
         self._name = ""
         self._desc = ""
@@ -137,6 +139,20 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         if self._group is None:
             raise ValueError(f"{self!r} was shut down (destroy_process_group)")
         return self._group
+
+    @property
+    def pydist_world(self) -> World:
+        """The private pydist world of this torch group (its transport, its store namespace)."""
+        if self._world is None:
+            raise ValueError(f"{self!r} was shut down (destroy_process_group)")
+        return self._world
+
+    def hand_over(self) -> World:
+        """Give up this group's world (a shrink made a new group of it): shutting this group
+        down no longer releases it."""
+        world = self.pydist_world
+        self._world = self._group = None
+        return world
 
     # -- identity -------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's names
@@ -286,10 +302,10 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     # -- lifetime -------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Release pydist's transport of this group (torch's destroy_process_group)."""
-        if self._group is not None:
-            self._group.destroy(timeout=self._group.timeout)
-            self._group = None
+        """Release pydist's world of this group, its transport included (torch's destroy_process_group)."""
+        if self._world is not None:
+            self._world.leave()
+            self._world = self._group = None
 
     abort = shutdown
 

@@ -5,8 +5,9 @@ group for its CPU ``Backend`` (``pg._get_backend(cpu)``, which a plugin returnin
 ProcessGroup, as this one does, does not have) and registers the shrunk one as a C++
 ``c10d::Backend``, which Python cannot construct (``class B(Backend)`` -> "No constructor
 defined"). So this function does torch's steps itself with the same signature, checks and
-wording: the survivors agree and get a pydist group over the same connections
-(``pydist.api.shrink.shrink_standalone``); it is wrapped as a torch ProcessGroup and
+wording: the survivors agree and get a pydist group over the same connections (the group's
+private World shrinks as the process's does: ``pydist.api.shrink.shrink``); it is wrapped
+as a torch ProcessGroup and
 registered as torch registers a shrunk group (the default one then becomes the new
 default: ranks renumbered, the other groups destroyed). When rank 0, the host of torch's
 env:// store, is gone, the new group's store is one the new rank 0 serves (pydist's store
@@ -22,7 +23,7 @@ from typing import Any
 import torch.distributed as tdist
 import torch.distributed.distributed_c10d as c10d
 
-from ..api.shrink import SHRINK_DEFAULT, shrink_standalone
+from ..api.shrink import SHRINK_DEFAULT, shrink
 from .backend import BACKEND_NAME, ProcessGroupPydist
 
 _log = logging.getLogger("pydist")
@@ -40,14 +41,18 @@ def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: i
     original_ranks = tdist.get_process_group_ranks(target)
     backend_config = c10d._world.pg_backend_config.get(target, BACKEND_NAME)
     old_store = c10d._world.pg_map[target][1]
-    shrunk, new_store = shrink_standalone(target.pydist_group, ranks_to_exclude, shrink_flags)
-    remaining = [original_ranks[r] for r in shrunk.backend.ranks]  # type: ignore[attr-defined]
+    world = target.pydist_world
+    kept_before = world.transport_ranks or list(range(world.size))  # the transport ranks of target's ranks
+    old_store_server = world.owned_store
+    shrunk = shrink(world, world.default_group, ranks_to_exclude, shrink_flags)  # type: ignore[arg-type]
+    remaining = [original_ranks[kept_before.index(t)] for t in world.transport_ranks or ()]
+    new_store = world.owned_store if world.owned_store is not old_store_server else None
     if is_default:
         c10d._destroy_all_other_groups(exclude_group=target)
     c10d._cleanup_process_group_global_state(target)
-    target._group = None  # its transport now belongs to the shrunk group
+    target.hand_over()  # its world now belongs to the shrunk group
     created = ProcessGroupPydist(None, shrunk.rank(), shrunk.size(), timedelta(seconds=shrunk.timeout), target.engine,
-                                 group=shrunk)
+                                 world=world)
     group_name = c10d._process_group_name(remaining, use_hashed_name=True)
     created.setGroupName(group_name)
     created.setGroupDesc("default:shrunken" if is_default else f"{desc or name}:shrunk")

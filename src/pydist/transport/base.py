@@ -1,18 +1,24 @@
-"""The pair interface every transport offers: post a send or a receive, get a Request.
+"""The pair interface every transport implements whole, and what a transport reports upward.
 
-Messages are matched by (source rank, key) in FIFO order, as MPI does: ``key`` is
-(group id, sequence number, tag). A receive may name no source (any source). Buffers are
-contiguous byte views (``memoryview`` of format 'B'); receives land straight in them.
+``Transport``: post a send or a receive (``isend``, ``irecv``), withdraw a receive
+(``cancel``), ``close``; each returns or settles a Request. Messages are matched by (source,
+key) in FIFO order, as MPI does: ``key`` is (group id, sequence number, tag). A receive may
+name no source (any source). Buffers are contiguous byte views (``memoryview`` of format
+'B'); receives land straight in them. Every rank number in this package is a
+*transport rank* (the transport's numbering of the job's processes, fixed at launch).
+
+``NetworkTransport`` (reaches every peer; carries ABORT frames) and ``HostLocalTransport``
+(the peers of this host) add what the world transport (world.py) needs of each kind.
+
+``Events``: what a transport tells the layer above (groups.state.GroupStates) and asks it:
+a peer gone, a group aborted by a peer, whether a receive posted now must fail at once.
+The transport keeps no knowledge of groups or dead ranks of its own.
 """
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, NamedTuple
-
-if TYPE_CHECKING:
-    from ..groups.state import GroupState
-    from .matching import Matcher
+from typing import Callable, NamedTuple, Protocol
 
 
 class MessageKey(NamedTuple):
@@ -105,58 +111,70 @@ def completed_request(peer: int | None, buffer: memoryview, error: BaseException
     return request
 
 
+class Events(Protocol):
+    """What a transport reports to the layer above it, and asks it (groups.state.GroupStates)."""
+
+    def peer_gone(self, peer: int, error: BaseException) -> None:
+        """``peer`` left this transport (died, or shut down), after what it sent was delivered."""
+
+    def abort_group(self, group: int, error: BaseException) -> None:
+        """A peer aborted ``group`` (its ABORT frame), or a message showed the ranks desynchronised."""
+
+    def refusal(self, source: int | None, group: int) -> BaseException | None:
+        """Why a receive of ``group`` from ``source`` (None: any) posted now must fail at once
+        (the group was aborted, or the source is gone); None when it may wait."""
+
+    def call_of(self, group: int, seq: int) -> int:
+        """The fingerprint of operation ``seq`` of ``group`` as this rank started it (0: not started)."""
+
+
 class Transport(ABC):
-    """Moves bytes between the ranks of one world; shared by all of its groups."""
+    """The pair interface: moves messages between this rank and its peers (transport ranks)."""
 
     rank: int
-    size: int
-    address: str = "127.0.0.1"  # where peers reach this rank (a store this rank serves listens there too)
 
     @abstractmethod
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
-        """Post a send of ``data`` to world rank ``peer``; ``data`` must stay unchanged until done.
+        """Post a send of ``data`` to ``peer``; ``data`` must stay unchanged until done.
         ``call``: the sending operation's fingerprint, checked by the receiver."""
 
     @abstractmethod
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
-        """Post a receive into ``data`` from world rank ``peer`` (None: any source); a message
-        whose call fingerprint differs from a non-zero ``call`` fails it (desync)."""
+        """Post a receive into ``data`` from ``peer`` (None: any source); a message whose call
+        fingerprint differs from a non-zero ``call`` fails it (desync)."""
 
     @abstractmethod
     def cancel(self, request: Request) -> None:
-        """Withdraw a receive that has not started to arrive (after a timeout)."""
-
-    @abstractmethod
-    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
-        """Tell ``peers`` that this rank failed an operation of ``group`` with ``error``: their
-        pending and later receives of that group fail with GroupAbortedError carrying its
-        text, or, when ``error`` is a dead peer, with PeerFailedError naming that peer."""
-
-    @abstractmethod
-    def peer_host(self, peer: int) -> str:
-        """The host name of world rank ``peer``, for error messages."""
+        """Withdraw a receive that has not started to arrive (after a timeout or an error)."""
 
     @abstractmethod
     def close(self) -> None:
         """Flush, say goodbye to peers and release every resource; idempotent."""
 
-    matcher: "Matcher"
 
-    def host_of(self, peer: int) -> str:
-        """Host identity of world rank ``peer``: ranks with equal identities share memory."""
-        return "local"
+class NetworkTransport(Transport):
+    """A transport that reaches every rank of the world (tcp; loopback for thread-ranks). It
+    reports peers that leave (``Events.peer_gone``), same-host ones included: it is the
+    liveness signal."""
 
-    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe,
-              alive=None):
-        """A shared-memory arena for ``members`` (world ranks on this host), known to
-        algorithms by ``labels`` (their group ranks); this rank is member ``index``. None
-        when the transport has no shared memory for them. While waiting for another member
-        to create it, ``alive()`` (if given) is called now and then and may raise."""
-        return None
+    hosts: list[str]  # every rank's host identity: equal identities share memory
+    token: str  # the world's authentication token (names shared segments)
 
-    def use_store(self, store) -> None:  # noqa: B027 - a transport without later rendezvous keeps none
-        """Later rendezvous (shared-memory arenas of new groups) go through ``store``: the
-        world's store changed (a shrink replaced one whose host died)."""
+    @abstractmethod
+    def abort(self, peers: list[int], group: int, error: BaseException, known_dead: list[int]) -> None:
+        """Tell ``peers`` that this rank failed an operation of ``group`` with ``error``
+        (``known_dead``: the members this rank knows are dead, for their error message)."""
+
+    @abstractmethod
+    def peer_host(self, peer: int) -> str:
+        """How ``peer`` is named in error messages (host name, address, interface)."""
+
+    def endpoint(self) -> str:
+        """Where peers reach this rank, every lane of it (for debug output)."""
+        return self.peer_host(self.rank)
+
+    def fail_sends(self, group: int, error: BaseException) -> None:  # noqa: B027 - sends that complete at once
+        """``group`` was aborted: fail its sends still queued here."""
 
     def engage(self, nbytes: int) -> bool:
         """A blocking operation of ``nbytes`` starts in the calling thread; a transport may
@@ -167,12 +185,11 @@ class Transport(ABC):
     def disengage(self) -> None:  # noqa: B027 - nothing to end unless engage() said True
         """The operation that ``engage`` returned True for has ended."""
 
-    def begin(self, group: int, seq: int, call: int) -> None:
-        """This rank starts operation ``seq`` of ``group`` as ``call`` (a fingerprint): a
-        message of that operation carrying another call marks the group desynchronised."""
-        self.matcher.begin(group, seq, call)
 
-    def group_state(self, group: int, members: list[int]) -> "GroupState":
-        """The lifecycle of ``group`` (world ranks ``members``) on this rank, as this
-        transport records it: aborts by peers, desyncs and dead members land in it."""
-        return self.matcher.states.register(group, members)
+class HostLocalTransport(Transport):
+    """A transport between the ranks of one host (shm). A peer's departure is learnt from the
+    network transport: ``peer_gone`` delivers what the peer already sent, then reports it."""
+
+    @abstractmethod
+    def peer_gone(self, peer: int, error: BaseException) -> None:
+        """``peer`` left: deliver what it wrote, fail what waits on it, then ``Events.peer_gone``."""

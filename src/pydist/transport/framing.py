@@ -51,6 +51,12 @@ def encode_header(kind: Kind, group: int, seq: int, tag: int, nbytes: int, call:
     return HEADER.pack(MAGIC, VERSION, kind, 0, group, seq, tag, nbytes, call)
 
 
+def pack_header_into(buffer: memoryview, offset: int, kind: Kind, group: int, seq: int, tag: int, nbytes: int,
+                     call: int = 0) -> None:
+    """Write the 48 header bytes of one frame into ``buffer`` at ``offset`` (no intermediate bytes)."""
+    HEADER.pack_into(buffer, offset, MAGIC, VERSION, kind, 0, group, seq, tag, nbytes, call)
+
+
 def encode_frame(kind: Kind, group: int, seq: int, tag: int, payload: bytes = b"") -> bytes:
     """A whole frame (header and payload) as bytes: for small control frames."""
     return encode_header(kind, group, seq, tag, len(payload)) + payload

@@ -4,18 +4,18 @@ from __future__ import annotations
 import os
 import socket
 
-from ..core.settings import settings
+from ..core.settings import Settings
 from ..net.addresses import family_of, route_to
 from ..net.interfaces import named_addresses
 
 
-def host_identity() -> str:
+def host_identity(found: Settings) -> str:
     """Ranks with equal identities share a host (memory, /dev/shm).
 
-    PYDIST_HOST_ID overrides it (lets one machine pose as several). Otherwise: host name,
+    PYDIST_HOST_ID (``found.host_id``) overrides it (lets one machine pose as several). Otherwise: host name,
     boot id and network namespace, so network namespaces on one machine count as hosts.
     """
-    override = settings().host_id
+    override = found.host_id
     if override:
         return override
     parts = [socket.gethostname()]
@@ -53,11 +53,11 @@ def _store_route(store) -> str:
         return "127.0.0.1"
 
 
-def advertise_address(store) -> str:
+def advertise_address(store, found: Settings) -> str:
     """The IP address this rank listens on for peers: PYDIST_ADVERTISE_ADDR; else the first
     interface PYDIST_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) names, in the family of the route to
     the store if it has one; else the local address of the route to the store."""
-    override = settings().advertise_addr
+    override = found.advertise_addr
     if override:
         return override
     route = _store_route(store)
@@ -65,11 +65,11 @@ def advertise_address(store) -> str:
     return named[0][1] if named else route
 
 
-def lane_addresses(address: str) -> list[str]:
+def lane_addresses(address: str, found: Settings) -> list[str]:
     """The addresses of this rank's further lanes: one for each other interface that
     PYDIST_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) names, in ``address``'s family; empty when
     it names fewer than two or striping is off (PYDIST_STRIPE_BYTES=0)."""
-    if not settings().stripe_bytes:
+    if not found.stripe_bytes:
         return []
     family = family_of(address)
     named = named_addresses(family) or []

@@ -1,110 +1,139 @@
 """In-process transport for ranks that are threads of one process: the unit-test reference.
 
-A send copies its bytes into the destination's matcher at once (straight into a posted
-receive, or held as unexpected), so sends complete immediately and never deadlock.
+A LoopbackFabric is the switchboard of ``size`` thread-ranks. Each rank's WorldTransport is
+built on it (``world_transport``): its network transport is a LoopbackTransport, whose send
+copies the bytes into the destination's matcher at once (straight into a posted receive, or
+held as unexpected), so sends complete immediately and never deadlock; arenas of ranks that
+share a host identity (``hosts``) live in anonymous memory shared by the threads. The code
+above the transport (world transport, matcher, engines, algorithms) is the real one.
 """
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
-from ..core.errors import DistBackendError, PeerFailedError
-from ..core.settings import settings
+import numpy as np
+
+from ..core.deadline import Deadline
+from ..core.errors import DistBackendError, DistNetworkError, PeerFailedError
+from ..core.settings import Settings
 from .abort import abort_payload, aborted_by
-from .base import MessageKey, Request, Transport, completed_request
-from .matching import Matcher, Unexpected, mismatch
-from .shm.segment import anonymous
-from .shm.arena import Arena, arena_bytes
+from .base import Events, MessageKey, NetworkTransport, Request, completed_request
+from .matching import Matcher, deliver_whole
+from .registry import Site
+from .shm.segment import Keepalive, anonymous
+from .world import WorldTransport
+
+
+class _Endpoint:
+    """What the fabric knows of one attached rank: where its messages land and whom to tell."""
+
+    __slots__ = ("matcher", "events", "on_peer_gone")
+
+    def __init__(self, matcher: Matcher, events: Events, on_peer_gone: Callable[[int, BaseException], None]):
+        self.matcher, self.events, self.on_peer_gone = matcher, events, on_peer_gone
 
 
 class LoopbackFabric:
-    """The shared switchboard of ``size`` thread-ranks; ``transport(rank)`` for each."""
+    """The shared switchboard of ``size`` thread-ranks; ``hosts``: each rank's host identity
+    (default: one host), so that one process can pose as several hosts."""
 
     def __init__(self, size: int, hosts: list[str] | None = None):
         if size < 1:
             raise ValueError(f"size: expected >= 1, got {size}")
+        if hosts is not None and len(hosts) != size:
+            raise ValueError(f"hosts: expected {size} host identities, got {len(hosts)}")
         self.size = size
-        self.hosts = hosts or ["local"] * size
-        self.matchers = [Matcher() for _ in range(size)]
+        self.hosts = list(hosts) if hosts is not None else ["local"] * size
+        self.endpoints: list[_Endpoint | None] = [None] * size
         self.closed: set[int] = set()
-        self.arenas: dict[tuple, tuple] = {}
-        self._lock = threading.Lock()
+        self._arenas: dict[str, tuple[np.ndarray, int]] = {}
+        self._ready = threading.Condition()
 
-    def transport(self, rank: int) -> "LoopbackTransport":
-        return LoopbackTransport(self, rank)
+    def world_transport(self, rank: int, events: Events, settings: Settings, deadline: Deadline) -> WorldTransport:
+        """Rank ``rank``'s world transport on this fabric (made once every rank is attached)."""
+        return WorldTransport(rank, self.size, None, deadline, events, settings, host_id=self.hosts[rank],
+                              shares_interpreter=True, fabric=self)
+
+    def attach(self, rank: int, matcher: Matcher, events: Events,
+               on_peer_gone: Callable[[int, BaseException], None]) -> LoopbackTransport:
+        """Rank ``rank``'s end: messages for it land in ``matcher``; its peers' aborts and
+        departures are told to ``events`` and ``on_peer_gone``."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank: expected 0 <= rank < {self.size}, got {rank}")
+        with self._ready:
+            self.endpoints[rank] = _Endpoint(matcher, events, on_peer_gone)
+            self._ready.notify_all()
+        return LoopbackTransport(self, rank, matcher)
+
+    # -- Fabric (see world.py) ------------------------------------------------------------
+    def network(self, site: Site) -> NetworkTransport:
+        """Attach ``site``'s rank and wait (until its deadline) for every rank to be attached,
+        as a real network transport connects to every peer before it returns."""
+        transport = self.attach(site.rank, site.matcher, site.events, site.on_peer_gone)
+        with self._ready:
+            if not self._ready.wait_for(lambda: all(self.endpoints), site.deadline.remaining()):
+                missing = [r for r, e in enumerate(self.endpoints) if e is None]
+                raise DistNetworkError(f"rank {site.rank}: thread-ranks {missing} never attached to the loopback")
+        return transport
+
+    def arena_memory(self, key: str, members: list[int], rank: int, nbytes: int, deadline: Deadline,
+                     alive: Callable[[], None] | None) -> tuple[np.ndarray, int, Keepalive | None]:
+        """Anonymous memory every thread-rank sees, one block per arena key."""
+        with self._ready:
+            if key not in self._arenas:
+                self._arenas[key] = anonymous(nbytes)
+            memory, base = self._arenas[key]
+        return memory, base, None
 
 
-class LoopbackTransport(Transport):
+class LoopbackTransport(NetworkTransport):
     """One thread-rank's end of a LoopbackFabric."""
 
-    def __init__(self, fabric: LoopbackFabric, rank: int):
-        if not 0 <= rank < fabric.size:
-            raise ValueError(f"rank: expected 0 <= rank < {fabric.size}, got {rank}")
+    def __init__(self, fabric: LoopbackFabric, rank: int, matcher: Matcher):
         self.fabric = fabric
         self.rank = rank
         self.size = fabric.size
+        self.matcher = matcher
+        self.hosts = fabric.hosts
+        self.token = "loopback"
 
     def _gone(self, peer: int) -> PeerFailedError:
         return PeerFailedError(f"rank {peer} (thread) has closed its transport", rank=peer, host="local")
 
+    def _endpoint(self, peer: int) -> _Endpoint:
+        endpoint = self.fabric.endpoints[peer]
+        assert endpoint is not None  # attached before any message (see LoopbackFabric.network)
+        return endpoint
+
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer in self.fabric.closed:
             return completed_request(peer, data, self._gone(peer))
-        aborted = self.matcher.aborted(key.group)
-        if aborted is not None:
-            return completed_request(peer, data, aborted)
-        target = self.fabric.matchers[peer].arrive(self.rank, key, data.nbytes, call)
-        if isinstance(target, Unexpected):
-            target.data[:] = data
-            self.fabric.matchers[peer].unexpected_done(target)
-        elif (error := mismatch(target, self.rank, key, data.nbytes, call)) is not None:
-            target.complete(error)
-        else:
-            target.buffer[:] = data
-            target.complete(source=self.rank)
+        deliver_whole(self._endpoint(peer).matcher, self.rank, key, data, call)
         return completed_request(peer, data)
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         request = Request(peer, data, call)
-        self.fabric.matchers[self.rank].post(request, peer, key)
+        self.matcher.post(request, peer, key)
         return request
 
     def cancel(self, request: Request) -> None:
-        self.fabric.matchers[self.rank].cancel(request, DistBackendError("receive cancelled"))
+        self.matcher.cancel(request, DistBackendError("receive cancelled"))
 
-    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
-        payload = abort_payload(error, self.matcher.known_dead(group))
+    def abort(self, peers: list[int], group: int, error: BaseException, known_dead: list[int]) -> None:
+        payload = abort_payload(error, known_dead)
         for peer in peers:
-            if peer != self.rank:
-                self.fabric.matchers[peer].fail_group(group, aborted_by(self.rank, "local", payload))
+            if peer != self.rank and peer not in self.fabric.closed:
+                self._endpoint(peer).events.abort_group(group, aborted_by(self.rank, "local", payload))
 
     def peer_host(self, peer: int) -> str:
         return self.fabric.hosts[peer]
 
-    def host_of(self, peer: int) -> str:
-        return self.fabric.hosts[peer]
-
-    @property
-    def matcher(self) -> Matcher:  # type: ignore[override]  # base declares an attribute; nobody assigns this one
-        return self.fabric.matchers[self.rank]
-
-    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline, describe,
-              alive=None):
-        """An arena in memory shared by the thread-ranks (same code as the shared-memory one)."""
-        if len({self.fabric.hosts[m] for m in members}) > 1:
-            return None
-        slot = settings().shm_slot_bytes
-        with self.fabric._lock:
-            key = (group_id, tuple(members))
-            if key not in self.fabric.arenas:
-                self.fabric.arenas[key] = anonymous(arena_bytes(len(members), slot))
-            memory, base = self.fabric.arenas[key]
-        return Arena(memory, base, labels, index, slot, True, describe)  # threads: never spin on the GIL
-
     def close(self) -> None:
-        with self.fabric._lock:
+        with self.fabric._ready:
             if self.rank in self.fabric.closed:
                 return
             self.fabric.closed.add(self.rank)
-        for rank, matcher in enumerate(self.fabric.matchers):
-            if rank != self.rank:
-                matcher.fail_source(self.rank, self._gone(self.rank))
+        for rank, endpoint in enumerate(self.fabric.endpoints):
+            if rank != self.rank and endpoint is not None:
+                endpoint.on_peer_gone(self.rank, self._gone(self.rank))

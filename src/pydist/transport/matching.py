@@ -2,33 +2,31 @@
 
 A message that arrives before its receive is posted is held as *unexpected* from the moment
 its header is seen (so later messages with the same key cannot overtake it) and copied into
-the receive once both exist. Thread-safe: the transport's I/O thread calls ``arrive`` and
-``unexpected_done``; user and progress threads call ``post`` and ``cancel``.
+the receive once both exist. Every arrival goes through ``arrive``, which returns a
+Delivery: the one routine by which a message's bytes land (tcp and shm frames, loopback
+copies, held messages taken by a later receive). Thread-safe: the transports' reading
+threads call ``arrive`` and the Delivery; user and progress threads call ``post`` and
+``cancel``.
 
-The matcher keeps this rank's GroupStates (``states``): a group aborted by a peer or found
-desynchronised, and the ranks gone from the transport, are recorded there (under the
-matcher's lock, so a receive posted concurrently either sees them or is failed by them).
-The bytes held as unexpected per peer are bounded for transports that can stop reading a
-peer (``should_pause``, see _flow).
+What the matcher does not know it asks the layer above (``events``, see base.Events): whether
+a receive posted now must fail at once (its group aborted, its source gone), and which call
+this rank made for an operation (an unexpected message of another call means the ranks
+desynchronised: reported as an abort of the group). The bytes held as unexpected per peer
+are bounded for transports that can stop reading a peer (``should_pause``, see flow).
 """
 from __future__ import annotations
 
 import itertools
 import threading
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import DesyncError, DistBackendError
-from ..groups.state import GroupStates
 from ..core.fingerprint import describe_fingerprint
-from .base import MessageKey, Request
+from .base import Events, MessageKey, Request
 from .flow import ReadThrottle
-
-
-#: Operations per group whose calls are remembered, to check messages that arrive late.
-RECENT_CALLS = 64
 
 
 class Unexpected:
@@ -60,36 +58,78 @@ def call_mismatch(mine: int, source: int, key: MessageKey, theirs: int) -> Desyn
         f"{describe_fingerprint(theirs)} while this rank called {describe_fingerprint(mine)}")
 
 
-def _differ(mine: int, theirs: int) -> bool:
+def differ(mine: int, theirs: int) -> bool:
+    """Two call fingerprints that both say something and disagree."""
     return bool(mine and theirs and mine != theirs)
 
 
 def mismatch(request: Request, source: int, key: MessageKey, nbytes: int, call: int) -> DistBackendError | None:
     """Why a message cannot fill ``request`` (different calls, different sizes), or None."""
-    if _differ(request.call, call):
+    if differ(request.call, call):
         return call_mismatch(request.call, source, key, call)
     if request.nbytes != nbytes:
         return size_mismatch(request, source, key, nbytes)
     return None
 
 
-def _deliver(request: Request, message: Unexpected) -> None:
-    if request.done():  # failed meanwhile (abort, dead source): its buffer is the caller's again
-        return
-    error = mismatch(request, message.source, message.key, len(message.data), message.call)
-    if error is not None:
-        request.complete(error)
-        return
-    request.buffer[:] = message.data
-    request.complete(source=message.source)
+class Delivery:
+    """Where one arriving message goes: a posted receive, or a message held as unexpected.
+
+    The transport writes the payload into ``into()`` (possibly in pieces) and calls
+    ``landed()`` once all of it is there, or ``broken(error)`` if the stream broke first.
+    """
+
+    __slots__ = ("_matcher", "source", "_request", "_held")
+
+    def __init__(self, matcher: Matcher, source: int, request: Request | None, held: Unexpected | None):
+        self._matcher = matcher
+        self.source = source
+        self._request = request
+        self._held = held
+
+    def into(self) -> memoryview | None:
+        """Where the payload goes now; None once its receive finished otherwise (refused as
+        mismatched, cancelled, failed): its buffer is the caller's again, the rest is dropped."""
+        request = self._request
+        if request is not None:
+            return None if request._completed else request.buffer
+        assert self._held is not None  # a delivery has a receive or a held message
+        return memoryview(self._held.data)
+
+    def landed(self) -> None:
+        """All of the payload is in: complete the receive, or hand the held message to a
+        receive posted meanwhile."""
+        if self._request is not None:
+            self._request.complete(source=self.source)
+        else:
+            assert self._held is not None  # a delivery has a receive or a held message
+            self._matcher._held_complete(self._held)
+
+    def broken(self, error: BaseException, group: int) -> None:
+        """The stream broke before the payload was all in: the receive fails with the abort
+        of its ``group`` when a peer aborted it first (the root cause: a peer that raised,
+        aborted and left breaks the stream only after), else with ``error``."""
+        if self._request is not None:
+            self._request.complete(self._matcher.events.refusal(None, group) or error)
+
+
+def deliver_whole(matcher: Matcher, source: int, key: MessageKey, data: memoryview, call: int = 0) -> None:
+    """Deliver a message whose bytes are all at hand (loopback copies, whole shm frames)."""
+    delivery = matcher.arrive(source, key, data.nbytes, call)
+    into = delivery.into()
+    if into is not None:
+        into[:] = data
+    delivery.landed()
 
 
 class Matcher:
     """Posted receives and unexpected messages of one rank."""
 
-    def __init__(self, held_limit: int = 64 << 20) -> None:
-        """``held_limit``: bytes of unexpected messages from one peer past which ``should_pause``
-        says to stop reading from it (PYDIST_MAX_UNEXPECTED_BYTES)."""
+    def __init__(self, events: Events, held_limit: int = 64 << 20) -> None:
+        """``events``: the layer above (refusals, desync checks); ``held_limit``: bytes of
+        unexpected messages from one peer past which ``should_pause`` says to stop reading
+        from it (PYDIST_MAX_UNEXPECTED_BYTES)."""
+        self.events = events
         self._lock = threading.Lock()
         self.throttle = ReadThrottle(held_limit)
         self._order = itertools.count(1)
@@ -97,55 +137,23 @@ class Matcher:
         self._posted_any: dict[MessageKey, deque[Request]] = {}
         self._unexpected: dict[tuple[int, MessageKey], deque[Unexpected]] = {}
         self._unexpected_any: dict[MessageKey, deque[Unexpected]] = {}
-        self.states = GroupStates()  # each group's lifecycle, and the ranks gone
-        self._by_id, self._gone = self.states.by_id, self.states.dead  # read on every post
-        self._calls: dict[int, dict[int, int]] = {}  # group -> {seq: call} of this rank's recent operations
         self._filling: set[Unexpected] = set()  # taken by a receive (its waiter), payload still arriving
-        self._sending: dict[int, list[Request]] = {}  # group -> sends the transport has not finished
-        #: called (no arguments) after a source is declared gone or a group aborted
-        self.watchers: list[Callable[[], None]] = []
-
-    def begin(self, group: int, seq: int, call: int) -> None:
-        """This rank starts operation ``seq`` of ``group`` as ``call``; see ``_desync``."""
-        with self._lock:
-            recent = self._calls.get(group)
-            if recent is None:
-                recent = self._calls[group] = {}
-            recent[seq] = call
-            recent.pop(seq - RECENT_CALLS, None)
-            if not self._unexpected:  # the common case: nothing held that could disagree
-                return
-            held = [(src, k, m.call) for (src, k), q in self._unexpected.items()
-                    if k.group == group and k.seq == seq for m in q if _differ(call, m.call)]
-            failed = self._desync(group, call, *held[0]) if held else []
-        for request, error in failed:
-            request.complete(error)
-
-    def _desync(self, group: int, mine: int, source: int, key: MessageKey, theirs: int) -> list:
-        """A message from ``source`` for an operation this rank called as ``mine`` carries
-        another call: fail the group here (its posted receives and later ones), like an abort."""
-        error = call_mismatch(mine, source, key, theirs)
-        self.states.abort(group, error)
-        queues = [q for (_, k), q in self._posted.items() if k.group == group]
-        queues += [q for k, q in self._posted_any.items() if k.group == group]
-        return [(r, error) for q in queues for r in q]
 
     def post(self, request: Request, source: int | None, key: MessageKey) -> None:
         """Post a receive: fail it if its group was aborted (even when its message is already
-        here: an operation on an aborted group must not succeed), else match an unexpected
-        message, else queue (or fail: dead source, desynchronised call)."""
+        here: an operation on an aborted group must not succeed), else take an unexpected
+        message, else queue it (or fail it: its source is gone)."""
+        refusal = self.events.refusal
         with self._lock:
-            state = self._by_id.get(key.group)
-            aborted = state.aborted if state is not None else None
+            aborted = refusal(None, key.group)
             if aborted is not None:
                 request.complete(aborted)
                 return
             message = self._take_unexpected(source, key)
             if message is None:
-                failure = ((self._gone.get(source) if source is not None else None)
-                           or self._held_for_other_call(request, source, key))
-                if failure is not None:
-                    request.complete(failure)
+                gone = refusal(source, key.group) if source is not None else None
+                if gone is not None:
+                    request.complete(gone)
                     return
                 request.order = next(self._order)
                 if source is None:
@@ -165,17 +173,19 @@ class Matcher:
         if resume:
             self.throttle.notify(resume)
         if message is not None:
-            _deliver(request, message)
+            self._fill(request, message)
 
-    def aborted(self, group: int) -> BaseException | None:
-        """The abort ``group`` failed with, if a peer aborted it (a send on it then fails)."""
-        state = self._by_id.get(group)
-        return state.aborted if state is not None else None
-
-    def known_dead(self, group: int) -> list[int]:
-        """The members of ``group`` this rank knows are dead."""
-        state = self._by_id.get(group)
-        return sorted(state.dead) if state is not None else []
+    @staticmethod
+    def _fill(request: Request, message: Unexpected) -> None:
+        """Copy a held message into the receive that took it (unless that receive failed meanwhile)."""
+        if request.done():
+            return
+        error = mismatch(request, message.source, message.key, len(message.data), message.call)
+        if error is not None:
+            request.complete(error)
+            return
+        request.buffer[:] = message.data
+        request.complete(source=message.source)
 
     def should_pause(self, source: int) -> bool:
         """Between two frames from ``source``: True (and ``source`` is now paused) when this
@@ -218,48 +228,41 @@ class Matcher:
             del other_table[other_index]
         return message
 
-    def _held_for_other_call(self, request: Request, source: int | None, key: MessageKey) -> DesyncError | None:
-        """A message already here from ``source`` for the same operation (group, seq) but
-        another call than ``request``'s: the ranks have desynchronised."""
-        if not request.call:
-            return None
-        for (src, other), queue in self._unexpected.items():
-            if (source is None or src == source) and other.group == key.group and other.seq == key.seq:
-                for message in queue:
-                    if _differ(request.call, message.call):
-                        return call_mismatch(request.call, src, other, message.call)
-        return None
-
-    def _posted_for_other_call(self, source: int, key: MessageKey, call: int) -> list[tuple[Request, DesyncError]]:
-        """Receives posted here for the operation (group, seq) of a message arriving from
-        ``source`` with another call: each with the error to fail it with."""
-        queues = [q for (src, k), q in self._posted.items() if src == source and k[:2] == key[:2]]
-        queues += [q for k, q in self._posted_any.items() if k[:2] == key[:2]]
-        return [(r, call_mismatch(r.call, source, key, call)) for q in queues for r in q if _differ(r.call, call)]
-
-    def arrive(self, source: int, key: MessageKey, nbytes: int, call: int = 0) -> Request | Unexpected:
-        """A message header arrived: the receive to fill, or a new Unexpected to fill instead
-        (failing, as desynchronised, receives posted for the same operation with another call)."""
-        failed: list[tuple[Request, DesyncError]] = []
+    def arrive(self, source: int, key: MessageKey, nbytes: int, call: int = 0) -> Delivery:
+        """A message header arrived: where its payload goes (see Delivery). A message for an
+        operation this rank started as another call reports the group desynchronised."""
         with self._lock:
             head_specific = self._head(self._posted, (source, key))
             head_any = self._head(self._posted_any, key)
             if head_specific is not None and (head_any is None or head_specific.order < head_any.order):
-                return self._pop(self._posted, (source, key))
-            if head_any is not None:
-                return self._pop(self._posted_any, key)
-            if call:
-                failed = self._posted_for_other_call(source, key, call)
-                mine = self._calls.get(key.group, {}).get(key.seq, 0)
-                if not failed and _differ(mine, call):
-                    failed = self._desync(key.group, mine, source, key, call)
-            message = Unexpected(source, key, nbytes, call)
-            self.throttle.add(source, nbytes)
-            self._unexpected.setdefault((source, key), deque()).append(message)
-            self._unexpected_any.setdefault(key, deque()).append(message)
-        for request, error in failed:
-            request.complete(error)
-        return message
+                request = self._pop(self._posted, (source, key))
+            elif head_any is not None:
+                request = self._pop(self._posted_any, key)
+            else:
+                request = None
+                message = Unexpected(source, key, nbytes, call)
+                self.throttle.add(source, nbytes)
+                self._unexpected.setdefault((source, key), deque()).append(message)
+                self._unexpected_any.setdefault(key, deque()).append(message)
+        if request is not None:
+            error = mismatch(request, source, key, nbytes, call)
+            if error is not None:
+                request.complete(error)
+            return Delivery(self, source, request, None)
+        # held first, checked after: a concurrent start of this operation (GroupStates.started)
+        # records its call first and looks at the held messages after, so one of the two sees both
+        mine = self.events.call_of(key.group, key.seq) if call else 0
+        if differ(mine, call):
+            self.events.abort_group(key.group, call_mismatch(mine, source, key, call))
+        return Delivery(self, source, None, message)
+
+    def held_calls(self, group: int, seq: int) -> list[tuple[int, MessageKey, int]]:
+        """(source, key, call) of the messages held for operation ``seq`` of ``group``."""
+        with self._lock:
+            if not self._unexpected:  # the common case: nothing held
+                return []
+            return [(src, k, m.call) for (src, k), q in self._unexpected.items()
+                    if k.group == group and k.seq == seq for m in q]
 
     @staticmethod
     def _head(table: dict, index: object) -> Request | None:
@@ -280,14 +283,14 @@ class Matcher:
             del table[index]
         return request
 
-    def unexpected_done(self, message: Unexpected) -> None:
-        """All bytes of an unexpected message are in: hand it to a waiting receive if any."""
+    def _held_complete(self, message: Unexpected) -> None:
+        """All bytes of a held message are in: hand it to the receive that took it, if any."""
         with self._lock:
             message.complete = True
             waiter = message.waiter
             self._filling.discard(message)
         if waiter is not None:
-            _deliver(waiter, message)
+            self._fill(waiter, message)
 
     def cancel(self, request: Request, error: BaseException) -> None:
         """Fail a posted receive so that no later message lands in its buffer."""
@@ -295,9 +298,8 @@ class Matcher:
             request.complete(error)
 
     def fail_source(self, source: int, error: BaseException) -> None:
-        """``source`` is gone: fail its posted receives now and any posted later."""
+        """``source`` is gone: fail its posted receives and the messages it left half sent."""
         with self._lock:
-            self.states.rank_gone(source, error)
             failed = [r for (src, _), q in self._posted.items() if src == source for r in q]
             for (src, _), queue in self._unexpected.items():
                 if src == source:
@@ -307,13 +309,16 @@ class Matcher:
             failed += self._stop_filling(lambda message: message.source == source)
         for request in failed:
             request.complete(error)
-        self._tell_watchers()
 
-    def _tell_watchers(self) -> None:
-        """A source is gone or a group aborted: wake what waits outside the matcher (the
-        shared-memory arenas' sleepers, which then look at the group states)."""
-        for watcher in list(self.watchers):
-            watcher()
+    def fail_group(self, group: int, error: BaseException) -> None:
+        """``group`` was aborted: fail its posted receives (later ones are refused by the events)."""
+        with self._lock:
+            queues = [q for (_, key), q in self._posted.items() if key.group == group]
+            queues += [q for key, q in self._posted_any.items() if key.group == group]
+            failed = [r for q in queues for r in q]
+            failed += self._stop_filling(lambda message: message.key.group == group)
+        for request in failed:
+            request.complete(error)
 
     def _stop_filling(self, which) -> list[Request]:
         """The receives waiting on messages still arriving that ``which(message)`` selects,
@@ -321,29 +326,6 @@ class Matcher:
         stopped = [message for message in self._filling if which(message)]
         self._filling.difference_update(stopped)
         return [message.waiter for message in stopped if message.waiter is not None]
-
-    def track_send(self, group: int, request: Request) -> None:
-        """A send of ``group`` that the transport has not finished yet: an abort of the group
-        fails it (a broadcast root only sends: without this it would learn of the abort only
-        when the peer's socket closes, and name that peer instead of the dead one)."""
-        with self._lock:
-            sends = self._sending.setdefault(group, [])
-            if len(sends) >= 32:
-                sends[:] = [r for r in sends if not r.done()]
-            sends.append(request)
-
-    def fail_group(self, group: int, error: BaseException) -> None:
-        """``group`` was aborted by a peer: fail its posted receives now and any posted later,
-        and its unfinished sends."""
-        with self._lock:
-            self.states.abort(group, error)
-            queues = [q for (_, key), q in self._posted.items() if key.group == group]
-            queues += [q for key, q in self._posted_any.items() if key.group == group]
-            failed = [r for q in queues for r in q] + self._sending.pop(group, [])
-            failed += self._stop_filling(lambda message: message.key.group == group)
-        for request in failed:
-            request.complete(error)
-        self._tell_watchers()
 
     def pending_receives(self) -> int:
         """Receives posted and not yet matched (for tests and leak checks)."""

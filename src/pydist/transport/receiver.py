@@ -1,7 +1,8 @@
 """One peer's incoming byte stream turned into deliveries (shared by the tcp and shm transports).
 
-Frames are decoded sans-IO; a DATA frame goes straight into its posted receive, or is held
-as unexpected (see _matching); BYE and ABORT frames go to ``on_control``. A transport that
+Frames are decoded sans-IO; a DATA frame goes where the matcher's Delivery says (straight
+into its posted receive, or held as unexpected; see matching); BYE and ABORT frames go to
+``on_control``. A transport that
 can read a large payload directly into its destination asks ``direct_view`` for the place
 and reports with ``direct_done``. A receive cancelled while its frame arrives gets no more
 of it (the rest is read and dropped); only a read already under way when it is cancelled
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .base import MessageKey, Request
+from .base import MessageKey
 from .framing import HEADER_SIZE, Chunk, FrameDecoder, FramingError, Header, Kind, decode_header
-from .matching import Matcher, Unexpected, mismatch
+from .matching import Delivery, Matcher
 
 
 class FrameReceiver:
@@ -25,8 +26,8 @@ class FrameReceiver:
         self.on_control = on_control
         self.decoder = FrameDecoder()
         self._header: Header | None = None
-        self._target: Request | Unexpected | bytearray | None = None
-        self._dest: memoryview | None = None
+        self._delivery: Delivery | None = None  # a DATA frame's
+        self._control: bytearray | None = None  # a BYE or ABORT frame's payload
         self._filled = 0
 
     def feed(self, data: memoryview) -> None:
@@ -70,41 +71,29 @@ class FrameReceiver:
         return self._header is None
 
     def abandon(self, error: BaseException) -> None:
-        """The stream broke: fail the receive being filled, if any, with ``error``, or with
-        the abort of its group when a peer aborted it first (the root cause: a peer that
-        raised, aborted the group and left broke the stream only after)."""
-        if isinstance(self._target, Request):
-            aborted = self.matcher.aborted(self._header.group) if self._header is not None else None
-            self._target.complete(aborted or error)
-        self._header, self._target, self._dest = None, None, None
+        """The stream broke: fail the receive being filled, if any (see Delivery.broken)."""
+        if self._delivery is not None and self._header is not None:
+            self._delivery.broken(error, self._header.group)
+        self._header, self._delivery, self._control = None, None, None
 
     def _start(self, header: Header) -> None:
         self._header, self._filled = header, 0
         if header.kind == Kind.DATA:
-            key = MessageKey(header.group, header.seq, header.tag)
-            target = self.matcher.arrive(self.peer, key, header.nbytes, header.call)
-            if isinstance(target, Unexpected):
-                self._target, self._dest = target, memoryview(target.data)
-            elif (error := mismatch(target, self.peer, key, header.nbytes, header.call)) is not None:
-                target.complete(error)
-                self._target, self._dest = None, None
-            else:
-                self._target, self._dest = target, target.buffer
+            self._delivery = self.matcher.arrive(self.peer, MessageKey(header.group, header.seq, header.tag),
+                                                 header.nbytes, header.call)
         elif header.kind in (Kind.ABORT, Kind.BYE):
-            self._target = bytearray(header.nbytes)
-            self._dest = memoryview(self._target)
+            self._control = bytearray(header.nbytes)
         else:
             raise FramingError(f"unexpected {header.kind.name} frame from rank {self.peer}")
         if header.nbytes == 0:
             self._finish()
 
     def _destination(self) -> memoryview | None:
-        """Where the current payload goes; None for a refused frame, or once its receive
-        finished meanwhile (cancelled after an error: its buffer is the caller's again, so
-        the rest of the frame is read and dropped)."""
-        if self._dest is not None and isinstance(self._target, Request) and self._target._completed:
-            self._dest = None
-        return self._dest
+        """Where the current payload goes; None once its receive finished meanwhile (the
+        rest of the frame is read and dropped)."""
+        if self._delivery is not None:
+            return self._delivery.into()
+        return memoryview(self._control) if self._control is not None else None
 
     def _payload(self, chunk: Chunk) -> None:
         size = chunk.data.nbytes
@@ -116,13 +105,10 @@ class FrameReceiver:
             self._finish()
 
     def _finish(self) -> None:
-        header, target = self._header, self._target
+        header, delivery, control = self._header, self._delivery, self._control
         assert header is not None  # _finish ends the frame _start began
-        self._header, self._target, self._dest = None, None, None
-        if isinstance(target, Request):
-            target.complete(source=self.peer)
-        elif isinstance(target, Unexpected):
-            self.matcher.unexpected_done(target)
-        elif header.kind in (Kind.BYE, Kind.ABORT):
-            assert isinstance(target, bytearray)  # _start gave control frames a bytearray
-            self.on_control(header, bytes(target))
+        self._header, self._delivery, self._control = None, None, None
+        if delivery is not None:
+            delivery.landed()
+        elif control is not None:
+            self.on_control(header, bytes(control))

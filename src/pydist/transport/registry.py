@@ -2,12 +2,14 @@
 
 Two kinds:
 
-- ``network``: reaches every peer. The world builds the first entry that applies (tcp).
-  It also carries ABORT frames and is the liveness signal: it calls ``site.on_peer_failed``
-  when a peer's connection dies, same-host peers included.
-- ``host-local``: carries data between the ranks of this host. When this host has other
-  ranks, the world builds the first entry that applies (shm: PYDIST_SHM on and the machine
-  supports it) and sends to those peers through it; otherwise everything goes over the network.
+- ``network`` (a base.NetworkTransport): reaches every peer. The world builds the first
+  entry that applies (tcp). It also carries ABORT frames and is the liveness signal: it calls
+  ``site.on_peer_gone`` when a peer's connection dies, same-host peers included.
+- ``host-local`` (a base.HostLocalTransport): carries data between the ranks of this host.
+  When this host has other ranks, the world builds the first entry that applies (shm:
+  PYDIST_SHM on and the machine supports it) and sends to those peers through it; otherwise
+  everything goes over the network. It calls ``site.on_peer_gone`` once a departed peer's
+  messages are delivered.
 
 An entry names a ``build(site)`` returning the transport and an ``applies(site)`` predicate;
 ``site`` describes the rank being built (see Site). Entries of a kind are tried in
@@ -18,14 +20,13 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from ..core.deadline import Deadline
 from ..core.settings import Settings
-from .shm import atomics
-from .base import MessageKey, Request
+from .base import Events, HostLocalTransport, NetworkTransport
 from .matching import Matcher
-from .tcp.mesh import PeerRecord
+from .shm import atomics
 from .shm.segment import share
 from .shm.transport import ShmTransport, host_segment_bytes, ring_bytes_for
 from .tcp.transport import TcpTransport
@@ -47,38 +48,12 @@ class Site:
     hostname: str
     host_id: str
     matcher: Matcher  # every transport of the world delivers into this one
+    events: Events  # the layer above: peers gone, groups aborted (see base.Events)
     settings: Settings
-    on_peer_failed: Callable[[int, BaseException], None]
-    local: list[int] = field(default_factory=list)  # world ranks on this host, this one included
+    on_peer_gone: Callable[[int, BaseException], None]  # whom the built transport tells that a peer left
+    local: list[int] = field(default_factory=list)  # ranks on this host, this one included
     token: str = ""  # the world's authentication token (to name shared segments)
     oversubscribed: bool = False  # more ranks than cores here (or ranks are threads): never spin long
-
-
-class NetworkTransport(Protocol):
-    """What the world uses of a network transport (TcpTransport is one)."""
-
-    records: list[PeerRecord]  # every rank's host identity, exchanged while connecting
-    token: str
-
-    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request: ...
-    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request: ...
-    def driver(self, nbytes: int) -> Callable[[Request, float | None], bool]: ...
-    def cancel(self, request: Request) -> None: ...
-    def engage(self, nbytes: int) -> bool: ...
-    def disengage(self) -> None: ...
-    def abort(self, peers: list[int], group: int, error: BaseException) -> None: ...
-    def peer_host(self, peer: int) -> str: ...
-    def close(self) -> None: ...
-
-
-class HostLocalTransport(Protocol):
-    """What the world uses of a host-local transport (ShmTransport is one)."""
-
-    def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request: ...
-    # how a receive from a peer it carries is waited for (Request.drive): True done, False timed out
-    def drive(self, request: Request, timeout: float | None) -> bool: ...
-    def peer_gone(self, peer: int, error: BaseException) -> None: ...  # deliver what it sent, then fail it
-    def close(self, deadline: Deadline) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -144,9 +119,9 @@ def select(kind: str, site: Site) -> TransportEntry | None:
 
 
 # -- the built-in transports ----------------------------------------------------------------
-def _open_tcp(site: Site) -> NetworkTransport:  # mypy checks TcpTransport offers it
+def _open_tcp(site: Site) -> NetworkTransport:
     return TcpTransport(site.rank, site.size, site.store, site.deadline, site.address, site.hostname,
-                        site.host_id, site.matcher, site.on_peer_failed)
+                        site.host_id, site.matcher, site.events, site.settings, site.on_peer_gone)
 
 
 def _open_shm(site: Site) -> HostLocalTransport:
@@ -156,7 +131,7 @@ def _open_shm(site: Site) -> HostLocalTransport:
     segment = share(site.store, key, site.local, site.rank, host_segment_bytes(len(site.local), ring),
                     site.token, "host", site.deadline)
     return ShmTransport(site.rank, site.local, segment.array, segment.base, ring, site.matcher,
-                        site.oversubscribed, keepalive=segment)
+                        site.oversubscribed, site.on_peer_gone, keepalive=segment)
 
 
 register(TransportEntry("tcp", NETWORK, _open_tcp, applies=lambda site: True))

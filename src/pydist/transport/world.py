@@ -1,98 +1,145 @@
 """The world's transport: a network transport to every peer, a host-local one to peers on this host.
 
-Which transports those are comes from the registry (``registry``: tcp and shared memory
-today). Every rank keeps one network connection per peer (the fallback, the carrier of
-ABORT frames, and the liveness signal: a local peer's death closes its socket). Data for a
-peer on the same host goes through the host-local transport instead; both deliver into one
-Matcher, so receives (any-source included) do not care which way a message came. Groups
-whose members share this host get a shared-memory arena (``arena``) for their collectives
-when the host-local entry says so (``arenas``).
+Which transports those are comes from the registry (tcp and shared memory today), or from a
+Fabric given instead (the in-process loopback of thread-ranks). Every rank keeps one network
+connection per peer (the fallback, the carrier of ABORT frames, and the liveness signal: a
+local peer's death closes its socket). Data for a peer on the same host goes through the
+host-local transport instead; both deliver into one Matcher, so receives (any-source
+included) do not care which way a message came. Groups whose members share this host get a
+shared-memory arena (``arena``) for their collectives when the host-local entry says so
+(``arenas``), or the fabric provides the memory.
+
+What happens to peers and groups is reported to ``events`` (the layer above, which keeps that
+knowledge); it calls back ``failed_peer`` and ``failed_group`` once it has recorded a
+failure, and the world fails the receives and sends waiting on it and wakes arena sleepers.
 
 No host-local transport is used when this host has a single rank or no entry applies (shm:
-PYDIST_SHM=0, or the machine lacks what it needs, see _atomics.available).
+PYDIST_SHM=0, or the machine lacks what it needs, see shm.atomics.available).
 """
 from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Callable
+from typing import Any, Callable, Protocol
+
+import numpy as np
 
 from ..core.deadline import Deadline
-from ..core.settings import Settings, settings
-from .base import MessageKey, Request, Transport, completed_request
-from .matching import Matcher
-from .shm.segment import share
+from ..core.settings import Settings
+from .base import Events, HostLocalTransport, MessageKey, NetworkTransport, Request, completed_request
 from .identity import machine_of
-from .shm.signal import oversubscribed
+from .matching import Matcher
+from .registry import HOST_LOCAL, NETWORK, Site, select
 from .shm.arena import Arena, arena_bytes
-from .registry import HOST_LOCAL, NETWORK, HostLocalTransport, NetworkTransport, Site, select
+from .shm.segment import Keepalive, share
+from .shm.signal import oversubscribed as machine_oversubscribed
 
 
-class WorldTransport(Transport):
-    """The registry's network transport + its host-local one, for one rank of a world."""
+class Fabric(Protocol):
+    """Where a world's network transport and arena memory come from instead of the registry
+    (LoopbackFabric: thread-ranks of one process)."""
 
-    def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
-                 host_id: str, shares_interpreter: bool = False):
-        """``shares_interpreter``: ranks are threads of one process (tests), so waiting must
-        never spin (spinning holds the GIL the awaited rank needs)."""
+    def network(self, site: Site) -> NetworkTransport: ...
+
+    def arena_memory(self, key: str, members: list[int], rank: int, nbytes: int, deadline: Deadline,
+                     alive: Callable[[], None] | None) -> tuple[np.ndarray, int, Keepalive | None]: ...
+
+
+class WorldTransport:
+    """The network transport + the host-local one of one rank, and the arenas of its groups."""
+
+    def __init__(self, rank: int, size: int, store: Any, deadline: Deadline, events: Events, settings: Settings,
+                 address: str = "127.0.0.1", hostname: str = "localhost", host_id: str = "this-host",
+                 shares_interpreter: bool = False, fabric: Fabric | None = None):
+        """``events``: the layer above (see base.Events); ``shares_interpreter``: ranks are
+        threads of one process (tests), so waiting must never spin (spinning holds the GIL
+        the awaited rank needs); ``fabric``: build from it instead of the registry."""
         self.rank, self.size, self.store, self.address = rank, size, store, address
-        self.settings: Settings = settings()
-        self.matcher = Matcher(self.settings.max_unexpected_bytes)
+        self.settings, self.events = settings, events
+        self.matcher = Matcher(events, settings.max_unexpected_bytes)
+        self._fabric = fabric
         self._live_arenas: weakref.WeakSet[Arena] = weakref.WeakSet()
-        self.matcher.watchers.append(self._wake_arenas)
         self.host_local: HostLocalTransport | None = None
-        self._arenas = False  # the host-local entry's: groups on this host get shared-memory arenas
+        self._shared_arenas = False  # the host-local entry's: groups on this host get arenas in shared segments
         self._local_set = {rank}
-        site = Site(rank, size, store, deadline, address, hostname, host_id, self.matcher, self.settings,
-                    self._peer_failed)
-        network = select(NETWORK, site)
-        if network is None:
-            raise RuntimeError(f"rank {rank}: no registered network transport applies (see transport/registry.py)")
-        self.network: NetworkTransport = network.build(site)
-        self.hosts = [record.host_id for record in self.network.records]
+        site = Site(rank, size, store, deadline, address, hostname, host_id, self.matcher, events, settings,
+                    self._peer_lost)
+        if fabric is not None:
+            self.network: NetworkTransport = fabric.network(site)
+        else:
+            entry = select(NETWORK, site)
+            if entry is None:
+                raise RuntimeError(f"rank {rank}: no registered network transport applies (see transport/registry.py)")
+            self.network = entry.build(site)
+        self.hosts = list(self.network.hosts)
         self.local = [r for r in range(size) if self.hosts[r] == host_id]
         # CPUs are shared by the ranks of every host on this machine (network namespaces are
         # hosts of one machine): more of them than cores, and waits must not spin long
         machine = machine_of(host_id)
-        self.oversubscribed = shares_interpreter or oversubscribed(sum(machine_of(h) == machine for h in self.hosts))
-        if len(self.local) > 1:
+        self.oversubscribed = shares_interpreter or machine_oversubscribed(
+            sum(machine_of(h) == machine for h in self.hosts))
+        if len(self.local) > 1 and fabric is None:
             site = dataclasses.replace(site, local=self.local, token=self.network.token,
-                                       oversubscribed=self.oversubscribed)
-            entry = select(HOST_LOCAL, site)
-            if entry is not None:
-                self.host_local = entry.build(site)
-                self._arenas = entry.arenas
+                                       oversubscribed=self.oversubscribed, on_peer_gone=events.peer_gone)
+            local_entry = select(HOST_LOCAL, site)
+            if local_entry is not None:
+                self.host_local = local_entry.build(site)
+                self._shared_arenas = local_entry.arenas
                 self._local_set = set(self.local)
 
-    def _peer_failed(self, peer: int, error: BaseException) -> None:
+    def _peer_lost(self, peer: int, error: BaseException) -> None:
+        """The network transport lost ``peer``: a same-host peer's host-local transport first
+        delivers what it sent through the host, then reports it; others are reported now."""
         if self.host_local is not None and peer in self._local_set:
-            self.host_local.peer_gone(peer, error)  # deliver what it sent through the host first
+            self.host_local.peer_gone(peer, error)
         else:
-            self.matcher.fail_source(peer, error)
+            self.events.peer_gone(peer, error)
 
-    # -- Transport ------------------------------------------------------------------------
+    def _carrier(self, peer: int | None) -> HostLocalTransport | NetworkTransport:
+        """The transport of messages from ``peer`` (None: any source, which the host-local
+        transport's waiter drains first while the network's thread delivers into the same matcher)."""
+        if self.host_local is not None and (peer is None or peer in self._local_set):
+            return self.host_local
+        return self.network
+
+    # -- the pair interface ---------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
-        aborted = self.matcher.aborted(key.group)
+        aborted = self.events.refusal(None, key.group)
         if aborted is not None:  # the peers have moved on: sending would block or mislead
             return completed_request(peer, data, aborted)
-        if peer in self._local_set and peer != self.rank:
-            assert self.host_local is not None  # _local_set holds other ranks only with a host-local transport
-            return self.host_local.isend(peer, data, key, call)
-        return self.network.isend(peer, data, key, call)
+        return self._carrier(peer).isend(peer, data, key, call)
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
-        if self.host_local is None or (peer is not None and peer not in self._local_set):
-            return self.network.irecv(peer, data, key, call)  # it may stripe it over several lanes
-        request = Request(peer, data, call)
-        request.drive = self.host_local.drive  # the waiter drains the rings itself first
-        self.matcher.post(request, peer, key)
-        return request
-
-    def use_store(self, store) -> None:
-        self.store = store
+        return self._carrier(peer).irecv(peer, data, key, call)
 
     def cancel(self, request: Request) -> None:
-        self.network.cancel(request)
+        self._carrier(request.peer).cancel(request)
+
+    # -- the world ------------------------------------------------------------------------
+    def abort(self, peers: list[int], group: int, error: BaseException, known_dead: list[int]) -> None:
+        """Tell ``peers`` that this rank failed an operation of ``group`` (see NetworkTransport.abort)."""
+        self.network.abort(peers, group, error, known_dead)
+
+    def failed_peer(self, peer: int, error: BaseException) -> None:
+        """The layer above recorded ``peer`` gone: fail what waits on it, wake arena sleepers."""
+        self.matcher.fail_source(peer, error)
+        self._wake_arenas()
+
+    def failed_group(self, group: int, error: BaseException) -> None:
+        """The layer above recorded ``group`` aborted: fail its receives and unfinished sends,
+        wake arena sleepers."""
+        self.matcher.fail_group(group, error)
+        self.network.fail_sends(group, error)
+        self._wake_arenas()
+
+    def held_calls(self, group: int, seq: int) -> list[tuple[int, MessageKey, int]]:
+        """The messages held for operation ``seq`` of ``group`` (see Matcher.held_calls)."""
+        return self.matcher.held_calls(group, seq)
+
+    def use_store(self, store) -> None:
+        """Later rendezvous (arenas of new groups) go through ``store``: the world's store
+        changed (a shrink replaced one whose host died)."""
+        self.store = store
 
     def engage(self, nbytes: int) -> bool:
         """The network transport's (see TcpTransport.engage) when every peer is over the
@@ -103,25 +150,31 @@ class WorldTransport(Transport):
     def disengage(self) -> None:
         self.network.disengage()
 
-    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
-        self.network.abort(peers, group, error)
-
     def peer_host(self, peer: int) -> str:
         return self.network.peer_host(peer)
 
     def host_of(self, peer: int) -> str:
-        """Host identity of world rank ``peer`` (equal identities share memory)."""
+        """Host identity of ``peer`` (equal identities share memory)."""
         return self.hosts[peer]
 
-    def arena(self, group_id: int, members: list[int], labels: list[int], index: int, deadline: Deadline,
+    def arena(self, group_id: int, members: list[int], group_ranks: list[int], index: int, deadline: Deadline,
               describe, alive: Callable[[], None] | None = None) -> Arena | None:
-        if not self._arenas or any(m not in self._local_set for m in members):
+        """A shared-memory arena for ``members`` (ranks of this host), known to algorithms by
+        ``group_ranks``; this rank is member ``index``. None when there is no shared memory for
+        them. While waiting for another member to create it, ``alive()`` (if given) is called
+        now and then and may raise."""
+        if (not self._shared_arenas and self._fabric is None) or any(self.hosts[m] != self.hosts[self.rank]
+                                                                       for m in members):
             return None
         slot = self.settings.shm_slot_bytes
-        segment = share(self.store, f"shm/arena/{group_id:x}/{','.join(map(str, members))}", members,
-                        self.rank, arena_bytes(len(members), slot), self.network.token, "arena", deadline, alive)
-        arena = Arena(segment.array, segment.base, labels, index, slot, self.oversubscribed, describe,
-                      keepalive=segment)
+        key = f"shm/arena/{group_id:x}/{','.join(map(str, members))}"
+        nbytes = arena_bytes(len(members), slot)
+        if self._fabric is not None:
+            memory, base, keepalive = self._fabric.arena_memory(key, members, self.rank, nbytes, deadline, alive)
+        else:
+            segment = share(self.store, key, members, self.rank, nbytes, self.network.token, "arena", deadline, alive)
+            memory, base, keepalive = segment.array, segment.base, segment
+        arena = Arena(memory, base, group_ranks, index, slot, self.oversubscribed, describe, keepalive=keepalive)
         self._live_arenas.add(arena)
         return arena
 
@@ -131,5 +184,5 @@ class WorldTransport(Transport):
 
     def close(self) -> None:
         if self.host_local is not None:
-            self.host_local.close(Deadline.after(10))
+            self.host_local.close()
         self.network.close()

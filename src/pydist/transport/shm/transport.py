@@ -10,29 +10,34 @@ its incoming rings into posted receives (or holds messages as unexpected, see _m
 and pushes pending sends; when idle it sleeps on its doorbell futex. A thread blocked on a
 receive does that work itself for a while (``drive``), and peers then leave the progress
 thread asleep: handing each message to another thread of the process costs a GIL
-hand-off. Frame decoding is the sans-IO FrameReceiver shared with tcp.
+hand-off. Frame decoding is the sans-IO FrameReceiver shared with tcp. A peer's death is
+learnt from the network transport (``peer_gone``): what it wrote before is delivered first,
+then its receives fail and ``on_peer_gone`` reports it.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
 from ...core.deadline import Deadline
-from ...core.errors import PeerFailedError
-from . import atomics
-from ..base import MessageKey, Request
-from ..framing import HEADER, HEADER_SIZE, MAGIC, VERSION, Kind, encode_header
+from ...core.errors import DistBackendError, PeerFailedError
+from ..base import HostLocalTransport, MessageKey, Request
+from ..framing import HEADER_SIZE, Kind, encode_header, pack_header_into
 from ..matching import Matcher
-from .segment import Keepalive
 from ..receiver import FrameReceiver
+from . import atomics
+from .segment import Keepalive
 from .signal import SLEEP_SLICE, Signal
 
 LINE = 64
 #: Messages up to this size are written whole by the sending thread when the ring has room.
 INLINE_BYTES = 64 << 10
+#: close(): how long pending sends may take to drain into the rings
+CLOSE_SECONDS = 10.0
 
 
 def ring_bytes_for(local_ranks: int, requested: int) -> int:
@@ -75,16 +80,20 @@ class _Writer:
         self.error: BaseException | None = None
 
 
-class ShmTransport:
-    """Shared-memory channels of one rank to the other ranks of its host (world ranks)."""
+class ShmTransport(HostLocalTransport):
+    """Shared-memory channels of one rank to the other ranks of its host."""
 
     def __init__(self, rank: int, local_ranks: list[int], memory: np.ndarray, base: int, ring_bytes: int,
-                 matcher: Matcher, oversubscribed: bool, keepalive: Keepalive | None = None):
+                 matcher: Matcher, oversubscribed: bool, on_peer_gone: Callable[[int, BaseException], None],
+                 keepalive: Keepalive | None = None):
+        """``local_ranks``: the ranks of this host, this one included; ``on_peer_gone``: told
+        once a departed peer's messages are delivered (see peer_gone)."""
         self.rank = rank
         self.local = local_ranks
         self.matcher = matcher
+        self._on_peer_gone = on_peer_gone
         self._keepalive = keepalive
-        self._gone: dict[int, BaseException] = {}
+        self._leaving: dict[int, BaseException] = {}  # departed peers whose last messages are being delivered
         count, me = len(local_ranks), local_ranks.index(rank)
         self._words = memory.data.cast("Q")
         self._base = base
@@ -137,8 +146,7 @@ class ShmTransport:
             offset = tail % ring.capacity
             if offset + size > ring.capacity or ring.capacity - (tail - self._load(ring.head_word)) < size:
                 return False
-            HEADER.pack_into(ring.data, offset, MAGIC, VERSION, Kind.DATA, 0, key.group, key.seq, key.tag,
-                             data.nbytes, call)
+            pack_header_into(ring.data, offset, Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call)
             ring.data[offset + HEADER_SIZE:offset + size] = data
             self._publish_tail(peer, ring, tail + size)
         return True
@@ -207,6 +215,16 @@ class ShmTransport:
         self._signals[self._index[peer]].ring()
 
     # -- receiving ------------------------------------------------------------------------
+    def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
+        """Post a receive; its waiter drains the rings itself first (``drive``)."""
+        request = Request(peer, data, call)
+        request.drive = self.drive
+        self.matcher.post(request, peer, key)
+        return request
+
+    def cancel(self, request: Request) -> None:
+        self.matcher.cancel(request, DistBackendError("receive cancelled"))
+
     def _drain(self, peer: int) -> bool:
         """Consume what ``peer`` wrote to us; True if anything was read."""
         ring, receiver = self._readers[peer]
@@ -233,11 +251,11 @@ class ShmTransport:
             for peer in self._readers:
                 busy |= self._drain(peer)
             # after the drain: what a peer wrote before leaving counts
-            for peer in list(self._gone) if self._gone else ():
-                error = self._gone.pop(peer)
+            for peer in list(self._leaving) if self._leaving else ():
+                error = self._leaving.pop(peer)
                 self.fail_peer(peer, error)
                 self._readers[peer][1].abandon(error)  # a message it left half-written
-                self.matcher.fail_source(peer, error)
+                self._on_peer_gone(peer, error)
             return busy
         finally:
             self._drain_lock.release()
@@ -277,7 +295,7 @@ class ShmTransport:
             signal.sleep(lambda: self._stopping or self._has_work(), SLEEP_SLICE)
 
     def _has_work(self) -> bool:
-        if self._gone:
+        if self._leaving:
             return True
         for ring, _ in self._readers.values():
             if self._words[ring.head_word] != self._load(ring.tail_word):
@@ -287,11 +305,11 @@ class ShmTransport:
 
     def peer_gone(self, peer: int, error: BaseException) -> None:
         """``peer`` left (its tcp connection closed): deliver what it already wrote to us,
-        then fail its receives and our sends to it (done by the progress thread)."""
+        then fail our sends to it and report it (done by the progress thread)."""
         signals = self._signals
-        if signals is None:  # closed: nothing left to deliver
+        if signals is None:  # closed: nothing left to deliver, nobody waits
             return
-        self._gone[peer] = error
+        self._leaving[peer] = error
         signals[self._me].ring()
 
     def fail_peer(self, peer: int, error: BaseException) -> None:
@@ -309,10 +327,12 @@ class ShmTransport:
     def idle(self) -> bool:
         return all(not w.pending or w.error is not None for w in self._writers.values())
 
-    def close(self, deadline: Deadline) -> None:
-        """Let pending sends drain (until ``deadline``), then stop the progress thread (once)."""
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Let pending sends drain (until ``deadline``, default CLOSE_SECONDS from now), then
+        stop the progress thread (once)."""
         if self._stopping:
             return
+        deadline = deadline or Deadline.after(CLOSE_SECONDS)
         while not self.idle() and not deadline.expired():
             self._signals[self._me].wake()
             threading.Event().wait(0.001)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from ...net.auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce, token_of
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
-from ...core.settings import settings
 from ...store._base import StoreTimeoutError
 from ...net.addresses import host_port, listen
 from ...net.interfaces import interface_of
@@ -222,14 +221,13 @@ class Acceptor:
         return answer
 
 
-def _tune(sock: socket.socket) -> socket.socket:
-    """No Nagle delay; and the heartbeat (PYDIST_PEER_TIMEOUT): once the connection is idle
+def _tune(sock: socket.socket, seconds: float) -> socket.socket:
+    """No Nagle delay; and the heartbeat (``seconds``: PYDIST_PEER_TIMEOUT, 0 off): once the connection is idle
     for a second the kernel probes the peer every second and drops the connection when
     probes or sent data go unanswered for the peer timeout, so a host that vanished (power,
     cable: no FIN, no RST) fails its connection like a dead process does. A live peer's
     kernel answers the probes even while its process is busy or stopped."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    seconds = settings().peer_timeout
     if seconds > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
         probes = max(1, int(seconds) - 1)  # after 1 s idle, one a second: unanswered for ~the timeout
         for level, option, value in ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
@@ -267,9 +265,11 @@ def _remaining_timedelta(deadline: Deadline):
 
 
 def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
-               auth_token: bytes | None = None, tls: Contexts | None = None) -> socket.socket | TlsSocket:
+               auth_token: bytes | None = None, tls: Contexts | None = None,
+               peer_timeout: float = 0.0) -> socket.socket | TlsSocket:
     """Connect to a lower rank (with ``tls``: over mutual TLS), retrying with backoff until
-    the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused)."""
+    the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused);
+    ``peer_timeout``: the connection's heartbeat (see _tune)."""
     delay, last_error = 0.01, None
     while not deadline.expired():
         try:
@@ -295,7 +295,7 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
             except BaseException:
                 sock.close()
                 raise
-            return secured(_tune(sock))
+            return secured(_tune(sock, peer_timeout))
         except AuthenticationError as error:
             raise AuthenticationError(f"rank {rank} could not authenticate with rank {record.rank} at "
                                       f"{record.dialled}: authentication failed: {error}") from None
@@ -319,7 +319,8 @@ def _ranks_at(address: str, expected: set[int], records: list[PeerRecord] | None
 
 def accept_from(listener: socket.socket, expected: set[int], rank: int, token: str,
                 deadline: Deadline, auth_token: bytes | None = None, tls: Contexts | None = None,
-                records: list[PeerRecord] | None = None) -> dict[int, socket.socket | TlsSocket]:
+                records: list[PeerRecord] | None = None, peer_timeout: float = 0.0,
+                ) -> dict[int, socket.socket | TlsSocket]:
     """Accept one connection from each rank in ``expected``; drop strays, garbage and (with
     ``auth_token``) connections that fail authentication, logging each with its address.
     A TLS failure or mismatch (``tls`` set and the peer plain, or the reverse) from an
@@ -338,7 +339,7 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
                 continue
             peer_sock = _handshake(sock, where, expected - accepted.keys(), rank, token, auth_token, tls, records)
             if peer_sock is not None:
-                accepted[peer_sock[0]] = secured(_tune(peer_sock[1]))
+                accepted[peer_sock[0]] = secured(_tune(peer_sock[1], peer_timeout))
     except BaseException:
         for done in accepted.values():
             done.close()
@@ -414,10 +415,12 @@ def lane_count(one: PeerRecord, other: PeerRecord) -> int:
 
 
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
-               lanes: list[str] | None = None) -> tuple[dict[int, list[Connection]], list[PeerRecord], str]:
+               lanes: list[str] | None = None, peer_timeout: float = 0.0,
+               ) -> tuple[dict[int, list[Connection]], list[PeerRecord], str]:
     """Sockets to every other rank (blocking mode), lane 0 first, every rank's record, the
     world token. ``lanes``: this rank's further addresses, each listened on; two ranks open
-    one connection per lane both offer, lane by lane (the HELLO's world token names the lane)."""
+    one connection per lane both offer, lane by lane (the HELLO's world token names the lane);
+    ``peer_timeout``: every connection's heartbeat (PYDIST_PEER_TIMEOUT, see _tune)."""
     with ExitStack() as listening:
         listeners = [listening.enter_context(listen(a, backlog=max(size, 16))) for a in [address, *(lanes or [])]]
         ports = [listener.getsockname()[1] for listener in listeners]
@@ -432,9 +435,9 @@ def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id
                 peers = [p for p in range(size) if p != rank and k < lane_count(records[rank], records[p])]
                 for peer in (p for p in peers if p < rank):
                     sockets.setdefault(peer, []).append(
-                        connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls))
+                        connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls, peer_timeout))
                 accepted = accept_from(listener, {p for p in peers if p > rank}, rank, world, deadline, auth_token,
-                                       tls, [r.lane(k) for r in records])
+                                       tls, [r.lane(k) for r in records], peer_timeout)
                 for peer in sorted(accepted):
                     sockets.setdefault(peer, []).append(accepted[peer])
         except BaseException:

@@ -1,47 +1,43 @@
-"""TCP transport: one connection per pair of ranks (per interface named, see _stripes), one
+"""TCP transport: one connection per pair of ranks (per interface named, see stripes), one
 I/O thread per world.
 
-Sends are tried at once from the caller's thread (small messages never wait for the I/O
-thread); whatever the kernel does not take is queued and finished by the I/O thread. The
-I/O thread reads every connection, except while a caller blocked on a receive has borrowed
-them (``TcpTransport.drive``, PYDIST_TCP_READER=caller; see _tcp_poller): that caller reads
-the sockets itself until its receive completes, as MPI progress engines do, so a message
-costs no hand-off between threads. Whoever reads, a frame whose receive is already posted
-lands straight in the destination buffer (large payloads with no intermediate copy); others
-are held as unexpected until matched. Past PYDIST_MAX_UNEXPECTED_BYTES held from one peer, and with no
+Each peer's connection (connection.py) sends at once from the caller's thread and queues
+what the kernel does not take for the I/O thread. The I/O thread reads every connection,
+except while a caller blocked on a receive has borrowed them (``TcpTransport.drive``,
+PYDIST_TCP_READER=caller; see poller): that caller reads the sockets itself until its
+receive completes, as MPI progress engines do, so a message costs no hand-off between
+threads. Whoever reads, a frame whose receive is already posted lands straight in the
+destination buffer (large payloads with no intermediate copy); others are held as
+unexpected until matched. Past PYDIST_MAX_UNEXPECTED_BYTES held from one peer, and with no
 receive wanting its data, the I/O thread stops reading that peer (between two frames) until
-a receive wants it, so TCP's flow control blocks a sender that runs ahead (see _flow). A
-peer that disconnects fails every receive and send involving it with PeerFailedError naming
-its rank and host; a clean shutdown is announced by a BYE frame so the error can say so.
+a receive wants it, so TCP's flow control blocks a sender that runs ahead (see flow). A peer
+that disconnects fails every receive and send involving it with PeerFailedError naming its
+rank and host (reported through ``on_peer_gone``); a clean shutdown is announced by a BYE
+frame so the error can say so. A peer's ABORT frame is reported to ``events``.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import threading
 import time
-from collections import deque
 from typing import Callable
 
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError, PeerFailedError
+from ...core.errors import DistBackendError
+from ...core.settings import Settings
 from ..abort import abort_payload, aborted_by
-from ..base import MessageKey, Request, Transport
-from ..framing import FramingError, Header, Kind, encode_frame, encode_header
-from ..matching import Matcher
+from ..base import Events, MessageKey, NetworkTransport, Request
+from ..framing import FramingError, Kind, encode_frame, encode_header
 from ..identity import lane_addresses
+from ..matching import Matcher
+from .connection import Connection
 from .mesh import build_mesh
-from ..receiver import FrameReceiver
-from .stripes import bounds, join, part_key
 from .poller import Poller
-from .tls_socket import TlsSocket
-from ...core.settings import settings
+from .stripes import bounds, join, part_key
 
 log = logging.getLogger("pydist.transport")
 
-STAGING_BYTES = 64 * 1024  # a frame's first read: larger takes more payload through staging
-DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
 FLUSH_SECONDS = 10.0  # close(): how long queued sends may take to drain
 LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before closing anyway
 #: A caller reading the sockets looks at least this often (seconds) whether its receive was
@@ -51,189 +47,32 @@ DRIVE_SLICE = 0.05
 #: reads the next segment while the caller reduces the last; measured faster from 1 MiB up); an
 #: operation up to this size borrows the sockets from its start to its end.
 CALLER_READ_BYTES = 64 * 1024
-#: gloo's words for a peer that went away, which torch's tests and code written against gloo match.
-CLOSED = "Connection closed by peer"
+#: unfinished sends kept per group before the finished ones are dropped from the list
+UNSENT_TRIM = 32
 
 
-class _Outgoing:
-    __slots__ = ("parts", "request")
-
-    def __init__(self, parts: list[memoryview], request: Request | None):
-        self.parts = parts
-        self.request = request
-
-    def advance(self, sent: int) -> bool:
-        """Drop ``sent`` bytes from the front; True when everything is sent."""
-        while sent and self.parts:
-            head = self.parts[0]
-            if sent >= head.nbytes:
-                sent -= head.nbytes
-                self.parts.pop(0)
-            else:
-                self.parts[0] = head[sent:]
-                sent = 0
-        while self.parts and self.parts[0].nbytes == 0:
-            self.parts.pop(0)
-        return not self.parts
-
-
-class _Connection:
-    """The socket to one peer: its send queue, and the frame being received from it."""
-
-    def __init__(self, transport: "TcpTransport", peer: int, sock: socket.socket | TlsSocket, host: str):
-        self.transport = transport
-        self.peer = peer
-        self.host = host
-        self.sock = sock
-        self.fd = sock.fileno()
-        sock.setblocking(False)
-        self.receiver = FrameReceiver(peer, transport.matcher, self._control)
-        self.staging = bytearray(STAGING_BYTES)
-        self.staging_view = memoryview(self.staging)
-        self.send_lock = threading.Lock()
-        self.queue: deque[_Outgoing] = deque()
-        self.want_write = False
-        self.write_armed = False  # the I/O thread waits for the socket to be writable
-        self.closing = False  # close(): read to the peer's EOF, paused or not
-        self.bye_received = False
-        self.error: BaseException | None = None
-
-    # -- sending (any thread) -------------------------------------------------------------
-    def send(self, parts: list[memoryview], request: Request | None) -> None:
-        """Send now what the kernel takes; queue the rest for the I/O thread."""
-        with self.send_lock:
-            if self.error is not None:
-                if request is not None:
-                    request.complete(self.error)
-                return
-            outgoing = _Outgoing(parts, request)
-            if not self.queue:
-                try:
-                    done = outgoing.advance(self.sock.sendmsg(outgoing.parts))
-                except BlockingIOError:
-                    done = False
-                except OSError as error:
-                    self.transport._fail_later(self, error)
-                    if request is not None:
-                        request.complete(self._failure(error))
-                    return
-                if done:
-                    if request is not None:
-                        request.complete()
-                    return
-            self.queue.append(outgoing)
-            wake = not self.want_write
-            self.want_write = True
-        if wake:
-            self.transport._want_write(self)
-
-    def flush(self) -> bool:
-        """I/O thread: send queued bytes; True when the queue is empty."""
-        with self.send_lock:
-            while self.queue:
-                outgoing = self.queue[0]
-                try:
-                    sent = self.sock.sendmsg(outgoing.parts)
-                except BlockingIOError:
-                    return False
-                if not outgoing.advance(sent):
-                    return False
-                self.queue.popleft()
-                if outgoing.request is not None:
-                    outgoing.request.complete()
-            self.want_write = False
-            return True
-
-    @property
-    def reading(self) -> bool:
-        """Not paused (too much unexpected data held from this peer, see _flow), or closing."""
-        return self.closing or self.peer not in self.transport.matcher.throttle.paused
-
-    def idle(self) -> bool:
-        with self.send_lock:
-            return not self.queue or self.error is not None
-
-    # -- receiving (I/O thread) -----------------------------------------------------------
-    def on_readable(self) -> None:
-        """Read what is available; raises OSError/FramingError/EOFError on a broken peer."""
-        receiver = self.receiver
-        while True:
-            direct = receiver.direct_view(DIRECT_MIN)
-            try:
-                n = self.sock.recv_into(direct if direct is not None else self.staging)
-            except BlockingIOError:
-                return
-            if n == 0:
-                raise EOFError
-            if direct is not None:
-                receiver.direct_done(n)
-            else:
-                receiver.feed(self.staging_view[:n])
-            if receiver.between_frames() and self.transport._should_pause(self):
-                return
-            if direct is None and n < STAGING_BYTES:
-                return
-
-    def _control(self, header: Header, payload: bytes) -> None:
-        if header.kind == Kind.BYE:
-            self.bye_received = True
-        else:
-            self.transport._peer_aborted(self.peer, header.group, payload)
-
-    def _failure(self, cause: BaseException | None) -> PeerFailedError:
-        me = self.transport.rank
-        if self.bye_received:
-            text = (f"rank {self.peer} on {self.host} has shut down its process group "
-                    f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")
-        elif isinstance(cause, OSError) and cause.errno == errno.ETIMEDOUT:
-            text = (f"rank {self.peer} on {self.host} stopped answering rank {me} for "
-                    f"{settings().peer_timeout:g} s (PYDIST_PEER_TIMEOUT): its host or the network "
-                    f"between them is gone ({type(cause).__name__}: {cause})")
-        else:
-            text = (f"rank {self.peer} on {self.host} closed its connection to rank {me} "
-                    f"unexpectedly: its process exited or was killed, or the network failed: {CLOSED}")
-            if cause is not None and not isinstance(cause, EOFError):
-                text += f" ({type(cause).__name__}: {cause})"
-        error = PeerFailedError(text, rank=self.peer, host=self.host)
-        error.__cause__ = cause if isinstance(cause, OSError) else None
-        return error
-
-    def fail(self, cause: BaseException | None, error: BaseException | None = None) -> None:
-        """Mark the peer gone: fail queued sends, the receive in progress, and later receives
-        (with ``error``, else one made from ``cause``)."""
-        with self.send_lock:
-            if self.error is not None:
-                return
-            self.error = error or self._failure(cause)
-            queued = list(self.queue)
-            self.queue.clear()
-        for outgoing in queued:
-            if outgoing.request is not None:
-                outgoing.request.complete(self.error)
-        if not self.transport.reading_elsewhere():  # else that reader abandons it when it stops
-            self.receiver.abandon(self.error)
-        self.transport._on_peer_failed(self.peer, self.error)
-
-
-class TcpTransport(Transport):
+class TcpTransport(NetworkTransport):
     """The tcp transport of one rank: sockets to all peers and their I/O thread."""
 
-    def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str,
-                 hostname: str, host_id: str, matcher: Matcher | None = None, on_peer_failed=None,
-                 lanes: list[str] | None = None):
-        """``lanes``: further addresses to listen on, one connection per peer on each (default:
+    def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
+                 host_id: str, matcher: Matcher, events: Events, settings: Settings,
+                 on_peer_gone: Callable[[int, BaseException], None] | None = None, lanes: list[str] | None = None):
+        """``on_peer_gone``: told when a peer's connection dies (default: ``events.peer_gone``);
+        ``lanes``: further addresses to listen on, one connection per peer on each (default:
         the other interfaces PYDIST_SOCKET_IFNAME names, see ``lane_addresses``)."""
         self.rank, self.size = rank, size
-        self.matcher = matcher if matcher is not None else Matcher()
-        self._on_peer_failed = on_peer_failed or self.matcher.fail_source
-        self.caller_reads = settings().tcp_reader == "caller"
-        self._stripe_bytes = settings().stripe_bytes or (1 << 62)
+        self.matcher, self.events = matcher, events
+        self._on_peer_gone = on_peer_gone or events.peer_gone
+        self.caller_reads = settings.tcp_reader == "caller"
+        self.peer_timeout = settings.peer_timeout
+        self._stripe_bytes = settings.stripe_bytes or (1 << 62)
         self._failed_while_read = False
-        lanes = lane_addresses(address) if lanes is None else lanes
+        lanes = lane_addresses(address, settings) if lanes is None else lanes
         sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
-                                                       lanes)
+                                                       lanes, settings.peer_timeout)
+        self.hosts = [record.host_id for record in self.records]
         #: each peer's connections, lane 0 (every message under PYDIST_STRIPE_BYTES) first
-        self._lanes = {peer: [_Connection(self, peer, sock, self.records[peer].lane(k).label)
+        self._lanes = {peer: [Connection(self, peer, sock, self.records[peer].lane(k).label)
                               for k, sock in enumerate(socks)] for peer, socks in sockets.items()}
         self._every = [conn for lanes in self._lanes.values() for conn in lanes]
         self._wake_r, self._wake_w = socket.socketpair()
@@ -245,16 +84,18 @@ class TcpTransport(Transport):
         for conn in self._every:
             self._arm(conn)
         self._pending_lock = threading.Lock()
-        self._pending_write: list[_Connection] = []
+        self._pending_write: list[Connection] = []
         self.matcher.throttle.resume = self._resume_reading
-        self._pending_fail: list[tuple[_Connection, BaseException]] = []
+        self._pending_fail: list[tuple[Connection, BaseException]] = []
         self._parts: dict[Request, list[Request]] = {}  # striped receives in progress: their parts
+        self._unsent: dict[int, list[Request]] = {}  # group -> sends not finished yet (see fail_sends)
+        self._unsent_lock = threading.Lock()
         self._stopping = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-io-{rank}", daemon=True)
         self._thread.start()
 
-    # -- Transport ------------------------------------------------------------------------
+    # -- NetworkTransport ------------------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
@@ -275,15 +116,31 @@ class TcpTransport(Transport):
         lanes = len(self._lanes.get(peer, ())) if peer is not None else 0
         return bounds(nbytes, lanes) if call and lanes > 1 and nbytes >= self._stripe_bytes else []
 
-    def _send_on(self, conn: _Connection, data: memoryview, key: MessageKey, call: int,
+    def _send_on(self, conn: Connection, data: memoryview, key: MessageKey, call: int,
                  request: Request | None = None) -> Request:
         """Send ``data`` as one frame on ``conn``, completing ``request`` (made if None)."""
         request = request or Request(conn.peer, data)
         header = memoryview(encode_header(Kind.DATA, key.group, key.seq, key.tag, data.nbytes, call))
         conn.send([header, data], request)
         if not request.done():
-            self.matcher.track_send(key.group, request)
+            self._track_unsent(key.group, request)
         return request
+
+    def _track_unsent(self, group: int, request: Request) -> None:
+        """A send of ``group`` not finished yet: an abort of the group fails it (a broadcast
+        root only sends: without this it would learn of the abort only when the peer's socket
+        closes, and name that peer instead of the dead one)."""
+        with self._unsent_lock:
+            sends = self._unsent.setdefault(group, [])
+            if len(sends) >= UNSENT_TRIM:
+                sends[:] = [r for r in sends if not r.done()]
+            sends.append(request)
+
+    def fail_sends(self, group: int, error: BaseException) -> None:
+        with self._unsent_lock:
+            sends = self._unsent.pop(group, [])
+        for request in sends:
+            request.complete(error)
 
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         """A collective's message of PYDIST_STRIPE_BYTES or more from a peer with several lanes
@@ -305,11 +162,11 @@ class TcpTransport(Transport):
     def _forget_parts(self, request: Request) -> None:
         self._parts.pop(request, None)
 
-    def connections(self) -> list[_Connection]:
+    def connections(self) -> list[Connection]:
         """Every connection to every peer (each lane of each)."""
         return list(self._every)
 
-    def lanes(self, peer: int) -> list[_Connection]:
+    def lanes(self, peer: int) -> list[Connection]:
         """The connections to ``peer``, lane 0 first."""
         return list(self._lanes[peer])
 
@@ -385,7 +242,7 @@ class TcpTransport(Transport):
             return True
         return False
 
-    def _read(self, conn: _Connection) -> None:
+    def _read(self, conn: Connection) -> None:
         """Read what ``conn`` has (the reading thread); a broken peer is failed."""
         if conn.error is not None:
             return
@@ -401,8 +258,11 @@ class TcpTransport(Transport):
     def peer_host(self, peer: int) -> str:
         return self.records[peer].label
 
-    def abort(self, peers: list[int], group: int, error: BaseException) -> None:
-        payload = abort_payload(error, self.matcher.known_dead(group))
+    def endpoint(self) -> str:
+        return self.records[self.rank].where
+
+    def abort(self, peers: list[int], group: int, error: BaseException, known_dead: list[int]) -> None:
+        payload = abort_payload(error, known_dead)
         frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, payload))
         for peer in peers:
             if peer != self.rank:
@@ -454,7 +314,7 @@ class TcpTransport(Transport):
         except (BlockingIOError, OSError):
             pass
 
-    def _want_write(self, conn: _Connection) -> None:
+    def want_write(self, conn: Connection) -> None:
         with self._pending_lock:
             self._pending_write.append(conn)
         self._wake()
@@ -464,7 +324,7 @@ class TcpTransport(Transport):
         for conn in self._lanes.get(peer, []):  # none: a peer of another transport (shared memory)
             self._arm(conn)
 
-    def _should_pause(self, conn: _Connection) -> bool:
+    def should_pause(self, conn: Connection) -> bool:
         """The reading thread, between frames: stop reading ``conn`` (the matcher holds too
         much of its unexpected data and nothing wants it)."""
         if self._closed or not self.matcher.should_pause(conn.peer):
@@ -472,7 +332,7 @@ class TcpTransport(Transport):
         self._arm(conn)  # every change of the paused set is followed by an _arm: the last one wins
         return True
 
-    def _arm(self, conn: _Connection, write: bool | None = None) -> None:
+    def _arm(self, conn: Connection, write: bool | None = None) -> None:
         """Any thread: wait for ``conn``'s socket to be readable (unless paused or failed)
         and, if ``write`` (None: as before), writable."""
         with self._arm_lock:  # the state read and its registration as one step: the last call wins
@@ -481,21 +341,26 @@ class TcpTransport(Transport):
             alive = conn.error is None
             self._poller.want(conn.fd, alive and conn.reading, alive and conn.write_armed)
 
-    def _broken(self, conn: _Connection, error: BaseException) -> None:
+    def _broken(self, conn: Connection, error: BaseException) -> None:
         """Reading ``conn`` failed (any thread): its peer is gone or sent garbage."""
         if isinstance(error, FramingError):
             log.warning("pydist rank %d: garbage from rank %d: %s", self.rank, conn.peer, error)
         self._drop(conn, error)
 
-    def _fail_later(self, conn: _Connection, error: BaseException) -> None:
+    def send_failed(self, conn: Connection, error: BaseException) -> None:
         """A send failed on a caller's thread: the I/O thread drops ``conn``, because only a
         thread that reads the sockets may abandon the frame half read from it."""
         with self._pending_lock:
             self._pending_fail.append((conn, error))
         self._wake()
 
-    def _peer_aborted(self, peer: int, group: int, payload: bytes) -> None:
-        self.matcher.fail_group(group, aborted_by(peer, self.records[peer].hostname, payload))
+    def peer_aborted(self, peer: int, group: int, payload: bytes) -> None:
+        """``peer``'s ABORT frame for ``group`` arrived (the reading thread)."""
+        self.events.abort_group(group, aborted_by(peer, self.records[peer].hostname, payload))
+
+    def peer_lost(self, peer: int, error: BaseException) -> None:
+        """A connection to ``peer`` failed with ``error`` (its PeerFailedError)."""
+        self._on_peer_gone(peer, error)
 
     def _apply_pending(self) -> None:
         try:
@@ -511,7 +376,7 @@ class TcpTransport(Transport):
         for conn in writes:
             self._flush(conn)
 
-    def _drop(self, conn: _Connection, cause: BaseException | None) -> None:
+    def _drop(self, conn: Connection, cause: BaseException | None) -> None:
         """``conn`` failed: fail it and (before close) the peer's other lanes with its error,
         hanging them up, so the peer too sees this rank leave instead of hearing over a
         surviving lane that it is itself the one gone."""
@@ -540,7 +405,7 @@ class TcpTransport(Transport):
             for fd in writable:
                 self._flush(self._by_fd[fd])
 
-    def _flush(self, conn: _Connection) -> None:
+    def _flush(self, conn: Connection) -> None:
         """I/O thread: send what ``conn`` has queued; wait for it to be writable if the
         kernel did not take everything. A broken peer is failed."""
         if conn.error is not None:
