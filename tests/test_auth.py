@@ -24,7 +24,8 @@ from pydist.store._service import StoreService
 from pydist.testing import run_processes
 from pydist.testing.threads import RankFailed
 from pydist.transport.framing import HEADER_SIZE, Kind, decode_header, encode_frame
-from pydist.transport.tcp.mesh import Acceptor, Connector, PeerRecord, Refused, accept_from, connect_to
+from pydist.transport.tcp.hello import Acceptor, Connector, Refused
+from pydist.transport.tcp.mesh import PeerRecord, accept_from, connect_to
 
 TOKEN = b"correct horse battery staple"
 FIVE = timedelta(seconds=5)

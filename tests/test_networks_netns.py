@@ -29,7 +29,7 @@ pydist.init_process_group()
 buf = np.ones(3) * (pydist.get_rank() + 1)
 pydist.all_reduce(buf)
 records = current().transport.network.records
-print("RESULT " + json.dumps([buf.tolist(), [[r.address, r.iface] for r in records]]), flush=True)
+print("RESULT " + json.dumps([buf.tolist(), [[r.address, r.iface] for r in records.values()]]), flush=True)
 pydist.destroy_process_group()
 """
 

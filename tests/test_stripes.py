@@ -95,7 +95,7 @@ def exchange(transports: list[TcpTransport], nbytes: int, call: int) -> np.ndarr
 
 def test_two_lanes_connect_every_pair(pair):
     assert [len(t.lanes(1 - t.rank)) for t in pair] == [2, 2]
-    assert [len(r.lanes) for r in pair[0].records] == [1, 1]
+    assert [len(r.lanes) for r in pair[0].records.values()] == [1, 1]
     assert pair[0].records[1].where == "127.0.0.1, lo; 127.0.0.1, lo"  # as python -m pydist.debug shows it
 
 

@@ -19,10 +19,11 @@ from .api.environment import (default_pg_timeout, get_node_local_rank, get_pg_co
 from .core.errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, GroupAbortedError,
                       OpTimeoutError, PeerFailedError, QueueEmptyError)
 from .groups.process_group import ProcessGroup
-from .api.groups import (Backend, GroupMember, destroy_process_group, get_backend, get_backend_config,
-                    get_global_rank, get_group_rank,
-                    get_process_group_ranks, get_rank, get_world_size, group, init_process_group, is_available,
-                    is_initialized, new_group, new_subgroups, new_subgroups_by_enumeration)
+from .api.grow import admit_joiners
+from .api.groups import (Backend, GroupMember, get_backend, get_backend_config, get_global_rank, get_group_rank,
+                         get_process_group_ranks, get_rank, get_world_size, group, is_available, is_initialized,
+                         new_group, new_subgroups, new_subgroups_by_enumeration)
+from .api.init import destroy_process_group, init_process_group
 from .api.objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list,
                           scatter_object_list, send_object_list)
 # torch.distributed exposes _make_nccl_premul_sum at top level; the redundant alias marks it a re-export
@@ -63,5 +64,5 @@ __all__ = [
     "supports_complex", "all_gather_single", "all_reduce_coalesced", "reduce_scatter_single",
     "get_backend_config", "register_rendezvous_handler",
     "all_gather_coalesced", "breakpoint", "DebugLevel", "get_debug_level", "set_debug_level",
-    "set_debug_level_from_env",
+    "set_debug_level_from_env", "admit_joiners",
 ]

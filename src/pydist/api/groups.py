@@ -1,17 +1,15 @@
-"""Creating and destroying process groups: torch's names, signatures and errors."""
+"""Groups and ranks: torch's names, signatures and errors (new_group, get_rank, Backend, ...).
+Creating and destroying the default group is api.init's."""
 from __future__ import annotations
 
-import atexit
 import warnings
 from datetime import timedelta
 from typing import Any
 
 from ..core.deadline import DEFAULT_PG_TIMEOUT, to_seconds
-from ..groups.factory import join_mpi, join_native, make_group
+from ..groups.factory import make_group
 from ..groups.process_group import ProcessGroup
-from ..groups.world import World, current, process_world
-from ..rendezvous import rendezvous
-from ..store import TCPStore
+from ..groups.world import World, current
 
 
 class Backend(str):
@@ -58,7 +56,7 @@ class group(metaclass=_WorldProperty):  # noqa: N801 - torch's name
     """``group.WORLD``: the default process group."""
 
 
-def _not_initialized() -> ValueError:
+def not_initialized() -> ValueError:
     return ValueError("Default process group has not been initialized, please make sure to call "
                       "init_process_group.")
 
@@ -66,7 +64,7 @@ def _not_initialized() -> ValueError:
 def _default_world() -> World:
     world = current()
     if world.default_group is None:
-        raise _not_initialized()
+        raise not_initialized()
     return world
 
 
@@ -101,60 +99,6 @@ def timeout_seconds(timeout: Any) -> float:
     if seconds <= 0:
         raise ValueError(f"timeout: expected a positive duration, got {timeout!r}")
     return seconds
-
-
-def init_process_group(backend: str | None = None, init_method: str | None = None,
-                       timeout: timedelta | None = None, world_size: int = -1, rank: int = -1,
-                       store: Any = None, group_name: str = "", pg_options: Any = None,
-                       device_id: Any = None) -> None:
-    """Join the default process group (torch's signature and rendezvous rules).
-
-    ``backend="mpi"``: under mpiexec/srun, rank and world size come from MPI.COMM_WORLD
-    (a ``rank``/``world_size`` that differs raises ValueError naming both); ``init_method``
-    and ``store`` are not used, as by torch's MPI backend (MPI's launcher did the rendezvous).
-    """
-    world = current()
-    if world.default_group is not None:
-        raise ValueError("trying to initialize the default process group twice!")
-    backend_name = Backend(backend or Backend.PYDIST)
-    if store is not None and init_method is not None:
-        raise ValueError("Cannot specify both init_method and store.")
-    seconds = timeout_seconds(timeout)
-    if backend_name == Backend.MPI:
-        join_mpi(world, rank, world_size)
-    else:
-        owned = None
-        if store is None:
-            store, rank, world_size = rendezvous(init_method or "env://", rank, world_size,
-                                                 timedelta(seconds=seconds))
-            owned = store
-        elif world_size <= 0:
-            raise ValueError(f"world_size: must be positive when store is given, got {world_size}")
-        elif rank < 0:
-            raise ValueError(f"rank: must be non-negative when store is given, got {rank}")
-        if not 0 <= rank < world_size:
-            if owned is not None:
-                owned.close()
-            raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
-        join_native(world, rank, world_size, store, seconds, backend_name, owned,
-                    store_host=0 if isinstance(owned, TCPStore) else None)
-    ranks = list(range(world.size))
-    group_id, _name = world.group_id(ranks)
-    make_group(world, ranks, group_id, group_name or "default_pg", seconds, default=True)
-
-
-def destroy_process_group(group: ProcessGroup | None = None) -> None:
-    """Destroy one group, or (None) every group, the transport and the store."""
-    world = current()
-    if group is NON_GROUP_MEMBER:
-        return
-    if world.default_group is None:
-        raise _not_initialized()
-    if group is not None and group is not world.default_group:
-        group.destroy(timeout=group.timeout)
-        world.remove_group(group)
-        return
-    world.leave()
 
 
 def is_initialized() -> bool:
@@ -282,13 +226,3 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     if target is None or not 0 <= group_rank < target.size():
         raise ValueError(f"Group rank {group_rank} is not part of group {group}")
     return target.ranks[group_rank]
-
-
-@atexit.register
-def _destroy_at_exit() -> None:
-    """Destroy the process's groups at interpreter exit (best effort: the process is ending)."""
-    if process_world().default_group is not None:
-        try:
-            destroy_process_group()
-        except Exception:  # noqa: BLE001 - nothing can be reported any more
-            pass

@@ -32,11 +32,10 @@ from ..core.deadline import Deadline
 from ..core.errors import DistError, GroupAbortedError
 from ..engines.native import NativeEngine
 from ..groups.agreement import agree
-from ..groups.factory import make_group, namespace
+from ..groups.factory import make_group, rebuild_default
 from ..groups.process_group import ProcessGroup
-from ..groups.progress import ProgressBoard
 from ..groups.world import World, current, group_digest
-from ..store import PrefixStore, Store, TCPStore
+from ..store import Store, TCPStore
 from .collectives import barrier
 from .groups import get_rank, resolve_group, timeout_seconds
 
@@ -124,45 +123,26 @@ def shrink(world: World, parent: ProcessGroup, ranks_to_exclude: list[int],
         world.remove_group(parent)
         created = make_group(world, [parent.ranks[g] for g in shrunk.kept], shrunk.group_id,
                              f"pg-{shrunk.group_id:016x}"[:20], parent.timeout, f"{parent.group_desc}:shrunk")
-    else:
-        for each in reversed(world.groups):  # the default group's shrink renumbers: the others cannot stay
-            each.destroy(timeout=drain if each is parent else 0.0)
-            world.remove_group(each)
-        _renumber(world, shrunk, parent.timeout)
-        created = make_group(world, list(range(len(shrunk.kept))), shrunk.group_id,
-                             f"pg-{shrunk.group_id:016x}"[:20], parent.timeout, "default:shrunken", default=True)
-    dead = _unconfirmed(created)
-    return created if dead is None else shrink(world, created, dead, SHRINK_ABORT)
+    else:  # the default group's shrink renumbers: the other groups cannot stay
+        owned = _store_of(shrunk, parent.timeout) if shrunk.store_port else None
+        created = rebuild_default(world, shrunk.members, shrunk.group_id, parent.timeout, "default:shrunken", drain,
+                                  owned, shrunk.members[0] if owned else None)
+    return confirmed(world, created)
 
 
-def _unconfirmed(group: ProcessGroup) -> list[int] | None:
-    """A barrier on the new group: a member that died during the shrink, after its proposal
-    reached the leader, fails it at every survivor. None when it passed, else the group
-    ranks to shrink away again."""
+def confirmed(world: World, group: ProcessGroup) -> ProcessGroup:
+    """``group`` once its members all reached it: a barrier on it, which a member that died
+    meanwhile (after the agreement that made the group) fails at every survivor; they then
+    shrink it away, as often as it takes."""
     try:
         barrier(group=group)
     except DistError as error:
         dead = sorted(g for g in map(group.group_rank_of, error.dead_ranks) if g is not None)
         if not dead:
             raise
-        _log.info("shrink_group: ranks %s died during the shrink; shrinking again", dead)
-        return dead
-    return None
-
-
-def _renumber(world: World, shrunk: Shrunk, timeout: float) -> None:
-    """The world after its default group shrank to ``shrunk.members`` (transport ranks):
-    ranks 0..n-1, a fresh namespace in the store (the new one when the old one's host is
-    gone), a new progress board."""
-    owned = _store_of(shrunk, timeout) if shrunk.store_port else None
-    if owned is not None:
-        base: Any = owned
-    else:
-        assert world.store is not None  # a native world keeps its store
-        base = world.store.underlying_store if isinstance(world.store, PrefixStore) else world.store
-    store = namespace(world, base)
-    me = shrunk.members.index(world.transport_rank(world.rank))
-    world.renumber(shrunk.members, store, ProgressBoard(store, me), owned, shrunk.members[0] if owned else None)
+        _log.info("ranks %s died before the new group's first operation; shrinking again", dead)
+        return shrink(world, group, dead, SHRINK_ABORT)
+    return group
 
 
 def split_group(parent_pg: ProcessGroup | None = None, split_ranks: list[list[int]] | None = None,

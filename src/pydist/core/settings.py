@@ -124,6 +124,10 @@ class Settings:
     algo_gather: str | None = _algorithm("gather")
     algo_scatter: str | None = _algorithm("scatter")
     algo_barrier: str | None = _algorithm("barrier")
+    join: bool = _setting(
+        "PYDIST_JOIN", False, _flag, "0 / 1",
+        "1: this process joins a running job (a replacement: pydist-run --on-failure replace sets "
+        "it): init_process_group waits until the job's ranks admit it (pydist.admit_joiners).")
     backend: str = _setting(
         "PYDIST_BACKEND", "pydist", _choice("pydist", "mpi", lower=True), "pydist / mpi",
         "Engine of the torch plugin's groups when pg_options does not name one.")

@@ -18,9 +18,11 @@ from typing import Any
 from ..algorithms.barrier_dissemination import barrier
 from ..algorithms.comm import Comm
 from ..core.deadline import Deadline
+from ..core.errors import DistNetworkError
 from ..core.settings import settings
 from ..store import PrefixStore, Store
 from ..transport.world import WorldTransport
+from .admission import Ticket, base_store, found_job
 from .process_group import ProcessGroup
 from .progress import ProgressBoard
 from .state import GroupStates
@@ -29,13 +31,15 @@ from .world import World, local_host
 MPI = "mpi"  # the engine name of MPI worlds (torch's Backend.MPI)
 
 
-def default_transport(rank: int, size: int, store: Any, deadline: Deadline, events: GroupStates) -> WorldTransport:
-    """The world transport (tcp + shared memory) of ``rank``, met through ``store``."""
+def default_transport(rank: int, size: int, store: Any, deadline: Deadline, events: GroupStates,
+                      joining: bool = False) -> WorldTransport:
+    """The world transport (tcp + shared memory) of ``rank``, met through ``store`` (``joining``:
+    a rank joining a running job, see groups.admission)."""
     from ..debug._registry import note_endpoint
     from ..transport.identity import advertise_address, host_identity
     found = settings()
     transport = WorldTransport(rank, size, store, deadline, events, found, advertise_address(store, found),
-                               local_host(), host_identity(found))
+                               local_host(), host_identity(found), joining=joining)
     note_endpoint(rank, transport.network.endpoint())
     return transport
 
@@ -53,7 +57,7 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
     transport = progress = None
     try:
         factory = world.transport_factory or default_transport
-        transport = factory(rank, size, prefixed, deadline, world.states)
+        transport = factory(rank, size, prefixed, deadline, world.states, False)
         progress = ProgressBoard(prefixed, rank)  # writes its first record: before the barrier
         barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))  # group id 0: none
     except BaseException:
@@ -62,6 +66,8 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
                 each.close()
         raise
     world.join(rank, size, backend_name, prefixed, owned_store, transport, progress, store_host)
+    if rank == 0 and isinstance(prefixed, PrefixStore):  # ranks may join this job later
+        found_job(store, f"pydist/{world.generation}", size)
 
 
 def namespace(world: World, store: Any) -> Any:
@@ -80,6 +86,51 @@ def join_mpi(world: World, rank: int = -1, size: int = -1, transport_ranks: list
         rank, size = rank_and_size(rank, size)
     world.next_generation()
     world.join(rank, size, MPI, transport_ranks=transport_ranks)
+
+
+def joining_transport(world: World, ticket: Ticket, base: Store, deadline: Deadline) -> WorldTransport:
+    """A joining rank's transport (listening; the job's ranks connect to it when they admit it)."""
+    factory = world.transport_factory or default_transport
+    return factory(ticket.transport_rank, ticket.size, PrefixStore(ticket.namespace, base), deadline, world.states,
+                   True)
+
+
+def join_admitted(world: World, transport: WorldTransport, ticket: Ticket, decision: dict[str, Any], base: Store,
+                  timeout: float, owned_store: Store | None) -> ProcessGroup:
+    """A joiner the job admitted (``decision``, see groups.admission): connect to the members,
+    join the world in the members' namespace, make the default group they made."""
+    members = decision["members"]
+    unreachable = transport.connect(members, Deadline.after(timeout))
+    if unreachable:
+        raise DistNetworkError(f"rank joining as transport rank {ticket.transport_rank}: could not reach the "
+                               f"job's ranks {unreachable} (transport ranks) after they admitted it")
+    store = PrefixStore(f"pydist/{world.next_generation(at_least=decision['generation'])}", base)
+    rank = members.index(ticket.transport_rank)
+    world.join(rank, len(members), "pydist", store, owned_store, transport, ProgressBoard(store, rank),
+               transport_ranks=members, started=ticket.size)
+    return make_group(world, list(range(len(members))), decision["group_id"], _group_name(decision["group_id"]),
+                      timeout, "default:grown", default=True)
+
+
+def rebuild_default(world: World, members: list[int], group_id: int, timeout: float, desc: str, drain: float,
+                    owned_store: Store | None = None, store_host: int | None = None) -> ProcessGroup:
+    """The world's default group, shrunk or grown to ``members`` (transport ranks): every
+    group destroyed (the default one first given ``drain`` seconds to finish its queue),
+    global ranks 0..n-1, a new namespace of the store (``owned_store``: a new store, served
+    by ``store_host``, when the old one's host is gone), a new progress board."""
+    parent = world.default_group
+    for each in reversed(world.groups):
+        each.destroy(timeout=drain if each is parent else 0.0)
+        world.remove_group(each)
+    assert world.store is not None  # a native world keeps its store
+    store = namespace(world, owned_store or base_store(world.store))
+    me = members.index(world.transport_rank(world.rank))
+    world.renumber(members, store, ProgressBoard(store, me), owned_store, store_host)
+    return make_group(world, list(range(len(members))), group_id, _group_name(group_id), timeout, desc, default=True)
+
+
+def _group_name(group_id: int) -> str:
+    return f"pg-{group_id:016x}"[:20]
 
 
 def make_group(world: World, global_ranks: list[int], group_id: int, name: str, timeout: float, desc: str = "",

@@ -6,7 +6,7 @@ a World of its own (``use_world``), so the public API runs unchanged with thread
 and the torch plugin gives each torch group a private World (groups.factory.standalone_world).
 A World's fields change only through its methods, each one transition:
 
-    (empty) --join--> joined --renumber (a shrink of the default group)--> joined
+    (empty) --join--> joined --renumber (the default group shrank or grew)--> joined
     joined --leave--> (empty)           groups come and go with add_group / remove_group
 
 Ranks: ``rank``/``size`` are this process's global rank and the world's size (renumbered
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from .process_group import ProcessGroup
     from .progress import ProgressBoard
 
-#: how a test makes a world's transport: (rank, size, store, deadline, events) -> WorldTransport
-TransportFactory = Callable[[int, int, Any, "Deadline", GroupStates], "WorldTransport"]
+#: how a world's transport is made: (rank, size, store, deadline, events, joining) -> WorldTransport
+TransportFactory = Callable[[int, int, Any, "Deadline", GroupStates, bool], "WorldTransport"]
 
 
 class World:
@@ -61,30 +61,38 @@ class World:
         #: groups (None: ``rank``/``size``); a torch group's private world is one group of the job
         self.job = job
         self.group_counts: collections.Counter = collections.Counter()
+        #: ranks the job started with (the first joiner's transport rank), and the joiners
+        #: this world has handled (admitted or refused), by transport rank
+        self.started = 0
+        self.joiners_handled: set[int] = set()
         self.transport_factory = transport_factory
 
     # -- transitions ----------------------------------------------------------------------
-    def next_generation(self) -> int:
-        """A new namespace number for this world's store keys (each init and each renumber)."""
-        self.generation += 1
+    def next_generation(self, at_least: int = 0) -> int:
+        """A new namespace number for this world's store keys (each init and each renumber;
+        ``at_least``: the one the ranks already in the job chose, for a rank joining it)."""
+        self.generation = max(self.generation + 1, at_least)
         return self.generation
 
     def join(self, rank: int, size: int, backend_name: str, store: Store | None = None,
              owned_store: Store | None = None, transport: WorldTransport | None = None,
              progress: ProgressBoard | None = None, store_host: int | None = None,
-             transport_ranks: list[int] | None = None) -> None:
+             transport_ranks: list[int] | None = None, started: int | None = None) -> None:
         """This process is rank ``rank`` of ``size`` on ``backend_name`` (the MPI engine has no
         store, transport nor progress board); ``owned_store``: closed by ``leave``;
-        ``transport_ranks``: see the attribute (None: the global ranks)."""
+        ``transport_ranks``: see the attribute (None: the global ranks); ``started``: the
+        ranks the job started with (default ``size``: this world founds the job)."""
         self.rank, self.size, self.backend_name = rank, size, backend_name
         self.store, self.owned_store, self.store_host = store, owned_store, store_host
         self.transport, self.progress, self.transport_ranks = transport, progress, transport_ranks
+        self.started = size if started is None else started
         if transport is not None:
             self.states.carrier = transport
+            transport.use_store(store)  # shared-memory arenas meet through the world's namespace
 
     def renumber(self, transport_ranks: list[int], store: Store, progress: ProgressBoard,
                  owned_store: Store | None = None, store_host: int | None = None) -> None:
-        """The default group shrank to ``transport_ranks``: global ranks 0..n-1 from now on,
+        """The default group shrank or grew to ``transport_ranks``: global ranks 0..n-1 from now on,
         ``store`` (a new namespace, or a new store when the old one's host is gone: then
         ``owned_store`` and its ``store_host``), a new progress board. Every group must be
         gone already (a shrink of the default group destroys them)."""
@@ -101,6 +109,10 @@ class World:
         self.store, self.progress = store, progress
         self.transport.use_store(store)
         self.group_counts.clear()
+
+    def handled(self, joiners: list[int]) -> None:
+        """``joiners`` (transport ranks) were admitted or refused: not looked at again."""
+        self.joiners_handled |= set(joiners)
 
     def add_group(self, group: ProcessGroup, default: bool = False) -> ProcessGroup:
         """Keep ``group`` (destroyed by ``leave``); ``default``: it is the default group."""
@@ -136,6 +148,10 @@ class World:
     def transport_rank(self, global_rank: int) -> int:
         """The transport's rank of ``global_rank`` of this world."""
         return global_rank if self.transport_ranks is None else self.transport_ranks[global_rank]
+
+    def members(self) -> list[int]:
+        """The transport ranks of the world's global ranks 0..size-1."""
+        return list(range(self.size)) if self.transport_ranks is None else list(self.transport_ranks)
 
     def job_rank_and_size(self) -> tuple[int, int]:
         """(rank, size) under which the flight recorder files this world's groups."""

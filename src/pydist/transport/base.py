@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from ..core.deadline import Deadline
 
 
 class MessageKey(NamedTuple):
@@ -157,7 +160,7 @@ class NetworkTransport(Transport):
     reports peers that leave (``Events.peer_gone``), same-host ones included: it is the
     liveness signal."""
 
-    hosts: list[str]  # every rank's host identity: equal identities share memory
+    hosts: dict[int, str]  # the host identity of every rank it knows: equal identities share memory
     token: str  # the world's authentication token (names shared segments)
 
     @abstractmethod
@@ -168,6 +171,11 @@ class NetworkTransport(Transport):
     @abstractmethod
     def peer_host(self, peer: int) -> str:
         """How ``peer`` is named in error messages (host name, address, interface)."""
+
+    def connect(self, peers: list[int], deadline: Deadline) -> list[int]:
+        """Meet ``peers`` that joined the job (or, on a rank joining, the job's ranks);
+        return those that cannot be reached (gone)."""
+        return []
 
     def endpoint(self) -> str:
         """Where peers reach this rank, every lane of it (for debug output)."""

@@ -50,10 +50,25 @@ class LoopbackFabric:
         self._arenas: dict[str, tuple[np.ndarray, int]] = {}
         self._ready = threading.Condition()
 
-    def world_transport(self, rank: int, events: Events, settings: Settings, deadline: Deadline) -> WorldTransport:
-        """Rank ``rank``'s world transport on this fabric (made once every rank is attached)."""
+    def world_transport(self, rank: int, events: Events, settings: Settings, deadline: Deadline,
+                        joining: bool = False) -> WorldTransport:
+        """Rank ``rank``'s world transport on this fabric (made once every rank that started
+        is attached; a ``joining`` one at once, with room made for it, on its host: ``add_rank``)."""
+        if joining:
+            self.add_rank(rank)
         return WorldTransport(rank, self.size, None, deadline, events, settings, host_id=self.hosts[rank],
-                              shares_interpreter=True, fabric=self)
+                              shares_interpreter=True, fabric=self, joining=joining)
+
+    def add_rank(self, rank: int, host: str | None = None) -> None:
+        """Room for thread-rank ``rank`` (joining the job) on ``host`` (default: rank 0's, or
+        the one given before)."""
+        with self._ready:
+            while self.size <= rank:
+                self.hosts.append(self.hosts[0])
+                self.endpoints.append(None)
+                self.size += 1
+            if host is not None:
+                self.hosts[rank] = host
 
     def attach(self, rank: int, matcher: Matcher, events: Events,
                on_peer_gone: Callable[[int, BaseException], None]) -> LoopbackTransport:
@@ -71,9 +86,11 @@ class LoopbackFabric:
         """Attach ``site``'s rank and wait (until its deadline) for every rank to be attached,
         as a real network transport connects to every peer before it returns."""
         transport = self.attach(site.rank, site.matcher, site.events, site.on_peer_gone)
+        if site.joining:
+            return transport
         with self._ready:
-            if not self._ready.wait_for(lambda: all(self.endpoints), site.deadline.remaining()):
-                missing = [r for r, e in enumerate(self.endpoints) if e is None]
+            if not self._ready.wait_for(lambda: all(self.endpoints[:site.size]), site.deadline.remaining()):
+                missing = [r for r, e in enumerate(self.endpoints[:site.size]) if e is None]
                 raise DistNetworkError(f"rank {site.rank}: thread-ranks {missing} never attached to the loopback")
         return transport
 
@@ -93,10 +110,21 @@ class LoopbackTransport(NetworkTransport):
     def __init__(self, fabric: LoopbackFabric, rank: int, matcher: Matcher):
         self.fabric = fabric
         self.rank = rank
-        self.size = fabric.size
         self.matcher = matcher
-        self.hosts = fabric.hosts
         self.token = "loopback"
+
+    @property
+    def size(self) -> int:
+        return self.fabric.size
+
+    @property
+    def hosts(self) -> dict[int, str]:  # type: ignore[override]  # every rank of the fabric is reachable
+        return dict(enumerate(self.fabric.hosts))
+
+    def connect(self, peers: list[int], deadline: Deadline) -> list[int]:
+        """Every rank attached is reachable; the others (gone, or never come) are returned."""
+        return [p for p in peers if p in self.fabric.closed or p >= self.fabric.size
+                or self.fabric.endpoints[p] is None]
 
     def _gone(self, peer: int) -> PeerFailedError:
         return PeerFailedError(f"rank {peer} (thread) has closed its transport", rank=peer, host="local")

@@ -54,6 +54,7 @@ class Site:
     local: list[int] = field(default_factory=list)  # ranks on this host, this one included
     token: str = ""  # the world's authentication token (to name shared segments)
     oversubscribed: bool = False  # more ranks than cores here (or ranks are threads): never spin long
+    joining: bool = False  # the rank joins a running job: the job's ranks connect to it later
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def select(kind: str, site: Site) -> TransportEntry | None:
 # -- the built-in transports ----------------------------------------------------------------
 def _open_tcp(site: Site) -> NetworkTransport:
     return TcpTransport(site.rank, site.size, site.store, site.deadline, site.address, site.hostname,
-                        site.host_id, site.matcher, site.events, site.settings, site.on_peer_gone)
+                        site.host_id, site.matcher, site.events, site.settings, site.on_peer_gone,
+                        joining=site.joining)
 
 
 def _open_shm(site: Site) -> HostLocalTransport:

@@ -50,11 +50,14 @@ class WorldTransport:
 
     def __init__(self, rank: int, size: int, store: Any, deadline: Deadline, events: Events, settings: Settings,
                  address: str = "127.0.0.1", hostname: str = "localhost", host_id: str = "this-host",
-                 shares_interpreter: bool = False, fabric: Fabric | None = None):
+                 shares_interpreter: bool = False, fabric: Fabric | None = None, joining: bool = False):
         """``events``: the layer above (see base.Events); ``shares_interpreter``: ranks are
         threads of one process (tests), so waiting must never spin (spinning holds the GIL
-        the awaited rank needs); ``fabric``: build from it instead of the registry."""
-        self.rank, self.size, self.store, self.address = rank, size, store, address
+        the awaited rank needs); ``fabric``: build from it instead of the registry;
+        ``joining``: this rank joins a running job (``size``: the ranks it may meet), its
+        peers connect to it later (``connect``); it has no host-local transport (the host's
+        rings were laid out for the ranks that started), but arenas like every rank."""
+        self.rank, self.store, self.address = rank, store, address
         self.settings, self.events = settings, events
         self.matcher = Matcher(events, settings.max_unexpected_bytes)
         self._fabric = fabric
@@ -63,7 +66,7 @@ class WorldTransport:
         self._shared_arenas = False  # the host-local entry's: groups on this host get arenas in shared segments
         self._local_set = {rank}
         site = Site(rank, size, store, deadline, address, hostname, host_id, self.matcher, events, settings,
-                    self._peer_lost)
+                    self._peer_lost, joining=joining)
         if fabric is not None:
             self.network: NetworkTransport = fabric.network(site)
         else:
@@ -71,20 +74,22 @@ class WorldTransport:
             if entry is None:
                 raise RuntimeError(f"rank {rank}: no registered network transport applies (see transport/registry.py)")
             self.network = entry.build(site)
-        self.hosts = list(self.network.hosts)
-        self.local = [r for r in range(size) if self.hosts[r] == host_id]
+        self.hosts = dict(self.network.hosts)
+        self.local = [r for r, host in sorted(self.hosts.items()) if host == host_id]
         # CPUs are shared by the ranks of every host on this machine (network namespaces are
         # hosts of one machine): more of them than cores, and waits must not spin long
+        # (a joining rank knows only itself: it counts the whole job on this machine, to be safe)
         machine = machine_of(host_id)
-        self.oversubscribed = shares_interpreter or machine_oversubscribed(
-            sum(machine_of(h) == machine for h in self.hosts))
-        if len(self.local) > 1 and fabric is None:
+        on_machine = size if joining else sum(machine_of(h) == machine for h in self.hosts.values())
+        self.oversubscribed = shares_interpreter or machine_oversubscribed(on_machine)
+        if fabric is None:
             site = dataclasses.replace(site, local=self.local, token=self.network.token,
                                        oversubscribed=self.oversubscribed, on_peer_gone=events.peer_gone)
             local_entry = select(HOST_LOCAL, site)
-            if local_entry is not None:
+            # every rank, whatever its host's rank count or whether it joined, agrees on arenas
+            self._shared_arenas = local_entry is not None and local_entry.arenas
+            if local_entry is not None and len(self.local) > 1 and not joining:
                 self.host_local = local_entry.build(site)
-                self._shared_arenas = local_entry.arenas
                 self._local_set = set(self.local)
 
     def _peer_lost(self, peer: int, error: BaseException) -> None:
@@ -116,6 +121,18 @@ class WorldTransport:
         self._carrier(request.peer).cancel(request)
 
     # -- the world ------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """One more than the highest rank known (ranks that joined included)."""
+        return max(self.hosts) + 1
+
+    def connect(self, peers: list[int], deadline: Deadline) -> list[int]:
+        """Meet ``peers`` that joined the job (on a joining rank: the job's ranks); return
+        those that cannot be reached (gone). Messages to and from them go over the network."""
+        unreachable = self.network.connect(peers, deadline)
+        self.hosts = dict(self.network.hosts)
+        return unreachable
+
     def abort(self, peers: list[int], group: int, error: BaseException, known_dead: list[int]) -> None:
         """Tell ``peers`` that this rank failed an operation of ``group`` (see NetworkTransport.abort)."""
         self.network.abort(peers, group, error, known_dead)

@@ -6,11 +6,10 @@ name, host identity, interface, lanes) in the store; then, lane by lane, it conn
 lower rank and accepts every higher one. Both ends exchange HELLO frames carrying rank and world token, so a stray
 or garbage connection is dropped (and logged) without disturbing the setup.
 
-With a shared token (the store's ``auth_token``, else PYDIST_AUTH_TOKEN; see
-:mod:`pydist.net.auth`) the HELLOs also carry nonces and proofs (:class:`Connector`,
-:class:`Acceptor`): a connection is accepted only after both ranks proved they hold the
-token, so a peer without it cannot inject a frame; it is refused and logged. With
-PYDIST_TLS_CERT/KEY/CA each connection runs mutual TLS before its HELLOs (:mod:`._mesh_tls`).
+With a shared token the HELLOs also carry nonces and proofs (:mod:`.hello`): a connection
+is accepted only after both ranks proved they hold the token, so a peer without it cannot
+inject a frame; it is refused and logged. With PYDIST_TLS_CERT/KEY/CA each connection runs
+mutual TLS before its HELLOs (:mod:`.mesh_tls`).
 """
 from __future__ import annotations
 
@@ -23,19 +22,18 @@ import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-from ...net.auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce, token_of
+from ...net.auth import AuthenticationError, token_of
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
 from ...store._base import StoreTimeoutError
 from ...net.addresses import host_port, listen
 from ...net.interfaces import interface_of
 from ...net.tls import Contexts, contexts
-from ..framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
+from .hello import Acceptor, Connector, Refused, fields_of, hello_frame, rank_of, read_frame
 from .mesh_tls import REQUIRES_TLS, client_side, mismatch, peer_uses_tls, refused_by, secured, server_side
 from .tls_socket import TlsSocket
 
 log = logging.getLogger("pydist.transport")
-MAX_HELLO_BYTES = 4096
 
 
 @dataclass
@@ -76,151 +74,6 @@ class PeerRecord:
         return f", {self.iface}" if self.iface else ""
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < n:
-        chunk = sock.recv(n - len(chunks))
-        if not chunk:
-            raise ConnectionError("connection closed during handshake")
-        chunks += chunk
-    return bytes(chunks)
-
-
-def _hello_frame(fields: dict) -> bytes:
-    return encode_frame(Kind.HELLO, 0, 0, 0, json.dumps(fields).encode())
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    """One whole HELLO frame (header and payload); FramingError/ConnectionError on anything else."""
-    head = _recv_exactly(sock, HEADER_SIZE)
-    header = decode_header(head)
-    if header.kind != Kind.HELLO or header.nbytes > MAX_HELLO_BYTES:
-        raise FramingError(f"expected a HELLO frame, got {header.kind.name} of {header.nbytes} bytes")
-    return head + _recv_exactly(sock, header.nbytes)
-
-
-def _fields(frame: bytes) -> dict:
-    """The JSON object a HELLO frame carries; FramingError if it is not one."""
-    try:
-        fields = json.loads(frame[HEADER_SIZE:])
-    except ValueError as error:
-        raise FramingError(f"HELLO payload is not JSON: {error}") from None
-    if not isinstance(fields, dict):
-        raise FramingError("HELLO payload is not a JSON object")
-    return fields
-
-
-def _rank_of(fields: dict) -> int:
-    rank = fields.get("rank")
-    if type(rank) is not int:
-        raise FramingError(f"HELLO without a rank: {str(fields)[:80]}")
-    return rank
-
-
-def _unhex(value: object) -> bytes:
-    try:
-        return bytes.fromhex(value) if isinstance(value, str) else b""
-    except ValueError:
-        return b""
-
-
-class Refused(FramingError):
-    """The accepting side refuses a connection (authentication); send ``reply``, then close."""
-
-    def __init__(self, message: str, reason_for_peer: str):
-        super().__init__(message)
-        self.reply = _hello_frame({"refused": reason_for_peer})
-
-
-class Connector:
-    """The connecting rank's side of the handshake, sans-IO. Send ``first``, then pass each
-    HELLO frame received to ``on_hello`` (it returns the frame to send, maybe b"") until
-    ``done``. Raises FramingError (not ``expected`` of this job: retry) or
-    AuthenticationError (the peer refused this rank's proof, has no token, or failed to prove).
-
-    Without a token: HELLO {rank, token} each way. With one (see :mod:`pydist.net.auth`)::
-
-        -> HELLO {rank, token, nonce}   <- HELLO {rank, token, nonce}
-        -> HELLO {proof}                <- HELLO {proof} | HELLO {refused}, close
-    """
-
-    def __init__(self, rank: int, world: str, expected: int, auth_token: bytes | None):
-        self._world, self._expected, self._auth_token = world, expected, auth_token
-        fields: dict = {"rank": rank, "token": world}
-        if auth_token is not None:
-            fields["nonce"] = new_nonce().hex()
-        self.first = _hello_frame(fields)
-        self._transcript: Transcript | None = None
-        self.done = False
-
-    def on_hello(self, frame: bytes) -> bytes:
-        fields = _fields(frame)
-        if "refused" in fields:
-            raise AuthenticationError(f"it refused this rank: {str(fields['refused'])[:200]}")
-        if self._transcript is not None:
-            if not self._transcript.check(SERVER, _unhex(fields.get("proof"))):
-                raise AuthenticationError("it did not prove that it holds the token")
-            self.done = True
-            return b""
-        if fields.get("token") != self._world:
-            raise FramingError("HELLO from another job (world token differs)")
-        if _rank_of(fields) != self._expected:
-            raise FramingError(f"the peer is not rank {self._expected}")
-        if self._auth_token is None:
-            self.done = True
-            return b""
-        if not isinstance(fields.get("nonce"), str):
-            raise AuthenticationError("it has no token (it does not authenticate) and this rank has one")
-        self._transcript = Transcript(self._auth_token, "mesh")
-        self._transcript.add(self.first)
-        self._transcript.add(frame)
-        return _hello_frame({"proof": self._transcript.proof(CLIENT).hex()})
-
-
-class Acceptor:
-    """The accepting rank's side, sans-IO: pass each HELLO frame received to ``on_hello``
-    (it returns the frame to send) until ``done``; ``peer`` is then the connector's rank,
-    one of ``expected``. Raises FramingError (a stray or garbage: drop it) or
-    :class:`Refused` (failed authentication: send its reply, then drop it)."""
-
-    def __init__(self, rank: int, world: str, expected: set[int], auth_token: bytes | None):
-        self._rank, self._world, self.expected, self._auth_token = rank, world, expected, auth_token
-        self._transcript: Transcript | None = None
-        self.peer: int | None = None
-        self.done = False
-
-    def on_hello(self, frame: bytes) -> bytes:
-        fields = _fields(frame)
-        if self._transcript is not None:
-            if not self._transcript.check(CLIENT, _unhex(fields.get("proof"))):
-                raise Refused(f"rank {self.peer}: wrong proof (another token, or a replayed handshake)",
-                              "wrong proof: the tokens differ")
-            self.done = True
-            return _hello_frame({"proof": self._transcript.proof(SERVER).hex()})
-        if fields.get("token") != self._world:
-            raise FramingError("HELLO from another job (world token differs)")
-        peer = _rank_of(fields)
-        if peer not in self.expected:
-            raise FramingError(f"unexpected HELLO from rank {peer}")
-        self.peer = peer
-        reply: dict = {"rank": self._rank, "token": self._world}
-        if self._auth_token is None:
-            if "nonce" in fields:
-                raise Refused(f"rank {peer} authenticates and this rank has no token",
-                              "it has no token (PYDIST_AUTH_TOKEN) and does not authenticate")
-            self.done = True
-            return _hello_frame(reply)
-        if not isinstance(fields.get("nonce"), str):
-            raise Refused(f"rank {peer} did not authenticate (it has no token)",
-                          "it requires a token (PYDIST_AUTH_TOKEN) and this rank has none")
-        reply["nonce"] = new_nonce().hex()
-        answer = _hello_frame(reply)
-        self._transcript = Transcript(self._auth_token, "mesh")
-        self._transcript.add(frame)
-        self._transcript.add(answer)
-        return answer
-
-
 def _tune(sock: socket.socket, seconds: float) -> socket.socket:
     """No Nagle delay; and the heartbeat (``seconds``: PYDIST_PEER_TIMEOUT, 0 off): once the connection is idle
     for a second the kernel probes the peer every second and drops the connection when
@@ -240,7 +93,7 @@ def _tune(sock: socket.socket, seconds: float) -> socket.socket:
 
 
 def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
-                        deadline: Deadline) -> tuple[list[PeerRecord], str]:
+                        deadline: Deadline) -> tuple[dict[int, PeerRecord], str]:
     """Publish this rank's record and return every rank's record and the world token."""
     if rank == 0:
         store.set("tcp/token", uuid.uuid4().hex)
@@ -255,7 +108,20 @@ def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
                                 error.keys) from error
     values = store.multi_get(keys)
     token = values[0].decode()
-    return [PeerRecord(**json.loads(v)) for v in values[1:]], token
+    return {r: PeerRecord(**json.loads(v)) for r, v in enumerate(values[1:])}, token
+
+
+def publish(store, record: PeerRecord) -> None:
+    """Publish a record (a rank joining later: its peers read it with ``read_records``)."""
+    store.set(f"tcp/{record.rank}", json.dumps(record.__dict__))
+
+
+def read_records(store, ranks: list[int], deadline: Deadline) -> tuple[dict[int, PeerRecord], str]:
+    """The records of ``ranks`` and the world token (a joining rank, or ranks meeting it)."""
+    keys = ["tcp/token"] + [f"tcp/{r}" for r in ranks]
+    store.wait(keys, _remaining_timedelta(deadline))
+    values = store.multi_get(keys)
+    return {r: PeerRecord(**json.loads(v)) for r, v in zip(ranks, values[1:])}, values[0].decode()
 
 
 def _remaining_timedelta(deadline: Deadline):
@@ -266,11 +132,13 @@ def _remaining_timedelta(deadline: Deadline):
 
 def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                auth_token: bytes | None = None, tls: Contexts | None = None,
-               peer_timeout: float = 0.0) -> socket.socket | TlsSocket:
+               peer_timeout: float = 0.0, patient: bool = True) -> socket.socket | TlsSocket:
     """Connect to a lower rank (with ``tls``: over mutual TLS), retrying with backoff until
     the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused);
-    ``peer_timeout``: the connection's heartbeat (see _tune)."""
-    delay, last_error = 0.01, None
+    ``peer_timeout``: the connection's heartbeat (see _tune); not ``patient``: a refused
+    connection is not retried (the peer listened before it published its record: it is gone)."""
+    delay = 0.01
+    last_error: BaseException | None = None
     while not deadline.expired():
         try:
             timeout = deadline.remaining()
@@ -281,7 +149,7 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                 handshake = Connector(rank, token, record.rank, auth_token)
                 sock.sendall(handshake.first)
                 while not handshake.done:
-                    reply = handshake.on_hello(_read_frame(sock))
+                    reply = handshake.on_hello(read_frame(sock))
                     if reply:
                         sock.sendall(reply)
             except ssl.SSLError as error:  # TLS 1.3: a refused certificate shows at the first read
@@ -299,6 +167,12 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
         except AuthenticationError as error:
             raise AuthenticationError(f"rank {rank} could not authenticate with rank {record.rank} at "
                                       f"{record.dialled}: authentication failed: {error}") from None
+        except ConnectionRefusedError as error:
+            if not patient:
+                raise DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at {record.dialled}: "
+                                       f"{error}") from error
+            last_error = error
+            time.sleep(min(delay, deadline.remaining() or delay))
         except (OSError, ValueError) as error:
             last_error = error
             time.sleep(min(delay, deadline.remaining() or delay))
@@ -308,7 +182,7 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                            f"{last_error}") from last_error
 
 
-def _ranks_at(address: str, expected: set[int], records: list[PeerRecord] | None) -> str | None:
+def _ranks_at(address: str, expected: set[int], records: dict[int, PeerRecord] | None) -> str | None:
     """The expected ranks whose record has ``address``, in words, or None if none has."""
     ranks = sorted(r for r in expected if records is not None and records[r].address == address)
     if not ranks:
@@ -319,9 +193,10 @@ def _ranks_at(address: str, expected: set[int], records: list[PeerRecord] | None
 
 def accept_from(listener: socket.socket, expected: set[int], rank: int, token: str,
                 deadline: Deadline, auth_token: bytes | None = None, tls: Contexts | None = None,
-                records: list[PeerRecord] | None = None, peer_timeout: float = 0.0,
+                records: dict[int, PeerRecord] | None = None, peer_timeout: float = 0.0, one: bool = False,
                 ) -> dict[int, socket.socket | TlsSocket]:
-    """Accept one connection from each rank in ``expected``; drop strays, garbage and (with
+    """Accept one connection from each rank in ``expected`` (``one``: a single connection,
+    from any of them, or none if it fails its handshake); drop strays, garbage and (with
     ``auth_token``) connections that fail authentication, logging each with its address.
     A TLS failure or mismatch (``tls`` set and the peer plain, or the reverse) from an
     expected rank's address raises TlsRefused naming it (its ``records`` give addresses)."""
@@ -340,6 +215,8 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
             peer_sock = _handshake(sock, where, expected - accepted.keys(), rank, token, auth_token, tls, records)
             if peer_sock is not None:
                 accepted[peer_sock[0]] = secured(_tune(peer_sock[1], peer_timeout))
+            if one:
+                break
     except BaseException:
         for done in accepted.values():
             done.close()
@@ -348,7 +225,7 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
 
 
 def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token: str, auth_token: bytes | None,
-               tls: Contexts | None, records: list[PeerRecord] | None) -> tuple[int, socket.socket] | None:
+               tls: Contexts | None, records: dict[int, PeerRecord] | None) -> tuple[int, socket.socket] | None:
     """(peer, socket) after the acceptor's side of TLS and HELLOs, or None (dropped, logged)."""
     handshake = Acceptor(rank, token, expected, auth_token)
     try:
@@ -363,7 +240,7 @@ def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token:
                 return None
             sock = secure
         while not handshake.done:
-            reply = handshake.on_hello(_read_frame(sock))
+            reply = handshake.on_hello(read_frame(sock))
             sock.sendall(reply)
     except Refused as error:
         log.warning("pydist rank %d refused a connection from %s: authentication failed: %s", rank, where, error)
@@ -385,17 +262,17 @@ def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token:
 
 
 def _mismatched(sock: socket.socket, where, handshake: Acceptor, rank: int, this_uses_tls: bool,
-                records: list[PeerRecord] | None) -> None:
+                records: dict[int, PeerRecord] | None) -> None:
     """A peer using TLS when this rank does not, or the reverse: tell it (a plain HELLO
     ``refused``), then raise naming it (a plain peer by its HELLO's rank, a TLS one by its
     address); a stray's is logged and dropped."""
     who = _ranks_at(where[0], handshake.expected, records)
     if this_uses_tls:
-        peer = _rank_of(_fields(_read_frame(sock)))
+        peer = rank_of(fields_of(read_frame(sock)))
         if peer in handshake.expected:
             who = f"rank {peer} on {records[peer].label}" if records is not None else f"rank {peer} at {where[0]}"
     try:
-        sock.sendall(_hello_frame({"refused": REQUIRES_TLS if this_uses_tls else "it does not use TLS"}))
+        sock.sendall(hello_frame({"refused": REQUIRES_TLS if this_uses_tls else "it does not use TLS"}))
     except OSError:
         pass
     sock.close()
@@ -414,30 +291,70 @@ def lane_count(one: PeerRecord, other: PeerRecord) -> int:
     return 1 + min(len(one.lanes), len(other.lanes))
 
 
+def lane_token(token: str, lane: int) -> str:
+    """The world token a lane's HELLOs carry (it names the lane)."""
+    return token if lane == 0 else f"{token}/lane{lane}"
+
+
+def open_listeners(address: str, lanes: list[str], backlog: int) -> list[socket.socket]:
+    """A listening socket on ``address`` and on each further lane's address."""
+    listeners: list[socket.socket] = []
+    try:
+        for each in [address, *lanes]:
+            listeners.append(listen(each, backlog=backlog))
+    except BaseException:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners
+
+
+def own_record(rank: int, hostname: str, host_id: str, addresses: list[str],
+               listeners: list[socket.socket]) -> PeerRecord:
+    """This rank's record: the address and port of each of its listeners (``addresses``:
+    lane 0's first, as ``open_listeners`` got them)."""
+    ports = [listener.getsockname()[1] for listener in listeners]
+    further = [[a, port, interface_of(a)] for a, port in zip(addresses[1:], ports[1:])]
+    return PeerRecord(rank, addresses[0], ports[0], hostname, host_id, interface_of(addresses[0]), further)
+
+
+def dial(mine: PeerRecord, theirs: PeerRecord, token: str, deadline: Deadline, peer_timeout: float,
+         auth_token: bytes | None, tls: Contexts | None, patient: bool = True) -> list[Connection]:
+    """One connection to ``theirs`` per lane both records offer, lane 0 first (see connect_to)."""
+    connections: list[Connection] = []
+    try:
+        for k in range(lane_count(mine, theirs)):
+            connections.append(connect_to(theirs.lane(k), mine.rank, lane_token(token, k), deadline, auth_token, tls,
+                                          peer_timeout, patient))
+    except BaseException:
+        for connection in connections:
+            connection.close()
+        raise
+    return connections
+
+
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
                lanes: list[str] | None = None, peer_timeout: float = 0.0,
-               ) -> tuple[dict[int, list[Connection]], list[PeerRecord], str]:
+               ) -> tuple[dict[int, list[Connection]], dict[int, PeerRecord], str]:
     """Sockets to every other rank (blocking mode), lane 0 first, every rank's record, the
     world token. ``lanes``: this rank's further addresses, each listened on; two ranks open
     one connection per lane both offer, lane by lane (the HELLO's world token names the lane);
     ``peer_timeout``: every connection's heartbeat (PYDIST_PEER_TIMEOUT, see _tune)."""
     with ExitStack() as listening:
-        listeners = [listening.enter_context(listen(a, backlog=max(size, 16))) for a in [address, *(lanes or [])]]
-        ports = [listener.getsockname()[1] for listener in listeners]
-        record = PeerRecord(rank, address, ports[0], hostname, host_id, interface_of(address),
-                            [[a, port, interface_of(a)] for a, port in zip(lanes or [], ports[1:])])
+        listeners = [listening.enter_context(sock) for sock in open_listeners(address, lanes or [], max(size, 16))]
+        record = own_record(rank, hostname, host_id, [address, *(lanes or [])], listeners)
         records, token = publish_and_collect(store, rank, size, record, deadline)
         auth_token, tls = token_of(store), contexts()
         sockets: dict[int, list[Connection]] = {}
         try:
             for k, listener in enumerate(listeners):
-                world = token if k == 0 else f"{token}/lane{k}"
+                world = lane_token(token, k)
                 peers = [p for p in range(size) if p != rank and k < lane_count(records[rank], records[p])]
                 for peer in (p for p in peers if p < rank):
                     sockets.setdefault(peer, []).append(
                         connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls, peer_timeout))
                 accepted = accept_from(listener, {p for p in peers if p > rank}, rank, world, deadline, auth_token,
-                                       tls, [r.lane(k) for r in records], peer_timeout)
+                                       tls, {r: each.lane(k) for r, each in records.items()}, peer_timeout)
                 for peer in sorted(accepted):
                     sockets.setdefault(peer, []).append(accepted[peer])
         except BaseException:

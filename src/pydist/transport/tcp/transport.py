@@ -24,15 +24,18 @@ import time
 from typing import Callable
 
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError
+from ...core.errors import DistBackendError, DistNetworkError
 from ...core.settings import Settings
+from ...net.auth import token_of
+from ...net.tls import contexts
 from ..abort import abort_payload, aborted_by
 from ..base import Events, MessageKey, NetworkTransport, Request
 from ..framing import FramingError, Kind, encode_frame, encode_header
 from ..identity import lane_addresses
 from ..matching import Matcher
 from .connection import Connection
-from .mesh import build_mesh
+from .joining import JoinListener
+from .mesh import PeerRecord, build_mesh, dial, open_listeners, own_record, publish, read_records
 from .poller import Poller
 from .stripes import bounds, join, part_key
 
@@ -56,10 +59,13 @@ class TcpTransport(NetworkTransport):
 
     def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
                  host_id: str, matcher: Matcher, events: Events, settings: Settings,
-                 on_peer_gone: Callable[[int, BaseException], None] | None = None, lanes: list[str] | None = None):
+                 on_peer_gone: Callable[[int, BaseException], None] | None = None, lanes: list[str] | None = None,
+                 joining: bool = False):
         """``on_peer_gone``: told when a peer's connection dies (default: ``events.peer_gone``);
         ``lanes``: further addresses to listen on, one connection per peer on each (default:
-        the other interfaces PYDIST_SOCKET_IFNAME names, see ``lane_addresses``)."""
+        the other interfaces PYDIST_SOCKET_IFNAME names, see ``lane_addresses``); ``joining``:
+        this rank joins a running job: it connects to nobody now, publishes its record and
+        waits for the job's ranks to connect (see ``connect`` and joining.py)."""
         self.rank, self.size = rank, size
         self.matcher, self.events = matcher, events
         self._on_peer_gone = on_peer_gone or events.peer_gone
@@ -67,10 +73,17 @@ class TcpTransport(NetworkTransport):
         self.peer_timeout = settings.peer_timeout
         self._stripe_bytes = settings.stripe_bytes or (1 << 62)
         self._failed_while_read = False
+        self._store = store  # where the job's records are: ranks joining later are met through it
         lanes = lane_addresses(address, settings) if lanes is None else lanes
-        sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
-                                                       lanes, settings.peer_timeout)
-        self.hosts = [record.host_id for record in self.records]
+        self._join: JoinListener | None = None
+        if joining:
+            sockets: dict = {}
+            self.token, self._join = self._listen_to_join(store, rank, address, hostname, host_id, lanes, deadline)
+            self.records = {rank: self._join.record}
+        else:
+            sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
+                                                           lanes, settings.peer_timeout)
+        self.hosts = {peer: record.host_id for peer, record in self.records.items()}
         #: each peer's connections, lane 0 (every message under PYDIST_STRIPE_BYTES) first
         self._lanes = {peer: [Connection(self, peer, sock, self.records[peer].lane(k).label)
                               for k, sock in enumerate(socks)] for peer, socks in sockets.items()}
@@ -158,6 +171,53 @@ class TcpTransport(NetworkTransport):
         else:
             self.matcher.post(request, peer, key)
         return request
+
+    # -- ranks joining a running job --------------------------------------------------------
+    def _listen_to_join(self, store, rank: int, address: str, hostname: str, host_id: str, lanes: list[str],
+                        deadline: Deadline) -> tuple[str, JoinListener]:
+        """Listen on every lane, publish this rank's record, accept the job's ranks as they come."""
+        _, token = read_records(store, [], deadline)
+        listeners = open_listeners(address, lanes, 64)
+        record = own_record(rank, hostname, host_id, [address, *lanes], listeners)
+        joined = JoinListener(record, listeners, token, self.peer_timeout, token_of(store), contexts())
+        publish(store, record)
+        return token, joined
+
+    def connect(self, peers: list[int], deadline: Deadline) -> list[int]:
+        """Connect to ``peers`` not connected yet (ranks that joined, or, on a joining rank,
+        the job's ranks): this rank dials those above it, and takes the connections of those
+        below it (they dial it). A peer above that cannot be reached (its process is gone)
+        is left out; the peers left out are returned."""
+        peers = [p for p in peers if p != self.rank and p not in self._lanes]
+        if not peers:
+            return []
+        records, _ = read_records(self._store, peers, deadline)
+        auth, tls, unreachable = token_of(self._store), contexts(), []
+        for peer in peers:
+            if peer > self.rank:
+                try:
+                    sockets = dial(self.records[self.rank], records[peer], self.token, deadline, self.peer_timeout,
+                                   auth, tls, patient=False)
+                except (OSError, DistNetworkError):
+                    unreachable.append(peer)
+                    continue
+            else:
+                assert self._join is not None  # only a joining rank is dialled by lower ranks
+                sockets = self._join.take(peer, records[peer], deadline)
+            self._install(peer, records[peer], sockets)
+        return unreachable
+
+    def _install(self, peer: int, record: PeerRecord, sockets: list) -> None:
+        """Start using ``peer``'s connections (copies of the tables: the I/O thread reads them unlocked)."""
+        connections = [Connection(self, peer, sock, record.lane(k).label) for k, sock in enumerate(sockets)]
+        self.records = {**self.records, peer: record}
+        self.hosts = {**self.hosts, peer: record.host_id}
+        self._by_fd = {**self._by_fd, **{conn.fd: conn for conn in connections}}
+        self._every = self._every + connections
+        self._lanes = {**self._lanes, peer: connections}
+        self.size = max(self.size, peer + 1)
+        for conn in connections:
+            self._arm(conn)
 
     def _forget_parts(self, request: Request) -> None:
         self._parts.pop(request, None)
@@ -274,6 +334,8 @@ class TcpTransport(NetworkTransport):
         if self._closed:
             return
         self._closed = True
+        if self._join is not None:
+            self._join.close()
         deadline = Deadline.after(FLUSH_SECONDS)
         self._wait_until(lambda: all(c.idle() for c in self._every), deadline)
         bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0))

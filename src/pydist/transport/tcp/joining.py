@@ -1,0 +1,87 @@
+"""A rank that joins a running job: its listeners stay open while the job's ranks connect to it.
+
+The ranks already in the job dial a newcomer (each lane's HELLO carries the world token and
+names the lane); among newcomers the lower rank dials the higher. So a joining rank accepts
+from any lower rank of the job, lane by lane, in a thread of its own, and its transport
+takes a peer's connections once all of that peer's lanes are in (``take``), so that both
+ends agree on the lanes before any message is striped over them.
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+
+from ...core.deadline import Deadline
+from ...core.errors import DistNetworkError
+from ...net.tls import Contexts
+from .mesh import Connection, PeerRecord, accept_from, lane_count, lane_token
+
+log = logging.getLogger("pydist.transport")
+#: seconds between two looks at whether the listener is closing
+POLL_SECONDS = 0.2
+
+
+class JoinListener:
+    """Accepts the connections of ranks below ``record.rank`` on each of this rank's
+    listeners until closed; ``take(peer, theirs, deadline)`` hands over one peer's."""
+
+    def __init__(self, record: PeerRecord, listeners: list[socket.socket], token: str, peer_timeout: float,
+                 auth_token: bytes | None, tls: Contexts | None):
+        self.record = record
+        self._listeners = listeners
+        self._token, self._peer_timeout, self._auth_token, self._tls = token, peer_timeout, auth_token, tls
+        self._arrived: dict[tuple[int, int], Connection] = {}  # (peer, lane) -> its connection
+        self._changed = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-join-{record.rank}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            for lane, listener in enumerate(self._listeners):
+                selector.register(listener, selectors.EVENT_READ, lane)
+            while not self._closing:
+                for key, _ in selector.select(POLL_SECONDS):
+                    self._accept_one(key.fileobj, key.data)  # type: ignore[arg-type]
+
+    def _accept_one(self, listener: socket.socket, lane: int) -> None:
+        """One connection on ``lane``'s listener, handshaken (a stray or a failure is logged)."""
+        try:
+            accepted = accept_from(listener, set(range(self.record.rank)), self.record.rank,
+                                   lane_token(self._token, lane), Deadline.after(10), self._auth_token, self._tls,
+                                   None, self._peer_timeout, one=True)
+        except (OSError, DistNetworkError) as error:
+            log.warning("pydist rank %d: a connection to join failed: %s", self.record.rank, error)
+            return
+        with self._changed:
+            for peer, connection in accepted.items():
+                stale = self._arrived.pop((peer, lane), None)
+                if stale is not None:
+                    stale.close()  # a retry of a connection whose first try stalled
+                self._arrived[(peer, lane)] = connection
+            self._changed.notify_all()
+
+    def take(self, peer: int, theirs: PeerRecord, deadline: Deadline) -> list[Connection]:
+        """``peer``'s connections, lane 0 first, once it has dialled every lane both records
+        offer; DistNetworkError naming it when the deadline passes first."""
+        lanes = lane_count(self.record, theirs)
+        wanted = [(peer, k) for k in range(lanes)]
+        with self._changed:
+            if not self._changed.wait_for(lambda: all(w in self._arrived for w in wanted), deadline.remaining()):
+                missing = [k for k in range(lanes) if (peer, k) not in self._arrived]
+                raise DistNetworkError(f"rank {self.record.rank} joining the job: rank {peer} on {theirs.label} "
+                                       f"did not connect (lanes {missing}) before the timeout")
+            return [self._arrived.pop(w) for w in wanted]
+
+    def close(self) -> None:
+        """Stop accepting; close the listeners and every connection not taken."""
+        self._closing = True
+        self._thread.join()
+        for listener in self._listeners:
+            listener.close()
+        with self._changed:
+            for connection in self._arrived.values():
+                connection.close()
+            self._arrived.clear()
