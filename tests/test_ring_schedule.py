@@ -45,7 +45,7 @@ def test_no_all_gather_segment_of_the_ring_arrives_unexpected(size, monkeypatch)
 
 
 def _comm() -> Comm:
-    return Comm(transport=None, group_id=1, ranks=[0], rank=0, seq=1,  # type: ignore[arg-type]
+    return Comm(transport=None, group_id=1, transport_ranks=[0], rank=0, seq=1,  # type: ignore[arg-type]
                 deadline=Deadline.after(1), op_name="test")
 
 

@@ -35,6 +35,6 @@ def check_rooted(comm, tables: list[np.ndarray], owner: int, owner_sends: bool) 
 
 
 def mismatch(comm, sender: int, receiver: int, sent: int, expected: int) -> DistBackendError:
-    ranks = comm.arena.members
+    ranks = comm.arena.group_ranks
     return DistBackendError(f"{comm.describe()}: group rank {ranks[sender]} sends {sent} elements to group rank "
                             f"{ranks[receiver]}, which expects {expected}; the ranks disagree on tensor sizes")

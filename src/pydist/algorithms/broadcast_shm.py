@@ -17,7 +17,7 @@ from ._partition import chunks
 def broadcast(comm: Comm, buf: np.ndarray, root: int, segment_bytes: int = 0) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
     arena, dtype = comm.arena, buf.dtype
-    is_root = arena.rank == arena.members.index(root)
+    is_root = arena.rank == arena.group_ranks.index(root)
     call = comm.call
     for a, b in chunks(buf.size, arena.slot_bytes // buf.itemsize):
         area = arena.shared(arena.next_parity(), dtype)

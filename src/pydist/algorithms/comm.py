@@ -76,17 +76,17 @@ class Comm:
     shared-memory arena when its ranks share a host; ``hierarchy`` is set for hierarchical
     algorithms."""
 
-    __slots__ = ("transport", "group_id", "ranks", "rank", "size", "seq", "deadline", "op_name", "timeout_text",
-                 "arena", "call", "hierarchy", "_receives")
+    __slots__ = ("transport", "group_id", "transport_ranks", "rank", "size", "seq", "deadline", "op_name",
+                 "timeout_text", "arena", "call", "hierarchy", "_receives")
 
-    def __init__(self, transport: Link, group_id: int, ranks: list[int], rank: int,
+    def __init__(self, transport: Link, group_id: int, transport_ranks: list[int], rank: int,
                  seq: int, deadline: Deadline, op_name: str, timeout_text: str = "Timed out waiting", arena=None,
                  call: int = 0):
         self.transport = transport
         self.group_id = group_id
-        self.ranks = ranks
-        self.rank = rank
-        self.size = len(ranks)
+        self.transport_ranks = transport_ranks  # of the peers, by group rank
+        self.rank = rank  # this rank's group rank
+        self.size = len(transport_ranks)
         self.seq = seq
         self.deadline = deadline
         self.op_name = op_name
@@ -97,15 +97,15 @@ class Comm:
         self._receives: list[Request] = []
 
     def describe(self) -> str:
-        return f"{self.op_name} (seq {self.seq}) on rank {self.ranks[self.rank]}"
+        return f"{self.op_name} (seq {self.seq}) on rank {self.transport_ranks[self.rank]}"
 
     def isend(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
-        return self.transport.isend(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag),
-                                    self.call)
+        return self.transport.isend(self.transport_ranks[peer], as_bytes(array),
+                                    MessageKey(self.group_id, self.seq, tag), self.call)
 
     def irecv(self, peer: int, array: np.ndarray, tag: int = 0) -> Request:
-        request = self.transport.irecv(self.ranks[peer], as_bytes(array), MessageKey(self.group_id, self.seq, tag),
-                                       self.call)
+        request = self.transport.irecv(self.transport_ranks[peer], as_bytes(array),
+                                       MessageKey(self.group_id, self.seq, tag), self.call)
         self._receives.append(request)
         return request
 

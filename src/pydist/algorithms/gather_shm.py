@@ -18,7 +18,7 @@ from ._shm_sizes import check_rooted, exchange_sizes
 def gather(comm: Comm, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
     """``outputs[i]`` on ``root`` = rank i's ``input``."""
     arena, dtype = comm.arena, input.dtype
-    n, me, owner = arena.size, arena.rank, arena.members.index(root)
+    n, me, owner = arena.size, arena.rank, arena.group_ranks.index(root)
     expected = [out.size for out in outputs] if outputs is not None else [0] * n
     tables = exchange_sizes(comm, expected + [input.size])
     check_rooted(comm, tables, owner, owner_sends=False)

@@ -18,5 +18,5 @@ from .allreduce_shm import reduce_chunks
 
 def reduce(comm: Comm, buf: np.ndarray, root: int, op: ReduceOp, segment_bytes: int = 0) -> None:
     """Reduce every rank's ``buf`` into ``buf`` of ``root``."""
-    is_root = comm.arena.rank == comm.arena.members.index(root)
+    is_root = comm.arena.rank == comm.arena.group_ranks.index(root)
     reduce_chunks(comm, buf, op, comm.call, is_root, sole=is_root)

@@ -18,7 +18,7 @@ from ._shm_sizes import check_rooted, exchange_sizes
 def scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
     """``output`` on rank i = ``inputs[i]`` of ``root``."""
     arena, dtype = comm.arena, output.dtype
-    n, me, owner = arena.size, arena.rank, arena.members.index(root)
+    n, me, owner = arena.size, arena.rank, arena.group_ranks.index(root)
     parts = [part.size for part in inputs] if inputs is not None else [0] * n
     tables = exchange_sizes(comm, parts + [output.size])
     check_rooted(comm, tables, owner, owner_sends=True)

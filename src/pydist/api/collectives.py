@@ -1,7 +1,7 @@
 """The collective operations, with torch.distributed's signatures and argument checks.
 
 Every call validates before anything is sent (misuse raises ValueError/TypeError at the
-call), converts tensors to flat numpy arrays, and runs on the group's backend in issue
+call), converts tensors to flat numpy arrays, and runs on the group's engine in issue
 order. ``async_op=True`` returns a Work; otherwise the call returns when done (None). A
 rank outside ``group`` gets a warning and a no-op, as in torch.
 """

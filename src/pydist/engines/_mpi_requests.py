@@ -1,6 +1,6 @@
 """Waiting on MPI requests with deadlines, and point-to-point requests that complete on their own.
 
-MPI's blocking calls cannot time out, so every MPI operation of the backend is started
+MPI's blocking calls cannot time out, so every MPI operation of the engine is started
 non-blocking and finished by ``poll_until``: it tests the request, first spinning (a few
 tests, then ``sched_yield`` so that ranks sharing a core still run) for a time that grows
 with the message, then sleeping with a back-off (each sleep at most 1/8 of the time waited
@@ -155,7 +155,7 @@ class MpiRequest(Request):
 
 class Poller:
     """A thread that tests pending MpiRequests until they complete (so callbacks run without
-    a waiter). Runs while some backend uses it; sleeps on a condition when nothing is pending."""
+    a waiter). Runs while some engine uses it; sleeps on a condition when nothing is pending."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()

@@ -1,4 +1,4 @@
-"""The MPI side of pydist's MPI backend: loading mpi4py, COMM_WORLD, communicators per group.
+"""The MPI side of pydist's MPI engine: loading mpi4py, COMM_WORLD, communicators per group.
 
 ``mpi_world()`` imports mpi4py (which initialises MPI with MPI_THREAD_MULTIPLE, its default)
 and makes the process's MpiWorld once: a duplicate of COMM_WORLD used only to create

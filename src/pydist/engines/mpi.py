@@ -15,13 +15,13 @@ order on it (the group's OpQueue), so every rank issues them in the same order, 
 - Point-to-point: Isend/Irecv of bytes with the user's tag (0..MPI_TAG_UB-256; negative
   tags, such as monitored_barrier's, use the 256 top tags); ``src=None`` is MPI_ANY_SOURCE
   and reports the sender.
-- Timeouts: MPI's blocking calls cannot time out, so the backend polls the non-blocking
+- Timeouts: MPI's blocking calls cannot time out, so the engine polls the non-blocking
   request with the operation's deadline (see _mpi_requests). An expired collective raises
   DistBackendError naming the operation, its sequence number and this rank; MPI can tell
   neither which rank is missing nor cancel a collective, so the group is broken afterwards
   (later calls fail at once). Creating a communicator cannot time out.
 - MPI errors (e.g. a receive buffer too small: MPI_ERR_TRUNCATE) raise DistBackendError
-  naming this rank, with MPI's message. There is no desync check (the native backend's call
+  naming this rank, with MPI's message. There is no desync check (the native engine's call
   fingerprints): ranks calling different operations get MPI's behaviour (an error or a hang
   until the timeout).
 """
@@ -259,7 +259,7 @@ class MPIEngine(Engine):
 
 
 def group_engine(ranks: list[int], labels: list[int] | None = None) -> MPIEngine:
-    """The backend of a group of MPI world ranks ``ranks`` (called by its members only);
+    """The engine of a group of MPI world ranks ``ranks`` (called by its members only);
     ``labels`` name its ranks in messages (default: their world ranks)."""
     world = mpi_world()
     comm = world.communicator(ranks)

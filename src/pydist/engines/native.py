@@ -15,7 +15,7 @@ e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
   broadcast and reduce; ``ring`` all_gather and reduce_scatter; ``pairwise`` all_to_all;
   ``linear`` gather and scatter; ``dissemination`` barrier.
 
-AVG and PREMUL_SUM run as sums with a step before or after (see _ops).
+AVG and PREMUL_SUM run as sums with a step before or after (core.ops: prescale, postscale).
 """
 from __future__ import annotations
 

@@ -79,8 +79,7 @@ def join_mpi(world: World, rank: int = -1, size: int = -1, transport_ranks: list
     if transport_ranks is None:
         rank, size = rank_and_size(rank, size)
     world.next_generation()
-    world.join(rank, size, MPI)
-    world.transport_ranks = transport_ranks
+    world.join(rank, size, MPI, transport_ranks=transport_ranks)
 
 
 def make_group(world: World, global_ranks: list[int], group_id: int, name: str, timeout: float, desc: str = "",
@@ -113,8 +112,7 @@ def _job() -> tuple[int, int] | None:
 def standalone_world(store: Any, rank: int, size: int, timeout: float, name: str) -> World:
     """A private world of ``size`` ranks met through ``store``, with one default group named
     ``name``; ``world.leave()`` releases it."""
-    world = World()
-    world.job = _job()
+    world = World(job=_job())
     join_native(world, rank, size, store, timeout, "pydist", store_host=0)
     group_id, _ = world.group_id(list(range(size)))
     make_group(world, list(range(size)), group_id, name, timeout, default=True)
@@ -125,8 +123,7 @@ def standalone_mpi_world(global_ranks: list[int] | None, rank: int, size: int, t
     """``standalone_world`` over MPI: ``global_ranks`` are the members' MPI world ranks (None
     or empty: the MPI world, whose rank and size must then be ``rank`` and ``size``)."""
     from ..engines.mpi import check_group_rank
-    world = World()
-    world.job = _job()
+    world = World(job=_job())
     join_mpi(world, rank, size, check_group_rank(global_ranks, rank, size))
     group_id, _ = world.group_id(list(range(size)))
     make_group(world, list(range(size)), group_id, name, timeout, default=True)

@@ -4,7 +4,7 @@ A blocking operation on an idle group runs inline in the caller's thread (the la
 path). Anything else (async operations, operations issued while others are queued or
 running) goes into a FIFO served by the group's progress thread, started on first need.
 Completing a Work here only marks it done: its callbacks run on the callback runner
-(_callbacks), so one that waits on another operation of this group does not stall it.
+(callbacks), so one that waits on another operation of this group does not stall it.
 
 The queue reads the group's lifecycle (see state): once a failed operation has *broken* the
 group (its FailurePath fires that event, see failure), queued and later operations fail at

@@ -6,7 +6,7 @@ and ``get_future()`` (a ``concurrent.futures.Future`` resolving to the output te
 made on first request so that the common case stays cheap).
 
 Callbacks (``add_done_callback``, and those of the future) run on pydist's callback
-runner (see _callbacks), never on the progress or transport thread that completes the
+runner (see callbacks), never on the progress or transport thread that completes the
 operation, so a callback may wait on another operation of the same group. A Work
 without callbacks or future completes with no thread hop. A callback added once the
 Work is done runs at once in the adding thread.

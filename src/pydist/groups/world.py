@@ -37,9 +37,9 @@ TransportFactory = Callable[[int, int, Any, "Deadline", GroupStates], "WorldTran
 class World:
     """Everything init_process_group creates and destroy_process_group releases."""
 
-    def __init__(self, transport_factory: TransportFactory | None = None) -> None:
+    def __init__(self, transport_factory: TransportFactory | None = None, job: tuple[int, int] | None = None) -> None:
         """``transport_factory``: how this world's transport is made (tests); None: the
-        registry's tcp and shared memory (groups.factory.default_transport)."""
+        registry's tcp and shared memory (groups.factory.default_transport). ``job``: see below."""
         self.default_group: ProcessGroup | None = None
         self.groups: list[ProcessGroup] = []
         self.store: Store | None = None
@@ -59,7 +59,7 @@ class World:
         self.store_host: int | None = None
         #: (rank, size) in the whole job, under which the flight recorder files this world's
         #: groups (None: ``rank``/``size``); a torch group's private world is one group of the job
-        self.job: tuple[int, int] | None = None
+        self.job = job
         self.group_counts: collections.Counter = collections.Counter()
         self.transport_factory = transport_factory
 
@@ -71,12 +71,14 @@ class World:
 
     def join(self, rank: int, size: int, backend_name: str, store: Store | None = None,
              owned_store: Store | None = None, transport: WorldTransport | None = None,
-             progress: ProgressBoard | None = None, store_host: int | None = None) -> None:
+             progress: ProgressBoard | None = None, store_host: int | None = None,
+             transport_ranks: list[int] | None = None) -> None:
         """This process is rank ``rank`` of ``size`` on ``backend_name`` (the MPI engine has no
-        store, transport nor progress board); ``owned_store``: closed by ``leave``."""
+        store, transport nor progress board); ``owned_store``: closed by ``leave``;
+        ``transport_ranks``: see the attribute (None: the global ranks)."""
         self.rank, self.size, self.backend_name = rank, size, backend_name
         self.store, self.owned_store, self.store_host = store, owned_store, store_host
-        self.transport, self.progress, self.transport_ranks = transport, progress, None
+        self.transport, self.progress, self.transport_ranks = transport, progress, transport_ranks
         if transport is not None:
             self.states.carrier = transport
 

@@ -9,7 +9,7 @@ use (``next_parity``) and separate writing from reading with ``sync``; the invar
 makes reuse safe: data written for a use is read only between that use's sync and the
 member's next sync, and a member writes a parity again only after a later sync.
 
-``sync`` is a barrier of the members (spin, yield, then futex sleep; see _signal). It can
+``sync`` is a barrier of the members (spin, yield, then futex sleep; see signal). It can
 carry a fingerprint of the call (op, dtype, count, root, reduce op): members whose
 fingerprints differ all raise DesyncError (a DistBackendError) naming the rank and both
 calls, instead of hanging or mixing data. A member that does not arrive before the deadline
@@ -51,10 +51,10 @@ def _data_offset(members: int) -> int:
 class Arena:
     """One member's handle on a shared arena (each member has its own object)."""
 
-    def __init__(self, memory: np.ndarray, base: int, members: list[int], index: int, slot_bytes: int,
+    def __init__(self, memory: np.ndarray, base: int, group_ranks: list[int], index: int, slot_bytes: int,
                  oversubscribed: bool, describe: Callable[[int], str] = str, keepalive: Keepalive | None = None):
-        self.members = members  # group ranks of the members, in arena order
-        self.size = len(members)
+        self.group_ranks = group_ranks  # of the members, in arena order
+        self.size = len(group_ranks)
         self.rank = index
         self.slot_bytes = slot_bytes
         self._keepalive = keepalive  # the segment that owns ``memory``

@@ -6,7 +6,7 @@ single-producer single-consumer byte ring carrying the same frames as tcp. A sen
 what fits at once from the caller's thread and rings the receiver's doorbell; the rest is
 pushed by the sender's progress thread as the receiver frees space (it rings the sender
 when the sender said it waits for space). Each process has one progress thread: it drains
-its incoming rings into posted receives (or holds messages as unexpected, see _matching)
+its incoming rings into posted receives (or holds messages as unexpected, see ..matching)
 and pushes pending sends; when idle it sleeps on its doorbell futex. A thread blocked on a
 receive does that work itself for a while (``drive``), and peers then leave the progress
 thread asleep: handing each message to another thread of the process costs a GIL

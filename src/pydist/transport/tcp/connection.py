@@ -133,7 +133,7 @@ class Connection:
 
     @property
     def reading(self) -> bool:
-        """Not paused (too much unexpected data held from this peer, see _flow), or closing."""
+        """Not paused (too much unexpected data held from this peer, see ..flow), or closing."""
         return self.closing or self.peer not in self.transport.matcher.throttle.paused
 
     def idle(self) -> bool:

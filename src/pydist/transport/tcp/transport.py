@@ -320,7 +320,7 @@ class TcpTransport(NetworkTransport):
         self._wake()
 
     def _resume_reading(self, peer: int) -> None:
-        """Any thread: read from ``peer`` again (a receive wants its data; see _flow)."""
+        """Any thread: read from ``peer`` again (a receive wants its data; see ..flow)."""
         for conn in self._lanes.get(peer, []):  # none: a peer of another transport (shared memory)
             self._arm(conn)
 
