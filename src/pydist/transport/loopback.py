@@ -72,10 +72,14 @@ class LoopbackFabric:
         as a real network transport connects to every peer before it returns."""
         transport = self.attach(site.rank, site.matcher, site.events, site.on_peer_gone)
         with self._ready:
-            if not self._ready.wait_for(lambda: all(self.endpoints), site.deadline.remaining()):
+            if not site.deadline.wait(self._all_attached):
                 missing = [r for r, e in enumerate(self.endpoints) if e is None]
                 raise DistNetworkError(f"rank {site.rank}: thread-ranks {missing} never attached to the loopback")
         return transport
+
+    def _all_attached(self, seconds: float | None) -> bool:
+        """Under ``_ready``: wait up to ``seconds`` for every rank to be attached."""
+        return self._ready.wait_for(lambda: all(self.endpoints), seconds)
 
     def arena_memory(self, key: str, members: list[int], rank: int, nbytes: int, deadline: Deadline,
                      alive: Callable[[], None] | None) -> tuple[np.ndarray, int, Keepalive | None]:
