@@ -9,13 +9,12 @@ Tokens travel as point-to-point messages with a reserved tag.
 """
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
-from ..core.deadline import to_seconds
+from ..core.deadline import Deadline, to_seconds
 from ..core.errors import DistBackendError, DistError
 from .groups import resolve_group
 from .p2p import irecv, isend
@@ -53,14 +52,15 @@ def monitored_barrier(group: Any = None, timeout: timedelta | float | None = Non
         return
     tokens = {peer: _token(irecv(np.zeros(1, np.uint8), group=target, group_src=peer, tag=TOKEN_TAG))
               for peer in range(1, target.size())}
-    deadline, missing = time.monotonic() + seconds, []
+    deadline, missing = Deadline.after(seconds), []
     for peer, token in tokens.items():
-        left = deadline - time.monotonic()
+        left = deadline.remaining()
+        assert left is not None  # seconds is never None
         if left <= 0 and not wait_all_ranks and not token.is_completed():  # as gloo: only then
             raise DistBackendError(f"Rank {ranks[0]} timed out in monitoredBarrier after {_ms(seconds)} "
                                    f"(before waiting for rank {ranks[peer]})")
         try:
-            token.wait(timeout=max(0.0, left))
+            token.wait(timeout=left)
         except DistBackendError:
             missing.append(ranks[peer])
             if not wait_all_ranks:

@@ -2,13 +2,14 @@
 
 The clock is injectable, for tests of timeout logic: ``set_clock(clock)`` makes Deadline read
 ``clock.monotonic()`` and route the timed waits made through it (``Deadline.wait``,
-``timed_wait``, ``sleep``) to ``clock.wait``/``clock.sleep``, so a fake clock
+``timed_wait``, ``join``, ``sleep``) to ``clock.wait``/``clock.sleep``, so a fake clock
 (pydist.testing.clock.MockClock) can let timeouts expire without the real time passing.
 The real clock (the default) costs one global lookup per call: ``now`` is time.monotonic
 itself, and the waits call the primitive directly.
 """
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from typing import Callable, Protocol
@@ -71,6 +72,16 @@ def timed_wait(wait: Callable[[float | None], bool], timeout: float | None) -> b
     if _fake is None:
         return wait(timeout)
     return _fake.wait(wait, timeout)
+
+
+def join(thread: threading.Thread, timeout: float | None) -> bool:
+    """``thread.join(timeout)`` on the current clock; True once the thread has ended."""
+
+    def ended(seconds: float | None) -> bool:
+        thread.join(seconds)
+        return not thread.is_alive()
+
+    return timed_wait(ended, timeout)
 
 
 class Deadline:

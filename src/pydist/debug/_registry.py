@@ -118,7 +118,7 @@ def failure(trace: Any, entry: Any) -> None:
     """An operation of ``trace``'s group raised a DistError: write the rank's traces."""
     session = trace.session
     reason = f"{entry.error} [{entry.spec.name} seq {entry.seq} on group {trace.name}]"
-    now = time.monotonic()
+    now = time.monotonic()  # real time: a rate limit on writing files, on the files' clock
     with _LOCK:
         if session.first_failure is None:
             session.first_failure = reason

@@ -28,7 +28,7 @@ from ..core.settings import settings
 from . import _registry
 from ._format import COMPLETED, FAILED, QUEUED, STARTED
 
-_monotonic = time.monotonic
+_monotonic = time.monotonic  # real time: the files' timestamps (wall() converts them), not deadlines
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DISTRIBUTED = os.path.join("torch", "distributed", "")
 

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Callable
 
+from ..core import deadline as _deadline
 from ..core.errors import DistBackendError
 from ..transport.base import Request
 from ._mpi_world import load_mpi
@@ -41,15 +42,17 @@ def spin_seconds(nbytes: int) -> float:
 
 
 def poll_until(test: Callable[[], bool], deadline: float | None, spin: float = SPIN_SECONDS) -> bool:
-    """Call ``test()`` until it is True (return True) or monotonic time reaches ``deadline``
-    (None: never; return False): spin for ``spin`` seconds, then sleep with a back-off."""
+    """Call ``test()`` until it is True (return True) or pydist's clock (``core.deadline.now``,
+    where ``Deadline.at`` lives) reaches ``deadline`` (None: never; return False): spin for
+    ``spin`` seconds, then sleep on that clock with a back-off. The spin reads the same clock:
+    under the real one it is real time; a fake clock's jump only ends it early."""
     if test():
         return True
-    start = time.monotonic()
+    start = _deadline.now()
     spin_end = start + spin
     delay = MIN_SLEEP
     while True:
-        now = time.monotonic()
+        now = _deadline.now()
         if deadline is not None and now >= deadline:
             return test()
         if now < spin_end:
@@ -59,7 +62,7 @@ def poll_until(test: Callable[[], bool], deadline: float | None, spin: float = S
             os.sched_yield()
         else:
             pause = min(delay, max(MIN_SLEEP, (now - start) / 8))
-            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+            _deadline.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
             delay = min(delay * 2, MAX_SLEEP)
         if test():
             return True
@@ -124,7 +127,7 @@ class MpiRequest(Request):
         """Poll until complete or ``timeout`` seconds pass (None: forever); True when complete."""
         if self._completed:
             return True
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else _deadline.now() + timeout
         return poll_until(self.test, deadline, spin_seconds(self.nbytes))
 
     def cancel(self) -> None:
@@ -138,7 +141,7 @@ class MpiRequest(Request):
             try:
                 if not self.mpi_request.Test(self._status) and self.receive:
                     self.mpi_request.Cancel()
-                    poll_until(lambda: self.mpi_request.Test(self._status), time.monotonic() + CANCEL_SECONDS)
+                    poll_until(lambda: self.mpi_request.Test(self._status), _deadline.now() + CANCEL_SECONDS)
             except mpi.Exception:
                 pass
             if self.mpi_request != mpi.REQUEST_NULL:
@@ -191,6 +194,7 @@ class Poller:
             self._cond.notify_all()
 
     def _serve(self) -> None:
+        # real time throughout: the poll's pace, not a timeout (nothing waits for a deadline here)
         me = threading.current_thread()
         idle_since = time.monotonic()
         while True:

@@ -105,7 +105,7 @@ def _follow(transport: WorldTransport, channel: int, leader: int, excluded: set[
 
 
 def _wait(request: Request, deadline: Deadline, transport: WorldTransport, waiting_for: str) -> None:
-    if not request.wait(deadline.remaining()):
+    if not deadline.wait(request.wait):
         transport.cancel(request)
         raise DistBackendError(f"{waiting_for}: {timed_out_waiting(None)} (the deadline passed)")
 

@@ -47,6 +47,7 @@ class CallbackRunner:
             with self._cond:
                 self._idle += 1
                 while not self._tasks:
+                    # real time: an idle worker's lifetime, not a timeout anyone waits for
                     if not self._cond.wait(self._idle_seconds) and not self._tasks:
                         self._idle -= 1
                         return

@@ -16,6 +16,8 @@ import json
 import threading
 import time
 
+from ..core import deadline as _deadline
+
 #: Seconds between publications while the record keeps changing.
 PUBLISH_INTERVAL = 1.0
 #: Seconds without a change after which a changed record is published (the thread's tick).
@@ -65,7 +67,7 @@ class ProgressBoard:
     def _run(self) -> None:
         published = seen = self._version
         since = 0.0
-        while not self._stop.wait(SETTLE_SECONDS):
+        while not self._stop.wait(SETTLE_SECONDS):  # real time: a publication rate, not a timeout
             since += SETTLE_SECONDS
             version = self._version
             if publication_due(version, seen, published, since):
@@ -79,7 +81,7 @@ class ProgressBoard:
     def close(self) -> None:
         """Stop publishing; wait at most CLOSE_WAIT for a publication in flight."""
         self._stop.set()
-        self._thread.join(CLOSE_WAIT)
+        _deadline.join(self._thread, CLOSE_WAIT)
 
     def explain(self, group_id: int, seq: int, ranks: list[int], budget: float = EXPLAIN_BUDGET) -> str:
         """Which of ``ranks`` (world ranks) had not started operation ``seq`` of the group,
@@ -90,7 +92,7 @@ class ProgressBoard:
         asking = threading.Thread(target=lambda: answer.append(self._ask(group_id, seq, ranks)),
                                   name=f"pydist-explain-{self._rank}", daemon=True)
         asking.start()
-        asking.join(budget)
+        _deadline.join(asking, budget)
         if not answer:
             return f"; which ranks never reached it is unknown: the store did not answer within {budget:g} s"
         return answer[0]

@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
+from ..core import deadline as _deadline
 from ..core.errors import DistBackendError
 from .state import DESTROYED, GroupState
 from .work import Work
@@ -126,7 +127,12 @@ class OpQueue:
     def drain(self, timeout: float | None) -> bool:
         """Wait until nothing is queued or running; True when idle."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+            return _deadline.timed_wait(self._idle_within, timeout)
+
+    def _idle_within(self, seconds: float | None) -> bool:
+        """Under the lock: wait up to ``seconds`` for nothing queued or running (the primitive
+        ``drain`` waits on through pydist's clock)."""
+        return self._cond.wait_for(lambda: not self._pending and not self._busy, seconds)
 
     def close(self, timeout: float | None = None) -> None:
         """Let queued operations finish (up to ``timeout``), destroy the group (idempotent),
@@ -141,4 +147,4 @@ class OpQueue:
             work._fail(DistBackendError(f"process group {self.name} was destroyed before operation "
                                         f"seq {seq} ran"))
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            _deadline.join(self._thread, timeout)

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .callbacks import RUNNER
+from ..core import deadline as _deadline
 from ..core.deadline import to_seconds
 from ..core.errors import DistBackendError
 
@@ -73,13 +74,18 @@ class Work:
         """Block until done; re-raise the operation's error. True on success."""
         if not self._done:
             seconds = to_seconds(timeout)
-            if not self._gate.acquire(timeout=-1 if seconds is None else seconds):
+            if not _deadline.timed_wait(self._pass_gate, seconds):
                 raise DistBackendError(f"Work.wait timed out after {seconds:g} s; {self.description} "
                                        "is still running")
             self._gate.release()
         if self._error is not None:
             raise self._error
         return True
+
+    def _pass_gate(self, seconds: float | None) -> bool:
+        """Take the gate (open once done) within ``seconds`` (None: forever): the primitive
+        ``wait`` waits on through pydist's clock."""
+        return self._gate.acquire(timeout=-1 if seconds is None else seconds)
 
     def is_completed(self) -> bool:
         return self._done

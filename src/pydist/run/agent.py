@@ -36,6 +36,7 @@ from queue import Empty, SimpleQueue
 from types import FrameType
 from typing import Any, BinaryIO
 
+from ..core import deadline as _deadline
 from .config import OMP_NOTE, LaunchConfig, Placement, worker_env
 from .endpoint import EndpointError, open_store
 from .failure import WorkerExit, format_summary
@@ -252,7 +253,7 @@ class RoundRun:
 
     def _fail_to_start(self, exc: OSError) -> None:
         rank = self.placement.node_rank * self.config.nproc_per_node + len(self.workers)
-        failed = WorkerExit(rank, len(self.workers), -1, 1, time.time(), time.monotonic(), self.rdzv.me.where(),
+        failed = WorkerExit(rank, len(self.workers), -1, 1, time.time(), _deadline.now(), self.rdzv.me.where(),
                             f"{type(exc).__name__}: {exc}", f"cannot start {' '.join(self.config.command)}")
         self._stop_round({"reason": "failure", "exit": failed.to_json()}, signal.SIGTERM)
 
@@ -265,11 +266,8 @@ class RoundRun:
             kill_at = None if self._stopping_since is None else self._stopping_since + self.config.shutdown_timeout
             timeout = self.config.monitor_interval
             if kill_at is not None and not killed:
-                timeout = min(timeout, max(0.0, kill_at - time.monotonic()))
-            try:
-                event = self.agent._events.get(timeout=timeout)
-            except Empty:
-                event = ("tick",)
+                timeout = min(timeout, max(0.0, kill_at - _deadline.now()))
+            event = self._next_event(timeout)
             if event[0] == "exit":
                 alive.discard(event[1])
                 self._on_exit(self.workers[event[1]], event[2], event[3])
@@ -281,11 +279,25 @@ class RoundRun:
             elif self._stopping_since is None:
                 self._look_at_store()
             if self._stopping_since is not None and not killed and alive:
-                if hurry or time.monotonic() >= self._stopping_since + self.config.shutdown_timeout:
+                if hurry or _deadline.now() >= self._stopping_since + self.config.shutdown_timeout:
                     for worker in self.workers:
                         if worker.local_rank in alive:
                             worker.signal_group(signal.SIGKILL)
                     killed = True
+
+    def _next_event(self, timeout: float) -> tuple[Any, ...]:
+        """The next exit or signal, waiting up to ``timeout`` s on pydist's clock (the SIGKILL
+        deadline is on it); ``("tick",)`` when none came."""
+        got: list[tuple[Any, ...]] = []
+
+        def arrived(seconds: float | None) -> bool:
+            try:
+                got.append(self.agent._events.get(timeout=seconds))
+            except Empty:
+                return False
+            return True
+
+        return got[0] if _deadline.timed_wait(arrived, timeout) else ("tick",)
 
     def _on_exit(self, worker: Worker, mono: float, wall: float) -> None:
         worker.exit = WorkerExit(worker.rank, worker.local_rank, worker.pid, worker.proc.returncode, wall, mono,
@@ -322,7 +334,7 @@ class RoundRun:
 
     def _stop(self, sig: int) -> None:
         """Start stopping: send ``sig`` to every worker group that has not exited yet."""
-        self._stopping_since = time.monotonic()
+        self._stopping_since = _deadline.now()
         for worker in self.workers:
             if worker.proc.returncode is None:
                 worker.signal_group(sig)
@@ -339,7 +351,7 @@ class RoundRun:
                 if self.agent._signals:
                     why = {"reason": "signal", "signal": self.agent._signals[0], "host": self.agent._where()}
                     return self.rdzv.request_stop(self.round.number, why)
-                time.sleep(self.config.monitor_interval)
+                time.sleep(self.config.monitor_interval)  # real time: a poll's pace; no deadline ends it
         except (OSError, RuntimeError) as exc:
             return {"reason": "store", "message": f"lost the job's store while waiting for the other nodes: {exc}"}
         return {"reason": "done"}

@@ -23,10 +23,11 @@ Keys, under ``rdzv/<run id>/``::
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from collections.abc import Callable
 from typing import Any, NoReturn
+
+from ..core import deadline as _deadline
 
 #: Seconds between looks at the store while waiting for other agents.
 POLL_S = 0.05
@@ -106,10 +107,11 @@ class Rendezvous:
         self._prefix = f"rdzv/{settings.run_id}/"
 
     def _pause(self) -> None:
-        """Sleep between looks at the store; raises Interrupted when told to stop."""
+        """Sleep between looks at the store (on pydist's clock, as the deadlines the looks end
+        at); raises Interrupted when told to stop."""
         if self._interrupted():
             raise Interrupted()
-        time.sleep(POLL_S)
+        _deadline.sleep(POLL_S)
 
     def _key(self, name: str) -> str:
         return self._prefix + name
@@ -121,7 +123,7 @@ class Rendezvous:
     def join(self) -> Round:
         """Join the next round that admits this agent and wait until it closes. Raises
         RendezvousError on timeout or when the members' settings disagree."""
-        deadline = time.monotonic() + self.settings.join_timeout
+        deadline = _deadline.now() + self.settings.join_timeout
         while True:
             number = self._open_round()
             slot = self.store.add(self._key(f"r{number}/joined"), 1) - 1
@@ -152,7 +154,7 @@ class Rendezvous:
             if self.store.check([closed]):
                 return int(self.store.get(closed))
             joined = self._int(f"r{number}/joined")
-            now = time.monotonic()
+            now = _deadline.now()
             if joined >= settings.min_nodes and quorum_since is None:
                 quorum_since = now
             last_call_over = quorum_since is not None and now - quorum_since >= settings.last_call
@@ -166,7 +168,7 @@ class Rendezvous:
     def _wait_newer_round(self, number: int, deadline: float) -> None:
         stop = self._key(f"r{number}/stop")
         while int(self.store.get(self._key("round"))) <= number and not self.store.check([stop]):
-            if time.monotonic() > deadline:
+            if _deadline.now() > deadline:
                 raise RendezvousError(f"rendezvous '{self.settings.run_id}': no round admitted {self.me.where()} "
                                       f"within {self.settings.join_timeout:g}s (the job is full: "
                                       f"--nnodes max {self.settings.max_nodes})")
@@ -239,9 +241,9 @@ class Rendezvous:
     def published(self, number: int, name: str, timeout: float) -> str:
         """What a member published under ``name`` for round ``number``, waiting for it at most
         ``timeout`` s (RendezvousError) or until this agent is told to stop (Interrupted)."""
-        key, deadline = self._key(f"r{number}/{name}"), time.monotonic() + timeout
+        key, deadline = self._key(f"r{number}/{name}"), _deadline.now() + timeout
         while not self.store.check([key]):
-            if time.monotonic() > deadline:
+            if _deadline.now() > deadline:
                 raise RendezvousError(f"rendezvous '{self.settings.run_id}': round {number}'s node 0 did not "
                                       f"publish {name} within {timeout:g}s")
             self._pause()
@@ -254,9 +256,9 @@ class Rendezvous:
     def wait_left(self, number: int, members: int, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until the ``members`` of round ``number`` left: the
         agent hosting the store calls this before it closes the store. True when they did."""
-        deadline = time.monotonic() + timeout
+        deadline = _deadline.now() + timeout
         while self._int(f"r{number}/left") < members:
-            if time.monotonic() >= deadline:
+            if _deadline.now() >= deadline:
                 return False
-            time.sleep(POLL_S)
+            _deadline.sleep(POLL_S)
         return True

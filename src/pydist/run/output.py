@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from ..core import deadline as _deadline
+
 #: Longest line held back waiting for its newline.
 MAX_LINE = 1 << 20
 _WRITE_LOCK = threading.Lock()
@@ -78,8 +80,7 @@ class OutputPump:
     def wait(self, timeout: float | None) -> bool:
         """Wait until every pipe reached end of file; True if they all did within ``timeout``."""
         self.start()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return _deadline.join(self._thread, timeout)
 
     def stop(self) -> None:
         """Stop now: flush partial lines, close the pipes still open (held by stray grandchildren)."""
@@ -90,7 +91,7 @@ class OutputPump:
     def _run(self) -> None:
         try:
             while self._sources and not self._stop.is_set():
-                for key, _ in self._selector.select(timeout=0.1):
+                for key, _ in self._selector.select(timeout=0.1):  # real time: how often it looks at _stop
                     self._read(key.fd)
         finally:
             for fd in list(self._sources):

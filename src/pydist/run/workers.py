@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import Any
 
+from ..core import deadline as _deadline
+from ..core.deadline import Deadline
 from .failure import WorkerExit
 
 #: Lines of each worker's stderr kept for the failure summary.
@@ -106,11 +108,12 @@ def spawn(command: list[str], env: dict[str, str], rank: int, local_rank: int) -
 
 
 def watch(worker: Worker, events: SimpleQueue[tuple[Any, ...]]) -> threading.Thread:
-    """Reap ``worker`` in a thread and post ``("exit", local_rank, monotonic, wall)`` when it exits."""
+    """Reap ``worker`` in a thread and post ``("exit", local_rank, monotonic, wall)`` when it exits
+    (monotonic: pydist's clock, which the agent's stop time is read on too)."""
 
     def wait() -> None:
         worker.proc.wait()
-        events.put(("exit", worker.local_rank, time.monotonic(), time.time()))
+        events.put(("exit", worker.local_rank, _deadline.now(), time.time()))
 
     thread = threading.Thread(target=wait, name=f"pydist-run-watch-{worker.local_rank}", daemon=True)
     thread.start()
@@ -121,9 +124,9 @@ def sweep_groups(workers: list[Worker], grace: float) -> None:
     """Stop processes left in the workers' groups after the workers exited (stray grandchildren):
     SIGTERM, then SIGKILL to the groups still present after ``grace`` seconds."""
     left = [w for w in workers if w.signal_group(signal.SIGTERM) and w.group_alive()]
-    deadline = time.monotonic() + grace
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
+    deadline = Deadline.after(grace)
+    while left and not deadline.expired():
+        _deadline.sleep(0.05)
         left = [w for w in left if w.group_alive()]
     for worker in left:
         worker.signal_group(signal.SIGKILL)

@@ -20,8 +20,8 @@ import contextlib
 import socket
 import ssl
 import threading
-import time
 
+from ..core import deadline as _deadline
 from ..net.addresses import family_unusable, host_port
 from ..net.auth import AuthenticationError
 from ..core.deadline import Deadline
@@ -82,7 +82,7 @@ class Connection:
         """Connect (with ``tls``: over TLS) and handshake (with ``auth_token``: authenticate);
         with ``retry``, keep trying (backoff) until ``deadline``. A refusal or failed
         authentication is never retried."""
-        where, started, delay = host_port(host, port), time.monotonic(), 0.01
+        where, started, delay = host_port(host, port), _deadline.now(), 0.01
         while True:
             try:
                 sock = socket.create_connection((host, port), timeout=_socket_timeout(deadline))
@@ -112,9 +112,9 @@ class Connection:
             if not retry or left <= 0:
                 raise DistNetworkError(
                     f"could not connect to store server at {where} "
-                    f"(tried for {time.monotonic() - started:.1f}s): {error}"
+                    f"(tried for {_deadline.now() - started:.1f}s): {error}"
                 ) from error
-            time.sleep(min(delay, left))
+            _deadline.sleep(min(delay, left))
             delay = min(delay * 2, 1.0)
 
     def _start_tls(self, context: ssl.SSLContext, deadline: Deadline) -> None:

@@ -34,6 +34,7 @@ import time
 from contextlib import suppress
 from typing import Any
 
+from ..core import deadline as _deadline
 from ..net.addresses import family_unusable, host_port
 from ..core.errors import DistNetworkError, DistStoreError
 from ..net.tls import HANDSHAKE_RECORD
@@ -119,17 +120,17 @@ class Server:
             self._wake_w.send(b"\0")
         except OSError:
             pass
-        self._thread.join(10.0)
+        self._thread.join(10.0)  # real time: a bound on a thread told to stop, not a timeout
         self._wake_w.close()
 
     def _run(self) -> None:
         try:
             while not self._stopping:
-                events = self._sel.select(self._timeout())
-                for key, mask in events:
+                for key, mask in self._select():
                     self._on_event(key, mask)
-                self._service.expire(time.monotonic())
-                self._expire_handshakes(time.monotonic())
+                now = _deadline.now()
+                self._service.expire(now)
+                self._expire_handshakes(now)
                 self._deliver()
                 self._resume_drained()
         except Exception:  # pragma: no cover - a bug; keep the process alive and say so
@@ -145,7 +146,23 @@ class Server:
         """Seconds until a parked request or a TLS handshake is due (None: nothing is)."""
         handshake = next(iter(self._handshakes.values()), None)  # the oldest: deadlines grow with accept time
         due = [d for d in (self._service.next_deadline(), handshake) if d is not None]
-        return max(0.0, min(due) - time.monotonic()) if due else None
+        return max(0.0, min(due) - _deadline.now()) if due else None
+
+    def _select(self) -> list[tuple[selectors.SelectorKey, int]]:
+        """The ready sockets, waiting until one is or the next deadline passes, on the current
+        clock (a fake one may let a parked request's timeout pass at once). With nothing due,
+        a plain wait for the sockets: an idle server waits on no clock."""
+        timeout = self._timeout()
+        if timeout is None:
+            return self._sel.select(None)
+        events: list[tuple[selectors.SelectorKey, int]] = []
+
+        def ready(seconds: float | None) -> bool:
+            events.extend(self._sel.select(seconds))
+            return bool(events)
+
+        _deadline.timed_wait(ready, timeout)
+        return events
 
     def _on_event(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.fileobj is self._listener:
@@ -175,7 +192,7 @@ class Server:
                 return
             except OSError as e:  # e.g. out of file descriptors: back off a little
                 logger.warning("store server %s:%d: accept failed: %s", self.host, self.port, e)
-                time.sleep(0.01)
+                time.sleep(0.01)  # real time: a pause for the CPU's sake, not a timeout
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -185,7 +202,7 @@ class Server:
             if self.tls is None:
                 self._service.open(peer.cid)
             else:
-                self._handshakes[peer.cid] = time.monotonic() + HANDSHAKE_TIMEOUT_S
+                self._handshakes[peer.cid] = _deadline.now() + HANDSHAKE_TIMEOUT_S
 
     def _handshake(self, peer: _Peer) -> None:
         """Advance a TLS connection's opening (see the module docstring); once done, the
@@ -256,7 +273,7 @@ class Server:
             if not data:
                 self._drop(peer, self._service.close(peer.cid))
                 return
-            self._service.receive(peer.cid, data, time.monotonic())
+            self._service.receive(peer.cid, data, _deadline.now())
             budget -= len(data)
             if not isinstance(peer.sock, ssl.SSLSocket) or (budget <= 0 and not peer.sock.pending()):
                 return
@@ -310,7 +327,7 @@ class Server:
         while self._drained:
             cid = self._drained.pop()
             if cid in self._peers:
-                self._service.resume(cid, time.monotonic())
+                self._service.resume(cid, _deadline.now())
                 self._deliver()
 
     def _drop(self, peer: _Peer, reason: str | None) -> None:

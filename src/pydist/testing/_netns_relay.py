@@ -50,6 +50,7 @@ def _relay_main() -> None:
             raise ValueError(f"bad command {words}")
 
     while True:
+        # real time: the relay delays packets as a link would
         timeout = max(0.0, (held[0][0] - time.monotonic()) * 1e3) if held else None
         for fd, _ in poller.poll(timeout):
             if fd == 0:

@@ -171,7 +171,7 @@ def stop(procs: Sequence[subprocess.Popen], inodes: set[int], grace: float) -> l
                 signal_pid(proc.pid, sig, group=True)
         for pid in pids_in(inodes):
             signal_pid(pid, sig)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + wait  # real time: processes' exits, the harness's cleanup
         while time.monotonic() < deadline:
             if all(proc.poll() is not None for proc in procs) and not pids_in(inodes):
                 return []

@@ -7,7 +7,11 @@ nothing has completed for ``autojump_threshold`` real seconds, it jumps to the e
 their deadlines, so that wait times out at once. Install it with ``installed()`` (or
 pydist.core.deadline.set_clock); it affects every Deadline of this process, so only tests whose
 ranks are threads of this process use it, and ``parties`` must count every thread that
-waits on it (a wait by fewer threads is real: a peer may still be on its way).
+waits on it (a wait by fewer threads is real: a peer may still be on its way). Service
+threads wait on it too while something of theirs is due: a TCPStore server of this process
+with a blocking request parked (an idle one waits on its sockets alone), a launcher agent's
+monitor. Background paces (the progress thread's tick, the tcp I/O thread, idle workers)
+stay on real time and never count.
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def finish(procs: Sequence[subprocess.Popen], timeout: float) -> list[subprocess
                for i in range(len(procs))]
     for reader in readers:
         reader.start()
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # real time: the harness's bound on real processes
     for reader in readers:
         reader.join(max(0.0, deadline - time.monotonic()))
     late = [proc for proc, reader in zip(procs, readers) if reader.is_alive()]

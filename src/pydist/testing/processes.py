@@ -98,7 +98,7 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
         proc.start()
     collected: dict[int, tuple[bool, Any]] = {}
     try:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout  # real time: the harness's bound on real processes
         while len(collected) < world_size:
             try:
                 rank, ok, value = results.get(timeout=min(0.2, max(0.0, deadline - time.monotonic())))

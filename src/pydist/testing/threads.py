@@ -100,7 +100,7 @@ def run_threads(world_size: int, fn: Callable[..., Any], *args: Any, transport: 
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout)
+        thread.join(timeout)  # real time: the harness's bound, which a test's fake clock must not shorten
     if any(thread.is_alive() for thread in threads):
         failed = "".join(f"\n  rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items()))
         raise TimeoutError(f"thread-ranks did not finish within {timeout} s"

@@ -89,10 +89,15 @@ class LoopbackFabric:
         if site.joining:
             return transport
         with self._ready:
-            if not self._ready.wait_for(lambda: all(self.endpoints[:site.size]), site.deadline.remaining()):
+            if not site.deadline.wait(self._all_attached(site.size)):
                 missing = [r for r, e in enumerate(self.endpoints[:site.size]) if e is None]
                 raise DistNetworkError(f"rank {site.rank}: thread-ranks {missing} never attached to the loopback")
         return transport
+
+    def _all_attached(self, size: int) -> Callable[[float | None], bool]:
+        """Under ``_ready``: a wait of up to its argument's seconds for the first ``size`` ranks
+        to be attached (a blocking primitive's wait, for Deadline.wait)."""
+        return lambda seconds: self._ready.wait_for(lambda: all(self.endpoints[:size]), seconds)
 
     def arena_memory(self, key: str, members: list[int], rank: int, nbytes: int, deadline: Deadline,
                      alive: Callable[[], None] | None) -> tuple[np.ndarray, int, Keepalive | None]:

@@ -6,7 +6,8 @@ someone sleeps, rings the doorbell; ``wait_at_least`` spins on the counter brief
 when every rank has a core of its own, short when ranks outnumber cores, so that 4-8 ranks
 on 2 cores do not starve the rank they wait for), yields the CPU, then sleeps on the
 doorbell futex in slices of at most SLEEP_SLICE seconds, checking the deadline and a
-liveness callback between slices.
+liveness callback between slices. The sleeps are timed waits on pydist's clock
+(``Deadline.wait``), so a fake clock lets an arena's timeout pass at once.
 
 Ordering: the store of a counter is a sequentially consistent exchange, then the sleepers
 word is read; a sleeper increments the sleepers word (sequentially consistent), reads the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+from functools import partial
 from typing import Callable
 
 from ...core.deadline import Deadline
@@ -153,13 +155,17 @@ class Signal:
                         if self.read(index) >= target:  # it did its part just before it left
                             return
                         raise
-                remaining = deadline.remaining()
-                if remaining == 0:
+                if deadline.expired():
                     raise WaitTimeout
-                nap = SLEEP_SLICE if remaining is None else min(remaining, SLEEP_SLICE)
-                atomics.futex_wait(self._doorbell, bell, nap)
+                deadline.wait(partial(self._nap, bell))  # on the current clock (a fake one may jump)
         finally:
             atomics.fetch_add_u32(self._sleepers, -1)
+
+    def _nap(self, bell: int, seconds: float | None) -> bool:
+        """One futex sleep while the doorbell reads ``bell``, of at most SLEEP_SLICE (and
+        ``seconds``): a blocking primitive's wait for ``Deadline.wait``, True once it rang."""
+        atomics.futex_wait(self._doorbell, bell, SLEEP_SLICE if seconds is None else min(seconds, SLEEP_SLICE))
+        return atomics.load_u32_seq_cst(self._doorbell) != bell
 
 
 def oversubscribed(ranks: int) -> bool:

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from ...core import deadline as _deadline
 from ...core.deadline import Deadline
 from ...core.errors import DistBackendError, PeerFailedError
 from ..base import HostLocalTransport, MessageKey, Request
@@ -264,7 +265,7 @@ class ShmTransport(HostLocalTransport):
         """Wait for ``request``: drain and push from this thread for up to ``spin_seconds``
         (announced as polling, so peers do not wake the progress thread), then sleep while
         the progress thread does. True once complete, False when ``timeout`` passed."""
-        signal, start = self._signals[self._me], time.perf_counter()
+        signal, start = self._signals[self._me], time.perf_counter()  # real time: it bounds a CPU spin
         spin = self.spin_seconds if timeout is None else min(self.spin_seconds, timeout)
         signal.polling(1)
         try:
@@ -292,7 +293,7 @@ class ShmTransport(HostLocalTransport):
         while not self._stopping:
             if self._poll():
                 continue
-            signal.sleep(lambda: self._stopping or self._has_work(), SLEEP_SLICE)
+            signal.sleep(lambda: self._stopping or self._has_work(), SLEEP_SLICE)  # an idle nap: no deadline
 
     def _has_work(self) -> bool:
         if self._leaving:
@@ -335,10 +336,10 @@ class ShmTransport(HostLocalTransport):
         deadline = deadline or Deadline.after(CLOSE_SECONDS)
         while not self.idle() and not deadline.expired():
             self._signals[self._me].wake()
-            threading.Event().wait(0.001)
+            _deadline.sleep(0.001)
         self._stopping = True
         self._signals[self._me].wake()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=5)  # real time: a bound on a thread told to stop, not a timeout
         gone = PeerFailedError(f"rank {self.rank} closed its shared-memory channels", rank=self.rank)
         for peer in self._writers:
             self.fail_peer(peer, gone)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import socket
 import ssl
-import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
+from ...core import deadline as _deadline
 from ...net.auth import AuthenticationError, token_of
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
@@ -172,10 +173,10 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                 raise DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at {record.dialled}: "
                                        f"{error}") from error
             last_error = error
-            time.sleep(min(delay, deadline.remaining() or delay))
+            _deadline.sleep(min(delay, deadline.remaining() or delay))
         except (OSError, ValueError) as error:
             last_error = error
-            time.sleep(min(delay, deadline.remaining() or delay))
+            _deadline.sleep(min(delay, deadline.remaining() or delay))
             delay = min(delay * 2, 1.0)
     raise DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at "
                            f"{record.dialled} before the timeout: "
@@ -203,14 +204,13 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
     accepted: dict[int, socket.socket | TlsSocket] = {}
     try:
         while len(accepted) < len(expected):
-            remaining = deadline.remaining()
-            if remaining == 0:
+            if not deadline.wait(lambda seconds: _pending(listener, seconds)):
                 missing = sorted(expected - accepted.keys())
                 raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}")
-            listener.settimeout(remaining)
+            listener.settimeout(deadline.remaining())
             try:
                 sock, where = listener.accept()
-            except socket.timeout:
+            except (socket.timeout, BlockingIOError):  # the connection went away; 0 s left
                 continue
             peer_sock = _handshake(sock, where, expected - accepted.keys(), rank, token, auth_token, tls, records)
             if peer_sock is not None:
@@ -222,6 +222,14 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
             done.close()
         raise
     return accepted
+
+
+def _pending(listener: socket.socket, seconds: float | None) -> bool:
+    """Whether a connection waits on ``listener`` to be accepted, waiting up to ``seconds``
+    (None: until one does): a blocking primitive's wait, for ``Deadline.wait``."""
+    poll = select.poll()
+    poll.register(listener, select.POLLIN)
+    return bool(poll.poll(None if seconds is None else seconds * 1000))
 
 
 def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token: str, auth_token: bytes | None,

@@ -63,6 +63,7 @@ class Poller:
         """I/O thread: block until something happens; (woken, reads ready, writable fds).
         Takes back a read set left idle for IDLE_SECONDS (so it waits at most that long)."""
         woken, readable, writable = False, False, []
+        # real time: IDLE_SECONDS is a scheduling interval (leave() stamps it per operation), not a timeout
         if self.borrowed and not self.depth and time.monotonic() - self.idle_since >= IDLE_SECONDS:
             self.release_idle()
             return False, True, []

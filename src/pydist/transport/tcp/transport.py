@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from typing import Callable
 
+from ...core import deadline as _deadline
 from ...core.deadline import Deadline
 from ...core.errors import DistBackendError, DistNetworkError
 from ...core.settings import Settings
@@ -243,7 +243,7 @@ class TcpTransport(NetworkTransport):
         poller = self._poller
         if not poller.enter():
             return self.sleep(request, timeout)
-        end = None if timeout is None else time.monotonic() + timeout
+        end = None if timeout is None else _deadline.now() + timeout
         request.add_callback(self._ring_unless_mine)
         try:
             ready = poller.ready_reads()
@@ -252,7 +252,7 @@ class TcpTransport(NetworkTransport):
                     self._read(self._by_fd[fd])
                 if request._completed:
                     break
-                left = DRIVE_SLICE if end is None else min(DRIVE_SLICE, end - time.monotonic())
+                left = DRIVE_SLICE if end is None else min(DRIVE_SLICE, end - _deadline.now())
                 if left <= 0:
                     return False
                 ready = poller.ready_reads(left)
@@ -353,7 +353,7 @@ class TcpTransport(NetworkTransport):
                          Deadline.after(LINGER_SECONDS))
         self._stopping = True
         self._wake()
-        self._thread.join(timeout=FLUSH_SECONDS)
+        self._thread.join(timeout=FLUSH_SECONDS)  # real time: a bound on a thread told to stop, not a timeout
         for conn in self._every:
             conn.fail(None)
         self._poller.close()
@@ -364,9 +364,11 @@ class TcpTransport(NetworkTransport):
 
     @staticmethod
     def _wait_until(condition, deadline: Deadline) -> None:
+        """Poll ``condition`` with backoff sleeps on the current clock until it holds or
+        ``deadline`` passes (a fake clock lets the linger pass at once)."""
         delay = 0.0005
         while not condition() and not deadline.expired():
-            time.sleep(delay)
+            _deadline.sleep(delay)
             delay = min(delay * 2, 0.02)
 
     # -- I/O thread -----------------------------------------------------------------------
