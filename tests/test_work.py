@@ -121,3 +121,27 @@ def _irecv_before_isend(rank, size):
 @pytest.mark.parametrize("transport", ["loopback", "tcp"])
 def test_irecv_posted_before_isend_on_the_same_pair(transport):
     assert run_threads(2, _irecv_before_isend, transport=transport) == [2, 1]
+
+
+def _runner_workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pydist-callbacks-") and t.is_alive()]
+
+
+def test_release_idle_ends_idle_callback_workers_at_once_and_later_tasks_still_run():
+    from pydist.groups.callbacks import CallbackRunner
+
+    runner = CallbackRunner(idle_seconds=3600.0)  # only release_idle can end its workers in time
+    before = set(_runner_workers())
+    ran = threading.Event()
+    runner.run(ran.set)
+    assert ran.wait(30)  # "did not hang" bound, generous for a loaded machine
+    workers = set(_runner_workers()) - before
+    assert len(workers) == 1
+    runner.release_idle()
+    for worker in workers:
+        worker.join(30)  # would take an hour without the release
+        assert not worker.is_alive()
+    again = threading.Event()
+    runner.run(again.set)
+    assert again.wait(30)
+    runner.release_idle()
