@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import pydist as dist
 from pydist.groups import world as _world
@@ -51,6 +52,7 @@ def _wait_quiet(matcher, seconds: float = 2.0) -> None:
         last = now
 
 
+@pytest.mark.slow
 def test_a_receiver_holds_a_bounded_amount_and_the_sender_waits(monkeypatch):
     monkeypatch.setenv("PYDIST_MAX_UNEXPECTED_BYTES", str(LIMIT))
     events = [threading.Event() for _ in range(3)]

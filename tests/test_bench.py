@@ -265,6 +265,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, started_by", [(signal.SIGINT, None), (signal.SIGTERM, None),
                                                 (signal.SIGINT, _ignore_sigint)],
                          ids=["SIGINT", "SIGTERM", "SIGINT, inherited as ignored"])

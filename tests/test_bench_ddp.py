@@ -18,6 +18,7 @@ def _table_rows(text: str) -> dict[str, list[float]]:
             for m in re.finditer(r"^(?:\[rank0\]:)?  (gloo|pydist)\s+([\d. ]+)$", text, re.M)}
 
 
+@pytest.mark.slow
 def test_a_launched_job_prints_both_backends_and_the_loss_difference():
     command = [sys.executable, "-m", "pydist.run", "--nproc-per-node", "2", "-m", "pydist.bench.ddp",
                "--hidden", "64", "--steps", "2", "--warmup", "1"]

@@ -204,6 +204,7 @@ def _mismatched(rank: int, size: int) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_mismatched_calls_named_by_the_analyzer(tmp_path, monkeypatch):
     monkeypatch.setenv("PYDIST_TRACE_DIR", str(tmp_path))
     run_threads(3, _mismatched, pg_timeout=3.0, timeout=60)
@@ -246,6 +247,7 @@ def test_analyzer_from_traces_alone():
     assert [(r.name, r.healthy) for r in analyze.analyze(twice)] == [("default_pg", True), ("default_pg#2", False)]
 
 
+@pytest.mark.slow
 def test_analyzer_needs_files(tmp_path):
     done = run_command([sys.executable, "-m", "pydist.debug", str(tmp_path)], timeout=60)
     assert done.returncode == 2 and "no pydist_trace_rank" in done.stderr

@@ -38,6 +38,7 @@ def _barrier_without_rank_1(rank: int, size: int, rank0_done: threading.Event) -
     return "passed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hosts", [TWO_HOSTS, None], ids=["tcp", "shared-memory"])
 def test_a_barrier_timeout_reads_as_gloo_s(hosts):
     error, _ = run_threads(2, _barrier_without_rank_1, threading.Event(), transport="tcp", hosts=hosts,

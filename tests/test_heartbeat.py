@@ -12,12 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 from pydist.testing import free_port
 from pydist.testing.netns import Network, require_netns
 
 RANK = str(Path(__file__).parent / "run_scripts" / "vanish_rank.py")
 SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+pytestmark = pytest.mark.slow  # real processes, network namespaces and seconds of real time
 
 
 def _env(master: str, port: int, rank: int, size: int) -> dict[str, str]:

@@ -38,6 +38,7 @@ def test_addresses_of_both_families():
     assert host_port("::1", 5) == "[::1]:5" and host_port("10.0.0.1", 5) == "10.0.0.1:5"
 
 
+@pytest.mark.slow
 @needs_ipv6_loopback
 @pytest.mark.parametrize("init", ["tcp", "env", "store"])
 def test_init_over_ipv6_loopback(init):
@@ -64,6 +65,7 @@ def test_conformance_over_tcp_on_ipv6_loopback(size):
     assert [f for per_rank in failures for f in per_rank] == []
 
 
+@pytest.mark.slow
 def test_ipv6_on_a_host_without_it_is_a_clear_error():
     """A store (and so a job) on ::1 where IPv6 is disabled: DistNetworkError saying so."""
     require_netns()
@@ -79,6 +81,7 @@ def test_ipv6_on_a_host_without_it_is_a_clear_error():
     assert out.startswith("DistNetworkError cannot use the IPv6 address ::1: this host has no IPv6"), out
 
 
+@pytest.mark.slow
 def test_pydist_run_with_an_ipv6_rendezvous_endpoint(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("import os, numpy as np, pydist\n"

@@ -197,6 +197,7 @@ def test_pydist_run_tls_flags_encrypt_the_whole_job(certs, tmp_path):
     assert done.stdout.count("RESULT [3.0, 3.0, 3.0] True") == 2, done.stdout
 
 
+@pytest.mark.slow
 def test_pydist_run_tls_flags_must_come_together(certs):
     base = {k: v for k, v in os.environ.items() if not k.startswith("PYDIST_TLS_")}
     done = subprocess.run([sys.executable, "-m", "pydist.run", "--standalone", "--tls-cert",

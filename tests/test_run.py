@@ -268,12 +268,14 @@ def test_module_and_console_script(pids):
     assert found == {r: {"name": "__main__", "argv": ["a", "-b"], "rank": str(r)} for r in (0, 1)}
 
 
+@pytest.mark.slow
 def test_no_python(pids):
     result, _ = run(["--nproc-per-node", "2", "--no-python", "/bin/sh", "-c", 'echo "sh $RANK/$WORLD_SIZE"'], pids[0])
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[rank0]:sh 0/2", "[rank1]:sh 1/2"]
 
 
+@pytest.mark.slow
 def test_missing_executable_is_reported(pids):
     result, _ = run(["--nproc-per-node", "2", "--no-python", "/nonexistent/prog"], pids[0])
     assert result.returncode == 1
@@ -322,6 +324,7 @@ def test_the_first_failure_is_the_root_cause_not_its_echo(mode, error, pids):
         assert "rank      : 0 (local_rank: 0)" in failures or "ranks 0" in summary, result.stderr
 
 
+@pytest.mark.slow
 def test_on_failure_continue_lets_the_survivors_shrink_and_finish(pids):
     """Rank 1 is SIGKILLed: the launcher says so and lets ranks 0 and 2 go on; they shrink
     to a group of 2, all_reduce on it, exit 0, and so does the launcher."""
@@ -335,6 +338,7 @@ def test_on_failure_continue_lets_the_survivors_shrink_and_finish(pids):
     assert "Root Cause" not in result.stderr
 
 
+@pytest.mark.slow
 def test_on_failure_continue_fails_the_job_when_no_worker_finishes(pids):
     result, _seconds = run(["--nproc-per-node", "2", "--on-failure", "continue", WORKER, "fail", "exit3", "all"],
                            pids[0], timeout=60)

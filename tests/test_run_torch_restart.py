@@ -43,6 +43,7 @@ def test_a_torch_script_restarted_after_a_failure_runs_to_the_end(backend):
     assert _our_segments() <= segments_before
 
 
+@pytest.mark.slow
 def test_each_round_gets_a_fresh_workers_store():
     """Node 0 serves a new store per round and publishes it; the other nodes find it; keys
     written in one round are absent from the next; closing stops the server."""

@@ -20,6 +20,7 @@ import shrink_ranks  # noqa: E402
 TCP = {"PYDIST_SHM": "0"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victims, env", [([2], {}), ([2], TCP), ([0], {}), ([0], TCP), ([1, 3], {})],
                          ids=["rank 2, shm", "rank 2, tcp", "rank 0 (store host), shm", "rank 0 (store host), tcp",
                               "ranks 1 and 3 at once, shm"])
@@ -36,6 +37,7 @@ def test_survivors_of_a_sigkill_shrink_the_world_and_all_reduce_on_it(victims, e
     assert all(trial["exit_codes"][r] == 0 for r in survivors)
 
 
+@pytest.mark.slow
 def test_a_rank_dying_during_the_shrink_is_shrunk_away_too():
     """Rank 2 is killed; rank 3 dies inside shrink_group, after its proposal reached the
     leader (so the decision still holds it): the new group's confirming barrier fails at
@@ -46,6 +48,7 @@ def test_a_rank_dying_during_the_shrink_is_shrunk_away_too():
     assert trial["exit_codes"][2] == trial["exit_codes"][3] == -9
 
 
+@pytest.mark.slow
 def test_a_subgroup_shrinks_and_the_world_keeps_its_numbering():
     trial = shrink_ranks.shrink_trial(4, [1], delay=0.3, subgroup=True)
     assert not shrink_ranks.problems(trial), shrink_ranks.problems(trial)
@@ -54,6 +57,7 @@ def test_a_subgroup_shrinks_and_the_world_keeps_its_numbering():
         assert report["members"] == [0, 2, 3] and report["world_rank"] == rank and report["world_size"] == 4
 
 
+@pytest.mark.slow
 def test_shrink_abort_fails_the_queued_work_and_shrinks():
     trial = shrink_ranks.shrink_trial(4, [3], delay=0.3, flags=dist.SHRINK_ABORT, async_in_flight=True)
     assert not shrink_ranks.problems(trial), shrink_ranks.problems(trial)

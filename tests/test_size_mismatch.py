@@ -64,6 +64,7 @@ def test_size_mismatch_collectives(op, n, transport):
         assert learnt, "a rank learnt of it late or never:\n" + report
 
 
+@pytest.mark.slow
 def test_size_mismatch_processes():
     results = run_processes(2, misuse.size_mismatch, "all_reduce", 10, 2, init="env", pg_timeout=PG_TIMEOUT,
                             timeout=60)

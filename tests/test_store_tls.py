@@ -191,6 +191,7 @@ def test_non_tls_clients_are_closed_and_logged(master, caplog, client, logged):
     assert master.num_keys() == 0
 
 
+@pytest.mark.slow
 def test_silent_and_stalled_handshakes_neither_block_the_server_nor_keep_their_slot(ca, use, monkeypatch, caplog):
     monkeypatch.setattr(_tcp_server, "HANDSHAKE_TIMEOUT_S", 1.0)
     use(ca.issue("store"))

@@ -293,6 +293,7 @@ def _late_first_shm_collective(rank: int, size: int, rank1_done: threading.Event
     return "ok"
 
 
+@pytest.mark.slow
 def test_a_late_creator_of_shared_memory_is_named_in_an_op_timeout():
     """The group's first shared-memory collective waits for the rank that creates the arena:
     at the timeout that is an OpTimeoutError naming it, not a store error about a key."""

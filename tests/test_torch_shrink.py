@@ -16,6 +16,7 @@ if str(SCRIPTS) not in sys.path:
 import shrink_ranks  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", [2, 0], ids=["rank 2", "rank 0 (torch's store host)"])
 def test_torch_survivors_shrink_rebuild_ddp_and_make_groups(victim):
     trial = shrink_ranks.shrink_trial(3, [victim], delay=0.3, target=shrink_ranks.torch_shrink_rank)
