@@ -1,7 +1,8 @@
 """The conformance matrix: every operation x world sizes 1-8 x dtypes x ReduceOps x counts
 x roots, over loopback (threads), shared memory and tcp (real processes), against naive
 references (see pydist.testing.conformance). Forced algorithms and mixed-host groups are in
-test_shm.py."""
+test_shm.py; every algorithm forced over loopback, for the fast tier, in
+test_collectives_every_algorithm.py."""
 import numpy as np
 import pytest
 
@@ -9,15 +10,13 @@ from pydist.testing import run_processes, run_threads
 from pydist.testing.conformance import CASES, run_suite
 
 SIZES = range(1, 9)
-#: The largest world of the loopback thread tests that `make test-fast` runs (1, 2, 3: even,
-#: odd, power of two or not); the larger ones, the tcp and process tests are marked slow.
-FAST_SIZE = 3
+#: The largest world of the loopback thread tests that `make test-fast` runs (1 and 2); the
+#: larger ones, the tcp and process tests are marked slow. Larger worlds in the fast tier: every
+#: algorithm on 3 to 6 ranks (odd ones included) in test_collectives_every_algorithm.py, and
+#: the cases that do nothing below 3 ranks (FAST_SIZE_OF).
+FAST_SIZE = 2
+FAST_SIZE_OF = {"spanning_subgroup": 3}
 SMALL_SEGMENTS = "64"  # bytes: every case with more than a few elements runs multi-segment
-
-
-def sized(sizes, fast_up_to: int = FAST_SIZE) -> list:
-    """``sizes`` as parameters, those above ``fast_up_to`` marked slow."""
-    return [n if n <= fast_up_to else pytest.param(n, marks=pytest.mark.slow) for n in sizes]
 
 
 def failures(results: list[list[str]]) -> list[str]:
@@ -29,13 +28,15 @@ def small_segments(monkeypatch):
     monkeypatch.setenv("PYDIST_SEGMENT_BYTES", SMALL_SEGMENTS)
 
 
-@pytest.mark.parametrize("size", sized(SIZES))
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case, size", [
+    pytest.param(case, size, marks=[pytest.mark.slow] if size > FAST_SIZE_OF.get(case, FAST_SIZE) else [])
+    for case in sorted(CASES) for size in SIZES])
 def test_threads_loopback(case, size, small_segments):
     assert failures(run_threads(size, run_suite, [case], timeout=240)) == []
 
 
-@pytest.mark.parametrize("size", sized(SIZES, fast_up_to=2))
+@pytest.mark.slow  # the fast tier forces every algorithm in test_collectives_every_algorithm.py
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_threads_loopback_all_reduce_algorithms(algorithm, size, small_segments, monkeypatch):
     monkeypatch.setenv("PYDIST_ALGO_ALL_REDUCE", algorithm)
