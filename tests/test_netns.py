@@ -203,10 +203,45 @@ def test_hosts_made_as_before_have_one_interface_and_bad_options_are_refused():
             Network(**bad)
 
 
-def test_probe_answers_with_a_reason():
-    ok, reason = netns.netns_available()
-    assert isinstance(ok, bool) and isinstance(reason, str)
-    assert ok or reason
+def test_probe_answers_with_a_reason(monkeypatch):
+    """What netns_available answers in each situation that rules namespaces out, and here."""
+    from pydist.testing import _netns_system as system
+    probe = system.netns_available.__wrapped__  # not the per-process cache: each situation afresh
+    real_isdir = os.path.isdir
+    root, tools = 0, {"ip": "/sbin/ip", "tc": "/sbin/tc"}
+    monkeypatch.setattr(os, "geteuid", lambda: root)
+    monkeypatch.setattr(system, "_which", tools.get)
+    monkeypatch.setattr(os.path, "isdir", lambda path: path != "/proc/self/ns" and real_isdir(path))
+    assert probe() == (False, "network namespaces need Linux")
+    monkeypatch.setattr(os.path, "isdir", lambda path: path != "/proc/sys/net/ipv6" and real_isdir(path))
+    assert probe(ipv6=True) == (False, "this kernel has no IPv6 (built without it, or booted with ipv6.disable=1)")
+    monkeypatch.setattr(os.path, "isdir", real_isdir)
+    del tools["tc"]
+    assert probe(shaping=True) == (False, "'tc' not found (Debian: apt-get install iproute2)")
+    del tools["ip"]
+    assert probe() == (False, "'ip' not found (Debian: apt-get install iproute2)")
+    tools["ip"] = "/sbin/ip"
+    root = 1000
+    assert probe() == (False, "network namespaces need root (CAP_SYS_ADMIN and CAP_NET_ADMIN)")
+    root = 0
+
+    def refused(argv, batch=None, check=True):
+        raise RuntimeError("ip netns add x failed (1): Operation not permitted")
+    monkeypatch.setattr(system, "run_tool", refused)
+    assert probe() == (False, "cannot set up a network namespace: ip netns add x failed (1): Operation not permitted")
+    monkeypatch.undo()
+    # On this machine: the answer its tools and privileges call for, and no namespace left behind.
+    ok, reason = probe()
+    if system._which("ip") is None:
+        assert (ok, reason) == (False, "'ip' not found (Debian: apt-get install iproute2)")
+    elif os.geteuid() != 0:
+        assert (ok, reason) == (False, "network namespaces need root (CAP_SYS_ADMIN and CAP_NET_ADMIN)")
+    elif ok:
+        assert reason == ""
+        ours = f"{system.PREFIX}{os.getpid()}-"
+        assert not [n for n in os.listdir(system.NETNS_DIR) if n.startswith(ours)], "the probe left its namespace"
+    else:
+        assert reason.startswith("cannot set up a network namespace: "), reason
 
 
 # --- namespaces --------------------------------------------------------------------------------
