@@ -18,6 +18,7 @@ import pytest
 from pydist.bench import cli, injob
 from pydist.bench.backends import BACKENDS, mpiexec_path
 from pydist.bench.status_line import StatusLine
+from pydist.bench import timing
 from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
 from pydist.bench.report import BackendResult, Meta, format_table
 from pydist.bench.sizes import format_size, parse_size, parse_sizes
@@ -26,6 +27,7 @@ from pydist.testing.commands import finish, kill_group, run_command, start_comma
 
 BENCH = [sys.executable, "-m", "pydist.bench"]
 TINY = ["--sizes", "4:64", "--iters", "2", "--warmup", "1", "--nproc", "2"]
+TINY_SIZES = [4, 8, 16, 32, 64]  # what --sizes 4:64 asks for
 MARKER = f"pydist-bench-test-{uuid.uuid4().hex}"  # in every worker's environment, to find leftovers
 
 
@@ -56,6 +58,36 @@ def no_leftover_workers():
 def run_bench(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return run_command(BENCH + list(args), timeout=timeout,
                        env={**os.environ, "PYDIST_BENCH_TEST_MARKER": MARKER, **(env or {})})
+
+
+def check_report(report: dict, op: str, keys: list[str], sizes: list[int], nproc: int = 2) -> None:
+    """A JSON report's structure and arithmetic: every backend of ``keys`` (the main one
+    first) ran; one row per size planned from ``sizes``, in order; in each row a timed result
+    for every backend, with the iterations asked for (capped by the budget) and the
+    bandwidths of its time, and every other backend's ratio to the main one."""
+    assert report["op"] == op and report["nproc"] == nproc and report["main"] == keys[0]
+    assert [(backend["key"], backend["status"]) for backend in report["backends"]] == [(key, "ok") for key in keys]
+    assert [(row["bytes"], row["count"]) for row in report["rows"]] == size_plan(op, sizes, report["dtype"], nproc)
+    factor = report["busbw_factor"]
+    assert factor == pytest.approx(OPS[op].bus_factor(nproc))
+    for row in report["rows"]:
+        assert list(row["results"]) == keys and list(row["ratios"]) == keys[1:], row
+        for key in keys:
+            result = row["results"][key]
+            assert result["time_us"] > 0, row
+            planned = iterations(row["bytes"], report["iters"], report["warmup"], report["budget"])
+            assert (result["iters"], result["warmup"]) == planned, row
+            algbw = row["bytes"] / (result["time_us"] * 1e-6) / 1e9
+            assert result["algbw_gbps"] == pytest.approx(algbw, rel=1e-6)
+            assert result["busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-6)
+        main = row["results"][keys[0]]["time_us"]
+        for key in keys[1:]:
+            assert row["ratios"][key] == pytest.approx(row["results"][key]["time_us"] / main, rel=1e-6)
+
+
+def table_lines(stdout: str) -> list[list[str]]:
+    """The table's rows (not its # comments), split into cells."""
+    return [line.split() for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def test_size_specs():
@@ -102,6 +134,41 @@ def test_large_sizes_get_fewer_iterations():
     assert iterations(1 << 30, 20, 5, 0) == (20, 5)
 
 
+class ScriptedComm:
+    """Two ranks as timing.time_size sees them: the other rank's per-iteration times are
+    ``theirs``; the test's clock (perf_counter) makes this rank's ``mine``."""
+
+    size = 2
+
+    def __init__(self, theirs: list[float]) -> None:
+        self.theirs, self.calls, self.barriers = np.array(theirs), 0, 0
+
+    def call(self, op, inp, out):
+        def run():
+            self.calls += 1
+        return run
+
+    def barrier(self):
+        self.barriers += 1
+
+    def max_across_ranks(self, values):
+        return np.maximum(values, self.theirs)
+
+
+@pytest.mark.parametrize("op, per_call", [("all_reduce", 1), ("sendrecv", 2)])
+def test_a_rows_time_is_the_median_of_the_slowest_ranks_iterations(op, per_call, monkeypatch):
+    """Each iteration counts at its slowest rank (MAX across ranks); the row is the median of
+    those, per one-way transfer (sendrecv's timed call is a round trip)."""
+    mine, theirs = [0.004, 0.001, 0.009, 0.002, 0.003], [0.002, 0.006, 0.001, 0.002, 0.008]
+    ticks = iter(t for elapsed in mine for t in (10.0, 10.0 + elapsed))  # start and end of each timed call
+    monkeypatch.setattr(timing, "perf_counter", lambda: next(ticks))
+    comm = ScriptedComm(theirs)
+    seconds = timing.time_size(comm, op, 16, "float32", iters=5, warmup=2)
+    slowest = [0.004, 0.006, 0.009, 0.002, 0.008]  # per iteration, the larger of the two ranks'
+    assert seconds == pytest.approx(float(np.median(slowest)) / per_call)  # 0.006 / per_call
+    assert comm.calls == 7 and comm.barriers == 7  # warm-up calls too, each after a barrier
+
+
 def test_table_marks_missing_values_and_notes():
     meta = Meta("pydist-bench --compare gloo,mpi", "all_reduce", 2, "float32", 2, 1, 0, 2, 0.5)
     main = BackendResult("pydist", "pydist", rows={4: {"seconds": 1e-4, "iters": 2, "warmup": 1},
@@ -125,8 +192,8 @@ def test_every_op_prints_a_table_row_per_size(op):
     done = run_bench("--op", op, *TINY)
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line and not line.startswith("#")]
-    assert [(int(r[0]), int(r[1])) for r in rows] == size_plan(op, [4, 8, 16, 32, 64], "float32", 2)
-    assert all(float(r[2]) > 0 for r in rows)
+    assert [(int(r[0]), int(r[1])) for r in rows] == size_plan(op, TINY_SIZES, "float32", 2)
+    assert all(len(r) == 5 and float(r[2]) > 0 for r in rows)  # bytes, count, us, algbw, busbw
     assert f"{op} pydist 1/1 backends" in done.stderr  # progress lines (plain: stderr is not a tty)
 
 
@@ -136,15 +203,8 @@ def test_every_op_produces_rows_with_consistent_bandwidths(op):
     done = run_bench("--op", op, "--json", *TINY)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["op"] == op and report["nproc"] == 2 and report["rows"]
-    factor = report["busbw_factor"]
-    assert factor == pytest.approx(OPS[op].bus_factor(2))
-    for row in report["rows"]:
-        result = row["results"]["pydist"]
-        assert (row["bytes"] > 0 and row["count"] > 0) == (op != "barrier") and result["time_us"] > 0
-        algbw = row["bytes"] / (result["time_us"] * 1e-6) / 1e9
-        assert result["algbw_gbps"] == pytest.approx(algbw, rel=1e-6)
-        assert result["busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-6)
+    check_report(report, op, ["pydist"], TINY_SIZES)
+    assert all((row["bytes"] > 0 and row["count"] > 0) == (op != "barrier") for row in report["rows"])
 
 
 @pytest.mark.slow
@@ -163,11 +223,7 @@ def test_compare_with_gloo():
     pytest.importorskip("torch")
     done = run_bench("--op", "all_reduce", "--json", "--compare", "gloo", *TINY, timeout=180)
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
-    for row in report["rows"]:
-        assert row["results"]["gloo"]["time_us"] > 0
-        ratio = row["results"]["gloo"]["time_us"] / row["results"]["pydist"]["time_us"]
-        assert row["ratios"]["gloo"] == pytest.approx(ratio, rel=1e-6)
+    check_report(json.loads(done.stdout), "all_reduce", ["pydist", "gloo"], TINY_SIZES)
 
 
 @pytest.mark.slow
@@ -177,7 +233,7 @@ def test_compare_with_pydist_over_tls(tmp_path):
     done = run_bench("--json", "--compare", "pydist-tls", "--transport", "tcp", *TINY, timeout=180,
                      env={"TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
-    assert all(row["results"]["pydist-tls"]["time_us"] > 0 for row in json.loads(done.stdout)["rows"])
+    check_report(json.loads(done.stdout), "all_reduce", ["pydist", "pydist-tls"], TINY_SIZES)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -186,7 +242,7 @@ def test_compare_with_pydist_over_tls(tmp_path):
 def test_compare_with_mpi():
     done = run_bench("--op", "broadcast", "--json", "--compare", "mpi", *TINY, timeout=180)
     assert done.returncode == 0, done.stderr
-    assert all(row["results"]["mpi"]["time_us"] > 0 for row in json.loads(done.stdout)["rows"])
+    check_report(json.loads(done.stdout), "broadcast", ["pydist", "mpi"], TINY_SIZES)
 
 
 @pytest.mark.slow
@@ -245,7 +301,8 @@ def test_unavailable_compare_backend_is_a_note(monkeypatch, capsys):
     assert cli.main(["--compare", "mpi", *TINY]) == 0
     out = capsys.readouterr().out
     assert "# note: mpi: unavailable: not installed" in out and "mpi us" not in out
-    assert len([line for line in out.splitlines() if not line.startswith("#")]) == 5
+    rows = table_lines(out)
+    assert [int(r[0]) for r in rows] == TINY_SIZES and all(len(r) == 5 for r in rows)  # pydist's columns only
 
 
 @pytest.mark.slow
@@ -324,7 +381,7 @@ def test_in_a_launched_job_rank_0_prints_the_table():
     assert lines[2].split() == ["#", "bytes", "count", "pydist", "us", "algbw", "GB/s", "busbw", "GB/s"]
     rows = table_rows(lines)
     assert [(int(r[0]), int(r[1])) for r in rows] == [(4096 << i, 1024 << i) for i in range(5)]
-    assert all(float(r[2]) > 0 and r[3] == r[4] for r in rows)  # 2 ranks: busbw = algbw
+    assert all(len(r) == 5 and float(r[2]) > 0 and r[3] == r[4] for r in rows)  # 2 ranks: busbw = algbw
     assert silent(out, err, 1)  # the other rank prints nothing
 
 
@@ -338,7 +395,8 @@ def test_in_a_launched_job_compare_runs_gloo_after_pydist():
     header = [line for line in lines if line.startswith("#  ")][0]
     assert header.split()[-5:] == ["gloo", "us", "busbw", "GB/s", "gloo/pydist"]
     rows = table_rows(lines)
-    assert len(rows) == 5 and all(len(r) == 8 and float(r[5]) > 0 for r in rows)
+    assert [int(r[0]) for r in rows] == [4096 << i for i in range(5)]
+    assert all(len(r) == 8 and float(r[2]) > 0 and float(r[5]) > 0 for r in rows)
     for r in rows:
         assert float(r[7]) == pytest.approx(float(r[5]) / float(r[2]), rel=0.02, abs=0.01)
     assert "gloo 2/2 backends" in err  # rank 0's progress: gloo ran second
@@ -354,9 +412,8 @@ def test_two_nodes_on_loopback_each_launched_by_its_own_pydist_run():
     assert [code for code, _, _ in results] == [0, 0], results
     [first] = [out for _, out, _ in results if rank_lines(out, 0)]  # c10d picks which node is rank 0
     report = json.loads("\n".join(rank_lines(first, 0)))
-    assert report["nproc"] == 2 and report["job"] == {"launcher": "pydist-run", "hosts": 1, "backends": ["pydist"]}
-    assert [row["bytes"] for row in report["rows"]] == [4096 << i for i in range(5)]
-    assert all(row["results"]["pydist"]["time_us"] > 0 for row in report["rows"])
+    assert report["job"] == {"launcher": "pydist-run", "hosts": 1, "backends": ["pydist"]}
+    check_report(report, "all_reduce", ["pydist"], [4096 << i for i in range(5)])
     assert all(silent(out, err, 1) for _, out, err in results)
 
 
@@ -368,7 +425,8 @@ def test_under_mpiexec_pydist_and_mpi_side_by_side():
     assert code == 0, err
     assert out.count("# pydist-bench") == 1 and "(launched by mpiexec" in out  # rank 0 only
     rows = table_rows(out.splitlines())
-    assert len(rows) == 5 and all(float(r[5]) > 0 for r in rows)
+    assert [int(r[0]) for r in rows] == [4096 << i for i in range(5)]
+    assert all(len(r) == 8 and float(r[2]) > 0 and float(r[5]) > 0 for r in rows)
 
 
 @pytest.mark.slow
@@ -451,5 +509,5 @@ def test_transport_tcp_table_beside_gloo():
         pytest.skip(BACKENDS["gloo"].unavailable())
     done = run_bench("--transport", "tcp", "--compare", "gloo", *TINY)
     assert done.returncode == 0, done.stderr
-    rows = [line.split() for line in done.stdout.splitlines() if line and not line.startswith("#")]
-    assert [int(r[0]) for r in rows] == [4, 8, 16, 32, 64] and all(len(r) == 8 for r in rows)
+    rows = table_lines(done.stdout)
+    assert [int(r[0]) for r in rows] == TINY_SIZES and all(len(r) == 8 and float(r[5]) > 0 for r in rows)
