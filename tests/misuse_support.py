@@ -33,10 +33,10 @@ except ImportError:  # torch is optional: the torch cases skip (LIBS, pytest.imp
 TRANSPORTS = ["loopback", "tcp"]
 #: Bounds every init call of the misuse tests, in case a check comes too late: a misuse error
 #: found only by blocking until the timeout would take SHORT.
-SHORT = timedelta(seconds=30)
+SHORT = timedelta(seconds=120)
 #: A misuse error must come at once. FAST is far below SHORT (so a check that blocks until the
 #: timeout fails) and far above any scheduling delay on a loaded machine (so it never flakes).
-FAST = 10.0
+FAST = 30.0
 #: Tensor libraries of the tests that run on both; "torch" skips without torch.
 LIBS = ["numpy", pytest.param("torch", marks=pytest.mark.skipif(torch is None, reason="torch is not installed"))]
 

@@ -111,10 +111,10 @@ def _check_failures(per_rank: list[dict]) -> None:
     assert errors["collective"].startswith("broadcast (seq 1): MPI error on rank 1")
     timeouts = per_rank[0]["timeouts"]
     assert timeouts["collective"].startswith("all_reduce (seq 1) on rank 0: Timed out waiting 1000ms")
-    assert 0.9 < timeouts["collective_seconds"] < 5.0
+    assert 0.9 < timeouts["collective_seconds"] < 30.0  # its 1 s timeout (the message says); generous: load
     assert "is broken" in timeouts["after"]
     assert timeouts["p2p"] == "recv from rank 1 (tag 77): Timed out waiting 1000ms for rank 1"
-    assert 0.9 < timeouts["p2p_seconds"] < 5.0
+    assert 0.9 < timeouts["p2p_seconds"] < 30.0
     assert per_rank[1]["timeouts"]["late"] == [2.0] * 4  # the abandoned all_reduce still completes
 
 

@@ -28,6 +28,9 @@ from pydist.testing.commands import finish, kill_group, run_command, start_comma
 SCRIPTS = Path(__file__).parent / "run_scripts"
 WORKER = str(SCRIPTS / "worker.py")
 LAUNCHER = [sys.executable, "-m", "pydist.run"]
+#: Seconds within which a job whose other workers sleep 60 s (worker.py) must end when they are
+#: stopped rather than waited for: far below the sleep, far above what a loaded machine adds.
+STOPPED_NOT_AWAITED = 40.0
 
 
 def is_running(pid: int) -> bool:
@@ -287,9 +290,9 @@ def test_missing_executable_is_reported(pids):
 @pytest.mark.slow
 def test_failing_rank_stops_the_others(pids):
     piddir = pids[0]
-    result, seconds = run(["--nproc-per-node", "3", WORKER, "fail", "raise", "1"], piddir)
+    result, seconds = run(["--nproc-per-node", "3", WORKER, "fail", "raise", "1"], piddir, timeout=90)
     assert result.returncode == 1
-    assert seconds < 10
+    assert seconds < STOPPED_NOT_AWAITED  # the others were stopped, not waited for
     assert len(all_pids(piddir)) == 3 and not any(map(is_running, all_pids(piddir)))
     summary = result.stderr[result.stderr.index("Root Cause"):]
     assert "rank      : 1 (local_rank: 1)" in summary
@@ -301,8 +304,8 @@ def test_failing_rank_stops_the_others(pids):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, exitcode", [("sigkill", "-9"), ("exit3", "3")])
 def test_killed_or_exit_code_reported(mode, exitcode, pids):
-    result, seconds = run(["--nproc-per-node", "2", WORKER, "fail", mode, "0"], pids[0])
-    assert result.returncode == 1 and seconds < 10
+    result, seconds = run(["--nproc-per-node", "2", WORKER, "fail", mode, "0"], pids[0], timeout=90)
+    assert result.returncode == 1 and seconds < STOPPED_NOT_AWAITED  # the other was stopped, not waited for
     summary = result.stderr[result.stderr.index("Root Cause"):]
     assert "rank      : 0 (local_rank: 0)" in summary
     assert f"exitcode  : {exitcode} (pid:" in summary
@@ -380,9 +383,9 @@ def test_signal_to_launcher_stops_everything(sig, pids):
     wait_for_files(piddir, {"0", "1", "0.child", "1.child"})
     start_time = time.monotonic()
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=10)
+    _, stderr = proc.communicate(timeout=90)
     assert proc.returncode == 128 + sig
-    assert time.monotonic() - start_time < 3
+    assert time.monotonic() - start_time < STOPPED_NOT_AWAITED  # the workers (and their children) were stopped
     assert f"got {sig.name}" in stderr and "Root Cause" not in stderr
     assert len(all_pids(piddir)) == 4 and not any(map(is_running, all_pids(piddir)))
 
@@ -394,9 +397,10 @@ def test_sigterm_ignored_then_sigkill(pids):
     wait_for_files(piddir, {"0", "1"})
     start_time = time.monotonic()
     proc.terminate()
-    proc.communicate(timeout=10)
+    proc.communicate(timeout=90)
     assert proc.returncode == 128 + signal.SIGTERM
-    assert 0.9 < time.monotonic() - start_time < 4
+    # At least the --shutdown-timeout (the workers ignore SIGTERM), then SIGKILL: not their 60 s sleep.
+    assert 0.9 < time.monotonic() - start_time < STOPPED_NOT_AWAITED
     assert not any(map(is_running, all_pids(piddir)))
 
 

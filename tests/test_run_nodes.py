@@ -97,7 +97,7 @@ def test_members_of_a_refused_round_leave_it_so_the_store_host_waits_for_them():
 def test_rendezvous_too_few_nodes_names_who_came():
     started = time.monotonic()
     [error] = _join_all(RendezvousSettings("j", 2, 2, join_timeout=0.5), [NodeRecord("a", "h1", "x", 1, -1)])
-    assert isinstance(error, RendezvousError) and time.monotonic() - started < 5
+    assert isinstance(error, RendezvousError) and time.monotonic() - started >= 0.45  # its join timeout, waited
     assert "timed out after 0.5s: 1 of at least 2 nodes joined (h1 (x))" in str(error)
 
 
@@ -203,9 +203,9 @@ def test_a_node_joining_starts_a_new_round(pids):
      "cannot reach the rendezvous endpoint 127.0.0.1:1"),
 ])
 def test_rendezvous_errors_are_clear(args, message, pids):
-    result, seconds = run([*args, WORKER, "env"], pids[0], timeout=30)
+    result, seconds = run([*args, WORKER, "env"], pids[0], timeout=90)
     assert result.returncode == 1 and message in result.stderr, result.stderr
-    assert seconds < 15
+    assert seconds < 40  # by the 1 s timeout asked for, not the defaults (join 600 s, read 60 s); generous: load
 
 
 def test_mismatched_nproc_is_refused_on_every_node(pids):

@@ -106,18 +106,27 @@ def test_processes_over_shared_memory_explain_too():
 
 # -- p2p and collective timeouts, Work.wait(timeout=...) (formerly in test_errors.py) --------
 
+#: Seconds within which a timed-out wait must have ended: it only tells "did not hang" apart,
+#: generous for a loaded machine. Which timeout ended a wait, its message says.
+NOT_HUNG = 30.0
+
+
 def _check_timeouts(observed: dict, short: float) -> None:
+    """Each wait ended by its own timeout (the message names it), not before it."""
     recv = observed["recv"]
     assert recv["error"] == "DistBackendError", recv
-    assert "recv" in recv["message"] and "rank 1" in recv["message"], recv
-    assert short * 0.9 <= recv["seconds"] < short + 5, recv
-    wait = observed["wait"]
-    assert wait["error"] == "DistBackendError" and wait["seconds"] < short * 0.9, wait
-    assert "recv" in wait["message"] and "rank 1" in wait["message"], wait
+    assert recv["message"] == f"recv from rank 1 (tag 0): Timed out waiting {short * 1000:.0f}ms for rank 1", recv
+    assert short * 0.9 <= recv["seconds"] < NOT_HUNG, recv
+    for name in ("wait", "wait_timedelta"):  # Work.wait(timeout=0.1) and (timedelta(milliseconds=100))
+        wait = observed[name]
+        assert wait["error"] == "DistBackendError", wait
+        assert wait["message"] == "Work.wait timed out after 0.1 s; recv from rank 1 (tag 5) is still running", wait
+        assert 0.09 <= wait["seconds"] < NOT_HUNG, wait
     assert observed["wait_completed"] is False
-    assert observed["wait_timedelta"]["error"] == "DistBackendError", observed["wait_timedelta"]
     anyone = observed["any_source"]
-    assert anyone["error"] == "DistBackendError" and "any" in anyone["message"], anyone
+    assert anyone["error"] == "DistBackendError", anyone
+    assert anyone["message"] == f"recv from any rank (tag 6): Timed out waiting {short * 1000:.0f}ms for any rank", \
+        anyone
 
 
 def _fake_time(ranks: int = 2) -> MockClock:
@@ -162,10 +171,8 @@ def test_work_wait_timeout_on_async_collective(transport):
         tensor = np.ones(2) * (rank + 1)
         if rank == 0:
             work = dist.all_reduce(tensor, async_op=True)
-            start = time.monotonic()
-            with pytest.raises(dist.DistBackendError, match="all_reduce"):
-                work.wait(timeout=timedelta(milliseconds=100))
-            assert time.monotonic() - start < 5  # by its 0.1 s timeout, not the group's 10 s
+            with pytest.raises(dist.DistBackendError, match="Work.wait timed out after 0.1 s; all_reduce"):
+                work.wait(timeout=timedelta(milliseconds=100))  # by its 0.1 s timeout, not the group's
             dist.send(np.ones(1), dst=1)  # now let rank 1 join
             work.wait()
         else:
@@ -321,7 +328,7 @@ def _creator_leaves(rank: int, size: int) -> str:
 
 
 def test_a_creator_of_shared_memory_that_leaves_is_named_at_once():
-    _left, error = run_threads(2, _creator_leaves, transport="tcp", pg_timeout=30, timeout=60)
+    _left, error = run_threads(2, _creator_leaves, transport="tcp", pg_timeout=120, timeout=180)
     assert error.startswith("PeerFailedError") and "rank 0" in error, error
     seconds = float(error.split(" after ")[1].split(" s")[0])
-    assert seconds < 15, f"waited {seconds} s: the 30 s timeout, not the departure, ended the wait"
+    assert seconds < NOT_HUNG, f"waited {seconds} s: the 120 s timeout, not the departure, ended the wait"
