@@ -3,8 +3,9 @@ tcp (shared memory off, or 4 ranks posing as 4 hosts; the caller reading the soc
 waits, or only the I/O thread), shared memory, and the hierarchical and rails algorithms of 2
 hosts x 2 ranks (a host's leader, its peer, a rail; 1 MiB segments, so between segments too), with buffers up to
 16 MiB (broadcasts: always 16 MiB, so the root runs ahead): every survivor raises a
-DistNetworkError naming the dead rank within 2 s, and destroy_process_group then returns
-(the harness: tests/run_scripts/robust_ranks.py)."""
+DistNetworkError naming the dead rank, well before the group timeout (detected, not timed
+out; how fast is the soak's to check), and destroy_process_group then returns (the harness:
+tests/run_scripts/robust_ranks.py)."""
 from __future__ import annotations
 
 import sys
@@ -48,7 +49,7 @@ PATTERNS = [
 
 
 @pytest.mark.parametrize("name, kinds, victim, root, env", PATTERNS, ids=[p[0] for p in PATTERNS])
-def test_every_survivor_names_the_dead_rank_within_two_seconds(name, kinds, victim, root, env):
+def test_every_survivor_names_the_dead_rank_before_the_timeout(name, kinds, victim, root, env):
     results = [robust_ranks.kill_trial(trial, kinds=kinds, victim=victim, root=root, env=env, max_bytes=BIG,
                                        min_bytes=BIG if root is not None else 1, max_delay_s=1.5)
                for trial in range(3)]

@@ -212,7 +212,7 @@ def test_pydist_run_tls_flags_must_come_together(certs):
 @pytest.mark.parametrize("kinds, victim", [(("all_reduce",), 2), (("broadcast",), 0), (("all_to_all", "sendrecv"), 3)])
 def test_a_rank_killed_over_tls_is_named_by_every_survivor(certs, kinds, victim):
     """SIGKILL mid-operation on TLS connections (4 ranks, tcp only): as over plain tcp, every
-    survivor raises naming the dead rank within 2 s (tests/run_scripts/robust_ranks.py)."""
+    survivor raises naming the dead rank, before the timeout (tests/run_scripts/robust_ranks.py)."""
     scripts = str(Path(__file__).parent / "run_scripts")
     if scripts not in sys.path:
         sys.path.append(scripts)

@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow  # network namespaces, real timeouts
 SCRIPT = Path(__file__).parent / "run_scripts" / "partitioned_rank.py"
 TIMEOUT_S = 5.0
 #: Seconds a process may take to exit after raising: destroy waits 0.5 s for a progress
-#: record in flight and up to 2 s for the peers' goodbyes; twice that, for a loaded machine.
-EXIT_S = 5.0
+#: record in flight and up to 2 s for the peers' goodbyes; the bound only tells a process that
+#: exits from one stuck in its exit (until the 120 s bound below), generous for a loaded machine.
+EXIT_S = 30.0
 
 
 def _report(text: str) -> dict:

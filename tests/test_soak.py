@@ -59,10 +59,10 @@ def test_soak_100k_random_collectives_rss_threads_descriptors_segments():
 def test_sigkill_100_trials_no_hang_detection_within_two_seconds_naming_the_dead_rank():
     """Each trial: 4 processes (env://, tcp+shm) loop over random collectives; after a random
     0-400 ms one random rank is SIGKILLed by pid. Every survivor must raise a DistNetworkError
-    naming the dead rank within 2 s (a survivor silent 10 s after the kill is a hang and is
+    naming the dead rank within 2 s (a survivor silent 25 s after the kill is a hang and is
     killed), and destroy_process_group must then return within 5 s. The figures are printed
     whatever the outcome; the hard facts (no hang, in time) are asserted first."""
-    summary = quick.run_kill_trials(range(1000, 1000 + KILL_TRIALS))
+    summary = quick.run_kill_trials(range(1000, 1000 + KILL_TRIALS), quick.robust_ranks.SOAK_DETECT_S)
     assert summary["hangs"] == 0
     assert summary["detections"] == KILL_TRIALS * 3
     assert summary["worst_s"] <= 2.0

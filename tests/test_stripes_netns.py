@@ -103,7 +103,8 @@ def test_losing_the_second_network_is_named_by_both_ranks(two_networks, peer_tim
         peer = 1 - rank
         assert report["type"] == "PeerFailedError" and report["dead"] == [peer], report
         assert f"rank {peer} on" in report["message"], report
-        assert report["raised"] - gone < 12.0, report  # PYDIST_PEER_TIMEOUT is at most 8 s
+        # PYDIST_PEER_TIMEOUT is at most 8 s; the group's timeout (vanish_rank.py) 60 s: generous
+        assert report["raised"] - gone < 30.0, report
     # a rank whose keepalive fires first names the lost network; it then hangs up the peer's
     # other lanes, so the peer may instead learn it from that (never that it is itself gone)
     assert any("stopped answering" in r["message"] and f"{two_networks.hosts[1 - r['rank']].addrs[1]}, eth1)"
