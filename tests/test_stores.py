@@ -70,9 +70,13 @@ def _make_pair(kind: str, tmp_path):
 
 
 KINDS = ["hash", "file", "tcp", "prefix-hash", "prefix-tcp"]
+#: The suite over PrefixStore (a key prefix on the stores above, which the fast tier runs it on)
+#: is slow-tier only: it would double the suite's time, most of it waiting out the short
+#: timeouts. PrefixStore's own behaviour (namespaces, nesting) is tested below in either tier.
+SLOW_KINDS = {"prefix-hash", "prefix-tcp"}
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=[pytest.param(kind, marks=pytest.mark.slow) if kind in SLOW_KINDS else kind for kind in KINDS])
 def pair(request, tmp_path):
     store, other, owned = _make_pair(request.param, tmp_path)
     store.set_timeout(SHORT)
