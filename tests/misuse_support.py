@@ -1,4 +1,4 @@
-"""Shared by the misuse tests (test_misuse_*.py, test_size_mismatch.py, test_timeouts.py).
+"""Shared by the misuse tests (test_misuse_*.py, test_misuse_size_mismatch.py, test_timeouts_explained.py).
 
 Misuse (DESIGN: "Errors say whose fault it is") must raise a clear ValueError/TypeError at the
 call, before anything is sent (so nothing hangs: only the misusing rank makes the call), name

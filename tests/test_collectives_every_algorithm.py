@@ -1,6 +1,6 @@
 """Every algorithm of every collective, forced, over the in-process loopback transport: the
 fast tier's proof that each schedule is right (the full conformance cases per algorithm are
-test_shm.py's test_every_algorithm_forced, marked slow).
+test_shm_collectives.py's test_every_algorithm_forced, marked slow).
 
 Thread-ranks get host identities (``run_threads(..., hosts=...)``) that make the forced
 algorithm possible: one host for ``shm`` (the ranks share an arena), one host per rank for
@@ -225,7 +225,7 @@ def test_the_cases_cover_every_algorithm_of_every_collective():
 @pytest.mark.parametrize("collective, algorithm, hosts", CASES)
 def test_forced_algorithm_over_loopback(collective, algorithm, hosts, ran, monkeypatch):
     if algorithm in ("shm",) + HIERARCHICAL and not _atomics.available():
-        pytest.skip("no libatomic/futex: shared memory is off")  # as test_shm.py
+        pytest.skip("no libatomic/futex: shared memory is off")  # as test_shm_collectives.py
     monkeypatch.setenv(f"PYDIST_ALGO_{collective.upper()}", algorithm)
     monkeypatch.setenv("PYDIST_SEGMENT_BYTES", SEGMENT_BYTES)
     monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", SLOT_BYTES)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from test_auth import FAST, _recv_all, _recv_exactly, _wait_for
+from test_auth_tokens import FAST, _recv_all, _recv_exactly, _wait_for
 
 from pydist.net.auth import TOKEN_ENV, AuthenticationError
 from pydist.core.errors import DistNetworkError, DistStoreError

@@ -4,7 +4,7 @@ backend must keep matching. Each program (tests/torch_programs/, one script each
 within ATOL (torch's own parity tests compare DDP runs this closely), everything else
 exactly. Existing coverage this does not repeat: torch DDP over pydist equal to
 single-process training (test_torch_plugin.py), pydist's own DDP options, hooks and join
-(test_ddp.py), the tutorial script under pydist-run on pydist alone (test_examples.py).
+(test_ddp_training.py), the tutorial script under pydist-run on pydist alone (test_examples_readme.py).
 """
 from __future__ import annotations
 

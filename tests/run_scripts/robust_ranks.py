@@ -1,4 +1,4 @@
-"""Rank programs and a harness for tests/test_soak_quick.py and tests/test_soak.py.
+"""Rank programs and a harness for tests/test_robustness_quick.py and tests/test_robustness_soak.py.
 
 Imported (not run as a script): the test modules put this directory on sys.path, so that
 forkserver children can unpickle the rank functions by module name.
@@ -47,7 +47,7 @@ GROUP_TIMEOUT_S = 30.0
 #: before the group timeout, so an exception in time came from detecting the death, not from
 #: the timeout. Generous, because a loaded machine can stall a process for seconds; how fast
 #: detection is (at worst 2 s on an idle machine, SOAK_DETECT_S) is the soak's to check
-#: (tests/test_soak.py), where the machine is left to it.
+#: (tests/test_robustness_soak.py), where the machine is left to it.
 DETECT_BOUND_S = 20.0
 SOAK_DETECT_S = 2.0
 #: A survivor that has not raised this long after the kill is a hang (kill_trial's default).

@@ -1,7 +1,7 @@
 """The sans-IO store server (``StoreService``) fuzzed with hypothesis: random and mutated byte
 streams on many connections never make it raise; streams that are malformed for sure are
 dropped; with a token, garbage and replayed handshakes can neither read nor write a key.
-Helpers and strategies: tests/store_fuzz.py; long runs: tests/test_soak.py.
+Helpers and strategies: tests/store_fuzz.py; long runs: tests/test_robustness_soak.py.
 """
 from __future__ import annotations
 

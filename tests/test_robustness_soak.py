@@ -2,16 +2,16 @@
 
 They are skipped unless asked for, so that ``make test`` stays fast:
 
-    .venv/bin/python -m pytest -m soak tests/test_soak.py -s -rxXs     (or PYDIST_SOAK=1)
+    .venv/bin/python -m pytest -m soak tests/test_robustness_soak.py -s -rxXs     (or PYDIST_SOAK=1)
 
 - 100,000 random collectives on 4 processes: results checked for every 10th, RSS after
   10,000 operations and at the end within a bound, no new threads or descriptors, nothing
   left after destroy_process_group;
 - 100 trials of SIGKILL to a random rank at a random moment: hangs, detection times;
-- the store fuzz tests of tests/test_fuzz_store_*.py with 30x the examples.
+- the store fuzz tests of tests/test_store_fuzz_*.py with 30x the examples.
 
-The quick versions of all three run in the default suite (tests/test_soak_quick.py,
-tests/test_fuzz_store_*.py).
+The quick versions of all three run in the default suite (tests/test_robustness_quick.py,
+tests/test_store_fuzz_*.py).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import os
 import pytest
 
 import store_fuzz
-import test_fuzz_store_model as fuzz_model
-import test_fuzz_store_streams as fuzz_streams
-import test_soak_quick as quick
+import test_store_fuzz_model as fuzz_model
+import test_store_fuzz_streams as fuzz_streams
+import test_robustness_quick as quick
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(3600)]
 
@@ -39,7 +39,7 @@ def only_when_asked(request):
     """Run only under ``-m soak`` (or PYDIST_SOAK=1): the default suite must stay fast."""
     expression = request.config.getoption("markexpr") or ""
     if not os.environ.get("PYDIST_SOAK") and ("soak" not in expression or "not soak" in expression):
-        pytest.skip("soak run: use `pytest -m soak tests/test_soak.py` (or PYDIST_SOAK=1)")
+        pytest.skip("soak run: use `pytest -m soak tests/test_robustness_soak.py` (or PYDIST_SOAK=1)")
 
 
 def test_soak_100k_random_collectives_rss_threads_descriptors_segments():

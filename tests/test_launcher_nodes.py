@@ -1,7 +1,7 @@
 """pydist-run with several agents (nodes) on this host's loopback: c10d and static
 rendezvous, node ranks, restarts counted for the whole job, nodes joining, the failure
 report, signals reaching every agent, and the rendezvous' clear errors. (Separate hosts,
-in network namespaces: tests/test_multihost.py.)"""
+in network namespaces: tests/test_netns_multihost.py.)"""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import pytest
 from pydist.run.agent_rendezvous import NodeRecord, Rendezvous, RendezvousError, RendezvousSettings
 from pydist.store import HashStore
 from pydist.testing import commands, free_port
-from test_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture
+from test_launcher_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture
 
 pytestmark = pytest.mark.slow  # launchers and their workers
 

@@ -1,7 +1,7 @@
 """The conformance matrix: every operation x world sizes 1-8 x dtypes x ReduceOps x counts
 x roots, over loopback (threads), shared memory and tcp (real processes), against naive
 references (see pydist.testing.conformance). Forced algorithms and mixed-host groups are in
-test_shm.py; every algorithm forced over loopback, for the fast tier, in
+test_shm_collectives.py; every algorithm forced over loopback, for the fast tier, in
 test_collectives_every_algorithm.py."""
 import numpy as np
 import pytest

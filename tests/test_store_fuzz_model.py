@@ -1,7 +1,7 @@
 """Model-based fuzz of the store server: a rule-based state machine drives good pydist and
 torch connections with random valid requests (blocking ones included, answered or timed
 out as time is advanced) next to garbage connections, and every answer is compared with a
-dict model. Helpers and strategies: tests/store_fuzz.py; long runs: tests/test_soak.py.
+dict model. Helpers and strategies: tests/store_fuzz.py; long runs: tests/test_robustness_soak.py.
 """
 from __future__ import annotations
 

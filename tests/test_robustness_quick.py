@@ -1,5 +1,5 @@
 """Quick versions of the soak and of the SIGKILL trials over 4 processes (the long ones:
-tests/test_soak.py; the rank programs: tests/run_scripts/robust_ranks.py), and
+tests/test_robustness_soak.py; the rank programs: tests/run_scripts/robust_ranks.py), and
 destroy_process_group releasing shared memory without the garbage collector.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # 4 real processes for seconds each
 
 
 # =============================================================================================
-# 3. Quick soak and SIGKILL trials on 4 processes (the long ones: tests/test_soak.py)
+# 3. Quick soak and SIGKILL trials on 4 processes (the long ones: tests/test_robustness_soak.py)
 # =============================================================================================
 def check_soak(results: list[dict], mark: int, rss_bound_kib: int) -> list[str]:
     """Every rank's soak result against the bounds: right results, RSS from the mark to the
@@ -113,7 +113,7 @@ def run_kill_trials(trials: range, detect_bound_s: float = robust_ranks.DETECT_B
 def test_quick_sigkill_trials_never_hang_and_detect_before_the_timeout():
     """5 trials: no hang, every survivor raises a DistNetworkError naming the dead rank well
     before the group timeout (robust_ranks.DETECT_BOUND_S: detected, not timed out), and
-    destroy_process_group then returns (100 trials, with the 2 s and 5 s bounds: test_soak)."""
+    destroy_process_group then returns (100 trials, with the 2 s and 5 s bounds: test_robustness_soak)."""
     summary = run_kill_trials(range(5))
     assert summary["hangs"] == 0
     assert summary["detections"] == 5 * 3

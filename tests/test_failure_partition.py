@@ -39,7 +39,7 @@ def test_a_partition_fails_every_rank_at_its_timeout_and_the_processes_exit(tmp_
         port, procs = free_port(), []
         for rank in range(4):
             # the heartbeat off: this is about what a timeout says (with it, the partition is a
-            # vanished peer named after PYDIST_PEER_TIMEOUT: tests/test_heartbeat.py)
+            # vanished peer named after PYDIST_PEER_TIMEOUT: tests/test_failure_heartbeat.py)
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": net.hosts[0].addr,
                    "MASTER_PORT": str(port), "PYDIST_PEER_TIMEOUT": "0"}
             procs.append(net.popen(rank // 2, [sys.executable, str(SCRIPT), str(TIMEOUT_S), str(tmp_path)], env=env,
