@@ -9,21 +9,15 @@ process matters; the rank functions shared with processes are in tests/seed_prog
 """
 from __future__ import annotations
 
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-if str(TESTS) not in sys.path:  # seed_programs must be importable here and in every child
-    sys.path.insert(0, str(TESTS))
-
-import pydist as dist  # noqa: E402
-from pydist.testing import run_threads  # noqa: E402
-from seed_programs import misuse  # noqa: E402,F401 - re-exported for the test modules
+import pydist as dist
+from pydist.testing import run_threads
+from seed_programs import misuse  # noqa: F401 - re-exported for the test modules
 
 try:
     import torch

@@ -9,17 +9,10 @@ overlap of bucket all_reduces with backward, and construction errors. Ranks are 
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
-
-TESTS = Path(__file__).resolve().parent
-if str(TESTS) not in sys.path:  # ddp_programs must be importable here and in every child
-    sys.path.insert(0, str(TESTS))
 
 import pydist as dist  # noqa: E402
 from ddp_programs import training  # noqa: E402

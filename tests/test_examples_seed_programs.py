@@ -31,13 +31,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-if str(TESTS) not in sys.path:  # seed_programs must be importable here and in every child
-    sys.path.insert(0, str(TESTS))
+from pydist.testing import free_port, run_processes
+from pydist.testing.commands import run_command
+from seed_programs import launch, sweep
 
-from pydist.testing import free_port, run_processes  # noqa: E402
-from pydist.testing.commands import run_command  # noqa: E402
-from seed_programs import launch, sweep  # noqa: E402
+TESTS = Path(__file__).resolve().parent
 
 pytestmark = pytest.mark.slow  # every test spawns rank processes (or the launcher)
 

@@ -8,15 +8,9 @@ out; how fast is the soak's to check), and destroy_process_group then returns (t
 tests/run_scripts/robust_ranks.py)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPTS = Path(__file__).parent / "run_scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.append(str(SCRIPTS))
-import robust_ranks  # noqa: E402
+from run_scripts import robust_ranks
 
 pytestmark = pytest.mark.slow  # 4 real processes moving megabytes, several trials each
 

@@ -3,19 +3,12 @@ once; shared memory and tcp) agree on one smaller group and all_reduce on it cor
 argument errors; split_group's groups (harness: tests/run_scripts/shrink_ranks.py)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import pydist as dist
 from pydist.testing import run_threads
-
-SCRIPTS = Path(__file__).parent / "run_scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.append(str(SCRIPTS))
-import shrink_ranks  # noqa: E402
+from run_scripts import shrink_ranks
 
 TCP = {"PYDIST_SHM": "0"}
 

@@ -15,6 +15,7 @@ import pytest
 if importlib.util.find_spec("mpi4py") is None:
     pytest.skip("mpi4py is not installed (pip install mpi4py mpich)", allow_module_level=True)
 
+from child_env import with_tests_on_path  # noqa: E402
 from pydist.bench.backends import mpiexec_path  # noqa: E402
 from pydist.testing.conformance import CASES  # noqa: E402
 from pydist.testing.commands import CommandTimeout, run_command  # noqa: E402
@@ -38,7 +39,7 @@ def run_mpi(n: int, args: list[str], timeout: float = 60, env: dict[str, str] | 
     before = _mpich_segments()
     try:
         done = run_command([MPIEXEC, "-n", str(n), sys.executable, *args], timeout,
-                           env={**os.environ, "PYTHONUNBUFFERED": "", **(env or {})})
+                           env=with_tests_on_path({**os.environ, "PYTHONUNBUFFERED": "", **(env or {})}))
     except CommandTimeout:
         for name in _mpich_segments() - before:
             Path("/dev/shm", name).unlink(missing_ok=True)

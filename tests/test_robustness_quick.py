@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from pydist.testing import run_processes
-
-SCRIPTS = Path(__file__).parent / "run_scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.append(str(SCRIPTS))  # appended: never shadows another module; children inherit sys.path
-import robust_ranks  # noqa: E402
+from run_scripts import robust_ranks
 
 pytestmark = pytest.mark.slow  # 4 real processes for seconds each
 

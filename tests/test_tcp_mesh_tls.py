@@ -9,7 +9,6 @@ import socket
 import ssl
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,10 +212,7 @@ def test_pydist_run_tls_flags_must_come_together(certs):
 def test_a_rank_killed_over_tls_is_named_by_every_survivor(certs, kinds, victim):
     """SIGKILL mid-operation on TLS connections (4 ranks, tcp only): as over plain tcp, every
     survivor raises naming the dead rank, before the timeout (tests/run_scripts/robust_ranks.py)."""
-    scripts = str(Path(__file__).parent / "run_scripts")
-    if scripts not in sys.path:
-        sys.path.append(scripts)
-    import robust_ranks
+    from run_scripts import robust_ranks
     env = {"PYDIST_SHM": "0", **certs["good"]}
     results = [robust_ranks.kill_trial(trial, kinds=kinds, victim=victim, root=0 if kinds == ("broadcast",) else None,
                                        env=env, max_bytes=4 << 20, max_delay_s=1.5) for trial in range(3)]

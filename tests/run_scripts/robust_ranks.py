@@ -1,7 +1,8 @@
 """Rank programs and a harness for tests/test_robustness_quick.py and tests/test_robustness_soak.py.
 
-Imported (not run as a script): the test modules put this directory on sys.path, so that
-forkserver children can unpickle the rank functions by module name.
+Imported (not run as a script) as ``run_scripts.robust_ranks``: tests/ is on sys.path (pyproject's
+pytest ``pythonpath``), and forkserver children inherit it, so they unpickle the rank functions
+by module name.
 
 - :func:`plan` draws operation ``i`` of a random sequence from ``(seed, i)`` alone, so every
   rank draws the same sequence; :func:`run_op` runs it on this rank and returns the outputs,
