@@ -1,4 +1,4 @@
-"""Shared by the store fuzz tests (test_fuzz_store_*.py, test_soak.py): hypothesis settings
+"""Shared by the store fuzz tests (test_store_fuzz_*.py, test_robustness_soak.py): hypothesis settings
 scaled by PYDIST_FUZZ_SCALE, the counters printed as ``FUZZ <test>: N examples, M steps``
 (``pytest -s``), the garbage-stream strategies, and ``_Loop``: tcp.py's I/O loop around the
 sans-IO StoreService, minus the sockets.

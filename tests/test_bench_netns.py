@@ -68,7 +68,8 @@ def test_a_two_host_job_compares_pydist_over_tls():
                                    "--compare", "pydist-tls"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
-    assert [len(row) for row in rows] == [8, 8] and all(float(row[5]) > 0 for row in rows), done.stdout
+    assert [(int(row[0]), len(row)) for row in rows] == [(4, 8), (65536, 8)], done.stdout  # a row per size
+    assert all(float(row[2]) > 0 and float(row[5]) > 0 for row in rows), done.stdout  # both backends timed
 
 
 @pytest.mark.slow
@@ -81,4 +82,5 @@ def test_two_interfaces_per_host_compare_striping_with_one_lane():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "backends=pydist,pydist 1 nic" in done.stdout, done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
-    assert [len(row) for row in rows] == [8, 8] and all(float(row[5]) > 0 for row in rows), done.stdout
+    assert [(int(row[0]), len(row)) for row in rows] == [(4, 8), (4 << 20, 8)], done.stdout  # a row per size
+    assert all(float(row[2]) > 0 and float(row[5]) > 0 for row in rows), done.stdout  # both backends timed

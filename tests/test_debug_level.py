@@ -82,6 +82,7 @@ def _import_pydist_with(text: str) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_importing_pydist_reads_the_variable_as_importing_torch_does():
     found = _import_pydist_with("detail")
     assert found.returncode == 0 and found.stdout == "DebugLevel.DETAIL\n", found.stderr

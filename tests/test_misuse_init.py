@@ -156,6 +156,7 @@ def test_env_init_in_child_process_missing_master_addr():
     assert out.stdout.startswith("ValueError") and "MASTER_ADDR" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_registers_is_named(clean_process_world):
     """Rank 1 of 2 never comes: init's error names it, not only the store key it waited for."""
     from datetime import timedelta

@@ -15,6 +15,7 @@ import pytest
 if importlib.util.find_spec("mpi4py") is None:
     pytest.skip("mpi4py is not installed (pip install mpi4py mpich)", allow_module_level=True)
 
+from child_env import with_tests_on_path  # noqa: E402
 from pydist.bench.backends import mpiexec_path  # noqa: E402
 from pydist.testing.conformance import CASES  # noqa: E402
 from pydist.testing.commands import CommandTimeout, run_command  # noqa: E402
@@ -38,7 +39,7 @@ def run_mpi(n: int, args: list[str], timeout: float = 60, env: dict[str, str] | 
     before = _mpich_segments()
     try:
         done = run_command([MPIEXEC, "-n", str(n), sys.executable, *args], timeout,
-                           env={**os.environ, "PYTHONUNBUFFERED": "", **(env or {})})
+                           env=with_tests_on_path({**os.environ, "PYTHONUNBUFFERED": "", **(env or {})}))
     except CommandTimeout:
         for name in _mpich_segments() - before:
             Path("/dev/shm", name).unlink(missing_ok=True)
@@ -111,10 +112,10 @@ def _check_failures(per_rank: list[dict]) -> None:
     assert errors["collective"].startswith("broadcast (seq 1): MPI error on rank 1")
     timeouts = per_rank[0]["timeouts"]
     assert timeouts["collective"].startswith("all_reduce (seq 1) on rank 0: Timed out waiting 1000ms")
-    assert 0.9 < timeouts["collective_seconds"] < 5.0
+    assert 0.9 < timeouts["collective_seconds"] < 30.0  # its 1 s timeout (the message says); generous: load
     assert "is broken" in timeouts["after"]
     assert timeouts["p2p"] == "recv from rank 1 (tag 77): Timed out waiting 1000ms for rank 1"
-    assert 0.9 < timeouts["p2p_seconds"] < 5.0
+    assert 0.9 < timeouts["p2p_seconds"] < 30.0
     assert per_rank[1]["timeouts"]["late"] == [2.0] * 4  # the abandoned all_reduce still completes
 
 

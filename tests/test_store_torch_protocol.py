@@ -361,7 +361,9 @@ def test_timeouts_raise_torchs_error_and_keep_the_connection_usable(tdist, serve
     started = time.monotonic()
     with pytest.raises(tdist.DistStoreError, match="wait timeout after 500ms, keys: /never"):
         client.get("never")
-    assert 0.45 <= time.monotonic() - started < 5
+    # at least its 0.5 s timeout (the message says which ended it); the upper bound only says
+    # that it did not hang, generous for a loaded machine
+    assert 0.45 <= time.monotonic() - started < 30
     with pytest.raises(tdist.DistStoreError, match="wait timeout after 200ms, keys: /a, /b"):
         client.wait(["a", "b"], timedelta(milliseconds=200))
     with pytest.raises(tdist.DistStoreError, match="barrier timeout after 200ms"):

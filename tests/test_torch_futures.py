@@ -65,6 +65,9 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
 
 
+PARAMETERS = 4  # _model's tensors: two weights, two biases
+
+
 def _train(model, rank, size, steps):
     generator = torch.Generator().manual_seed(1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -100,8 +103,11 @@ def _ddp_powersgd(rank, size, group, hook_name, steps):
 @pytest.mark.parametrize("hook_name", ["powerSGD_hook", "batched_powerSGD_hook"])
 def test_ddp_powersgd_matches_gloo(hook_name):
     steps = 5  # compressed from step 2 on
-    for results in _on_both(_ddp_powersgd, hook_name, steps):
-        for got, want in zip(results["pydist"], results["gloo"]):
+    runs = _on_both(_ddp_powersgd, hook_name, steps)
+    assert len(runs) == 2  # both ranks' parameters
+    for results in runs:
+        assert len(results["pydist"]) == len(results["gloo"]) == PARAMETERS
+        for got, want in zip(results["pydist"], results["gloo"], strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not np.allclose(results["pydist"][0], _model()[0].weight.detach().numpy())  # it trained
 

@@ -233,6 +233,7 @@ class _FakePdb:
         self.events.append(("continued", pydist.get_rank()))
 
 
+@pytest.mark.slow
 def test_breakpoint_stops_one_rank_and_the_others_wait_for_it(monkeypatch):
     from pydist.api import breakpoint as _breakpoint
     from pydist.testing import run_threads

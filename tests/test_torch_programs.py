@@ -4,7 +4,7 @@ backend must keep matching. Each program (tests/torch_programs/, one script each
 within ATOL (torch's own parity tests compare DDP runs this closely), everything else
 exactly. Existing coverage this does not repeat: torch DDP over pydist equal to
 single-process training (test_torch_plugin.py), pydist's own DDP options, hooks and join
-(test_ddp.py), the tutorial script under pydist-run on pydist alone (test_examples.py).
+(test_ddp_training.py), the tutorial script under pydist-run on pydist alone (test_examples_readme.py).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from child_env import with_tests_on_path
 from pydist.testing.commands import finish, start_command
 
 pytest.importorskip("torch")
@@ -38,7 +39,7 @@ def results_of(stdout: str) -> list[dict]:
 
 def run_on_both(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, list]:
     """Run ``argv`` with "{backend}" replaced by each backend, concurrently: {backend: results}."""
-    environment = {**os.environ, **(env if env is not None else MATRIX_ENV)}
+    environment = with_tests_on_path({**os.environ, **(env if env is not None else MATRIX_ENV)})
     procs = [start_command([arg.format(backend=backend) for arg in argv], env=environment, cwd=cwd)
              for backend in BACKENDS]
     runs = dict(zip(BACKENDS, finish(procs, COMMAND_TIMEOUT)))

@@ -3,19 +3,14 @@ the host of torch's store, too), shrinks, rebuilds torch DDP and makes new group
 torch's own shrink_group cannot serve a Python backend (harness: run_scripts/shrink_ranks.py)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-SCRIPTS = Path(__file__).parent / "run_scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.append(str(SCRIPTS))
-import shrink_ranks  # noqa: E402
+from run_scripts import shrink_ranks  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", [2, 0], ids=["rank 2", "rank 0 (torch's store host)"])
 def test_torch_survivors_shrink_rebuild_ddp_and_make_groups(victim):
     trial = shrink_ranks.shrink_trial(3, [victim], delay=0.3, target=shrink_ranks.torch_shrink_rank)

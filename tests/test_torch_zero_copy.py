@@ -12,7 +12,7 @@ from pydist.core.buffers import as_buffer
 torch = pytest.importorskip("torch")
 import torch.distributed as tdist  # noqa: E402
 
-from test_torch_futures import _model, _on_both, _train  # noqa: E402
+from test_torch_futures import PARAMETERS, _model, _on_both, _train  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64])
@@ -133,8 +133,11 @@ def _ddp_bucket_views(rank, size, group, steps):
 
 @pytest.mark.slow
 def test_ddp_gradient_as_bucket_view_matches_gloo():
-    for results in _on_both(_ddp_bucket_views, 4):
-        for got, want in zip(results["pydist"], results["gloo"]):
+    runs = _on_both(_ddp_bucket_views, 4)
+    assert len(runs) == 2  # both ranks' parameters
+    for results in runs:
+        assert len(results["pydist"]) == len(results["gloo"]) == PARAMETERS
+        for got, want in zip(results["pydist"], results["gloo"], strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -148,8 +151,11 @@ def _fsdp_v1(rank, size, group, steps):
 
 @pytest.mark.slow
 def test_fsdp_v1_on_cpu_trains_like_gloo():
-    for results in _on_both(_fsdp_v1, 3):
-        for got, want in zip(results["pydist"], results["gloo"]):
+    runs = _on_both(_fsdp_v1, 3)
+    assert len(runs) == 2  # both ranks' parameters
+    for results in runs:
+        assert len(results["pydist"]) == len(results["gloo"]) == PARAMETERS  # unflattened by summon_full_params
+        for got, want in zip(results["pydist"], results["gloo"], strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     initial = torch.cat([p.detach().reshape(-1) for p in _model().parameters()]).numpy()
     assert not np.allclose(np.concatenate([p.reshape(-1) for p in results["pydist"]]), initial)  # it trained

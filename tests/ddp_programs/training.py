@@ -1,4 +1,4 @@
-"""Models, data, DDP rank functions and single-process references for tests/test_ddp.py.
+"""Models, data, DDP rank functions and single-process references for tests/test_ddp_training.py.
 
 Every rank function is ``fn(rank, size, ...)`` and returns plain data (parameter tensors,
 names, stats), so the same code runs on thread-ranks and on process-ranks. Rank ``r``

@@ -1,4 +1,4 @@
-"""Run by tests/test_launch_env.py under mpiexec, torchrun, pydist-run or a simulated srun:
+"""Run by tests/test_rendezvous_launch_env.py under mpiexec, torchrun, pydist-run or a simulated srun:
 ``init_process_group()`` with no arguments, one all_reduce, then one line
 ``RESULT {json}`` with what this rank saw (rank, size, the sum, and its launch_info)."""
 import json

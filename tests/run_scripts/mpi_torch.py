@@ -19,8 +19,7 @@ import torch.distributed as tdist
 
 import pydist.torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from test_torch_plugin import _every_call, _torch_ddp  # noqa: E402
+from test_torch_plugin import _every_call, _torch_ddp  # tests/ on PYTHONPATH (tests/child_env.py)
 
 DDP_STEPS = 5
 

@@ -1,4 +1,4 @@
-"""Ranks that lose members and shrink, and a harness (tests/test_shrink.py, tools/shrink_trials.py).
+"""Ranks that lose members and shrink, and a harness (tests/test_group_shrink.py, tools/shrink_trials.py).
 
 Imported, not run: forkserver children unpickle ``shrink_rank`` by module name.
 

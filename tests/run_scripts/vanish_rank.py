@@ -1,4 +1,4 @@
-"""A rank for tests/test_heartbeat.py: all_reduce in a loop until it raises; prints JSON lines
+"""A rank for tests/test_failure_heartbeat.py: all_reduce in a loop until it raises; prints JSON lines
 (ready, then what it raised, when, and the ranks it knew dead). ``once``: one all_reduce, which
 rank 1 starts only after reading a line from its stdin (the harness stops it meanwhile)."""
 import json

@@ -1,4 +1,4 @@
-"""Worker script for tests/test_run.py: ``worker.py ACTION [args]``.
+"""Worker script for tests/test_launcher_run.py: ``worker.py ACTION [args]``.
 
 Every action first records the worker's pid as ``$PIDDIR/<rank>`` (when PIDDIR is set) so
 the test can check that no worker outlives the launcher.

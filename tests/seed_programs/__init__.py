@@ -1,4 +1,4 @@
-"""The seeds' example programs, written for pydist (tests/test_seeds.py runs them).
+"""The seeds' example programs, written for pydist (tests/test_examples_seed_programs.py runs them).
 
 ``launch`` holds the seeds' ``init_process`` and their spawn-and-join main block; the
 ``seed000_*`` / ``seed001_*`` modules are the seed examples (torch and numpy versions),

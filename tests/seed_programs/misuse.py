@@ -1,5 +1,5 @@
-"""Rank functions for the misuse tests (tests/test_misuse_*.py, test_size_mismatch.py,
-test_timeouts.py), importable by thread-ranks and process-ranks.
+"""Rank functions for the misuse tests (tests/test_misuse_*.py, test_misuse_size_mismatch.py,
+test_timeouts_explained.py), importable by thread-ranks and process-ranks.
 
 Each returns what it observed (plain dicts: error type, whether it is a DistError, the
 message, seconds taken), so the test asserts in the parent process with the same code for

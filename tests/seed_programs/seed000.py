@@ -3,12 +3,11 @@
 The seed's code with ``import pydist as dist`` and the CUDA calls
 (set_device, .to(rank)) dropped. Run it: ``python tests/seed_programs/seed000.py``.
 """
-import os
 import sys
 
 
-if not __package__:  # run as a script
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script: seed_programs importable as a package (see _as_script)
+    import _as_script  # noqa: F401
 
 import pydist as dist  # noqa: E402
 from seed_programs.launch import init_process, main  # noqa: E402,F401

@@ -5,12 +5,11 @@ with (``Rank: 1, has data ...``), which the seed leaves implicit. The ping-pong 
 ranks, the collectives on 4 (the seed's scatter/gather lists have 4 entries).
 Run it: ``python tests/seed_programs/seed001.py``.
 """
-import os
 import sys
 
 
-if not __package__:  # run as a script
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script: seed_programs importable as a package (see _as_script)
+    import _as_script  # noqa: F401
 
 import pydist as dist  # noqa: E402
 from seed_programs.launch import init_process, main  # noqa: E402,F401

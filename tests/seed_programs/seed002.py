@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-if not __package__:  # run as a script
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script: seed_programs importable as a package (see _as_script)
+    import _as_script  # noqa: F401
 
 import pydist as dist  # noqa: E402
 from seed_programs.launch import spawn  # noqa: E402

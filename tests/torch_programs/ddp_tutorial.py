@@ -7,17 +7,15 @@ the backend argv[1] names; each rank prints RESULT with its epochs' losses and w
 """
 import os
 import sys
-from pathlib import Path
 
 import torch
 from torch.distributed import destroy_process_group
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ddp_programs.ddp_torchrun_style import RandomRegression, Trainer  # noqa: E402
+from ddp_programs.ddp_torchrun_style import RandomRegression, Trainer  # tests/ on PYTHONPATH (tests/child_env.py)
 
-from _harness import collect_before_exit, emit, init_from_env, state  # noqa: E402
+from _harness import collect_before_exit, emit, init_from_env, state
 
 
 class RecordingTrainer(Trainer):

@@ -13,7 +13,7 @@ import os
 from typing import Any, Callable, Mapping
 
 #: The algorithm names each collective accepts in PYDIST_ALGO_<COLLECTIVE> (the engine's
-#: ALGORITHMS table must offer exactly these: tests/test_settings.py checks).
+#: ALGORITHMS table must offer exactly these: tests/test_settings_table.py checks).
 ALGORITHM_CHOICES: dict[str, tuple[str, ...]] = {
     "all_reduce": ("shm", "hierarchical", "rails", "recursive_doubling", "ring"),
     "broadcast": ("shm", "hierarchical", "rails", "binomial"),

@@ -7,7 +7,8 @@ torch avoids this by completing gloo's futures on worker threads separate from t
 caller; pydist hands callbacks to this runner: tasks start in submission order, each on
 an idle worker, or on a new worker when every worker is busy (so a callback blocked on a
 later completion never holds that completion up). Workers ("pydist-callbacks") are
-daemon threads that exit after ``IDLE_SECONDS`` without work.
+daemon threads that exit after ``IDLE_SECONDS`` without work, or at once when
+``release_idle()`` is called (the test suite's leak guard does, instead of waiting).
 """
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ class CallbackRunner:
         self._tasks: deque[Callable[[], None]] = deque()
         self._idle = 0  # workers waiting for a task
         self._started = 0
+        self._releases = 0  # bumped by release_idle: a worker idle since before it exits
+
+    def release_idle(self) -> None:
+        """Tell every worker idle now to exit at once instead of after ``idle_seconds``, and
+        wake them. Busy workers finish their task first; a task queued meanwhile is still
+        served (a woken worker takes it instead of exiting), and later tasks start new workers."""
+        with self._cond:
+            self._releases += 1
+            self._cond.notify_all()
 
     def run(self, task: Callable[[], None]) -> None:
         """Start ``task()`` soon on a worker thread; its exceptions are logged, not raised."""
@@ -46,9 +56,11 @@ class CallbackRunner:
         while True:
             with self._cond:
                 self._idle += 1
+                releases = self._releases
                 while not self._tasks:
                     # real time: an idle worker's lifetime, not a timeout anyone waits for
-                    if not self._cond.wait(self._idle_seconds) and not self._tasks:
+                    timed_out = not self._cond.wait(self._idle_seconds)
+                    if not self._tasks and (timed_out or self._releases != releases):
                         self._idle -= 1
                         return
                 self._idle -= 1

@@ -1,0 +1,147 @@
+"""Work handles and the ordering of a group's operations."""
+import concurrent.futures
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pydist as dist
+from pydist.testing import run_threads
+
+
+def _work_api(rank, size):
+    buf = np.full(4, rank + 1.0)
+    work = dist.all_reduce(buf, async_op=True)
+    assert isinstance(work.get_future(), concurrent.futures.Future)
+    assert work.wait() is True and work.is_completed() and work.is_success() and work.exception() is None
+    assert work.result()[0] is buf and work.get_future().result()[0] is buf
+    return buf.tolist()
+
+
+def test_work_api():
+    assert run_threads(3, _work_api) == [[6.0] * 4] * 3
+
+
+def _ordered(rank, size):
+    """Many async ops then a blocking one: all run in issue order on every rank."""
+    bufs = [np.full(1000, float(i * size + rank)) for i in range(20)]
+    works = [dist.all_reduce(b, async_op=True) for b in bufs]
+    last = np.full(3, rank)
+    dist.broadcast(last, src=0)
+    for w in works:
+        assert w.is_completed()  # the blocking broadcast queued behind them
+    return [float(b[0]) for b in bufs], last.tolist()
+
+
+def test_async_then_blocking_keeps_issue_order():
+    size = 4
+    results = run_threads(size, _ordered)
+    want = [sum(i * size + r for r in range(size)) for i in range(20)]
+    assert all(r == (want, [0, 0, 0]) for r in results)
+
+
+def _wait_timeout(rank, size):
+    if rank == 0:
+        work = dist.irecv(np.zeros(1), src=1, tag=5)
+        start = time.monotonic()
+        with pytest.raises(dist.DistBackendError, match=r"Work.wait timed out after 0.1 s; recv from rank 1"):
+            work.wait(timeout=0.1)  # its own timeout, not the group's (30 s), ends it: the message says which
+        elapsed = time.monotonic() - start
+        assert not work.is_completed()
+        dist.send(np.zeros(1), dst=1, tag=6)  # release rank 1, which then sends tag 5
+        work.wait()
+        return elapsed
+    dist.recv(np.zeros(1), src=0, tag=6)
+    dist.send(np.ones(1), dst=0, tag=5)
+    return None
+
+
+def test_wait_with_timeout_raises_then_can_wait_again():
+    elapsed = run_threads(2, _wait_timeout)[0]
+    assert elapsed >= 0.09  # it waited for its timeout
+
+
+def _p2p_timeout(rank, size, done):
+    if rank == 1:  # alive, but never sends
+        done.wait(10)
+        return
+    try:
+        with pytest.raises(dist.DistBackendError, match=r"recv from rank 1 \(tag 0\): Timed out waiting 300ms"):
+            dist.recv(np.zeros(1), src=1)
+    finally:
+        done.set()
+
+
+def test_recv_times_out_with_the_group_timeout():
+    run_threads(2, _p2p_timeout, threading.Event(), pg_timeout=0.3)
+
+
+def _collective_timeout(rank, size, done):
+    if rank == 1:  # alive, but never joins the all_reduce
+        done.wait(10)
+        return
+    try:
+        with pytest.raises(dist.DistBackendError, match=r"all_reduce \(seq 1\) on rank 0: Timed out waiting 300ms "
+                                                        r"for rank 1"):
+            dist.all_reduce(np.zeros(1))
+        with pytest.raises(dist.DistBackendError, match="broken"):
+            dist.all_reduce(np.zeros(1))  # the group is broken: fails at once
+    finally:
+        done.set()
+
+
+def test_collective_timeout_names_op_seq_and_peer_then_group_is_broken():
+    run_threads(2, _collective_timeout, threading.Event(), pg_timeout=0.3)
+
+
+def _peer_exits(rank, size):
+    if rank == 1:
+        return  # leaves: destroy_process_group closes its end
+    with pytest.raises(dist.PeerFailedError, match="rank 1") as caught:
+        dist.all_reduce(np.zeros(1))
+    assert caught.value.rank == 1
+
+
+@pytest.mark.parametrize("transport", ["loopback", "tcp"])
+def test_a_peer_that_left_is_named(transport):
+    run_threads(2, _peer_exits, transport=transport, pg_timeout=20)
+
+
+def _irecv_before_isend(rank, size):
+    peer = 1 - rank
+    got = np.zeros(1 << 20, np.uint8)
+    receive = dist.irecv(got, src=peer)
+    send = dist.isend(np.full(1 << 20, rank + 1, np.uint8), dst=peer)
+    receive.wait()
+    send.wait()
+    return int(got[0])
+
+
+@pytest.mark.parametrize("transport", ["loopback", "tcp"])
+def test_irecv_posted_before_isend_on_the_same_pair(transport):
+    assert run_threads(2, _irecv_before_isend, transport=transport) == [2, 1]
+
+
+def _runner_workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pydist-callbacks-") and t.is_alive()]
+
+
+def test_release_idle_ends_idle_callback_workers_at_once_and_later_tasks_still_run():
+    from pydist.groups.callbacks import CallbackRunner
+
+    runner = CallbackRunner(idle_seconds=3600.0)  # only release_idle can end its workers in time
+    before = set(_runner_workers())
+    ran = threading.Event()
+    runner.run(ran.set)
+    assert ran.wait(30)  # "did not hang" bound, generous for a loaded machine
+    workers = set(_runner_workers()) - before
+    assert len(workers) == 1
+    runner.release_idle()
+    for worker in workers:
+        worker.join(30)  # would take an hour without the release
+        assert not worker.is_alive()
+    again = threading.Event()
+    runner.run(again.set)
+    assert again.wait(30)
+    runner.release_idle()
