@@ -65,7 +65,7 @@ def test_tcp_transport_close_lingers_on_fake_time(monkeypatch):
     """close() waits for the peer's goodbye (LINGER_SECONDS); a peer that never closes holds
     it up for the whole linger, which passes on fake time."""
     from pydist.transport.tcp import transport as tcp
-    from test_stripes import open_pair
+    from test_tcp_stripes import open_pair
 
     monkeypatch.setenv("PYDIST_PEER_TIMEOUT", "0")
     monkeypatch.setattr(tcp, "LINGER_SECONDS", 120.0)
