@@ -192,21 +192,25 @@ class RoundRun:
         self.agent, self.rdzv, self.round, self.placement, self.logs = agent, rdzv, round_, placement, logs
         self.config = agent.config
         self.workers: list[Worker] = []
+        self.replaced: list[WorkerExit] = []  # workers that failed and were replaced (--on-failure replace)
         self.error_files: list[str] = []
         self._files: list[BinaryIO] = []
         self._stopping_since: float | None = None
         self._outcome: dict[str, Any] | None = None
+        self._pump = OutputPump()
+        self._alive: set[int] = set()  # local ranks whose worker runs
 
     def run(self) -> dict[str, Any]:
-        pump = OutputPump()
+        pump = self._pump
         try:
             try:
-                self._spawn_all(pump)
+                self._spawn_all()
             except OSError as exc:
                 self.agent._say(f"cannot start worker {len(self.workers)} ({' '.join(self.config.command)}): {exc}")
                 self._fail_to_start(exc)
-            pump.start()
+            pump.start(more_to_come=self.config.on_failure == "replace")
             self._monitor()
+            pump.no_more()
         finally:
             for worker in self.workers:  # only reached with live workers if the agent itself broke
                 if worker.proc.returncode is None:
@@ -221,30 +225,43 @@ class RoundRun:
         if self._outcome is None:
             self._outcome = self._finish()
             lost = [w.exit for w in self.workers if w.exit is not None and w.exit.failed]
-            if lost and self._outcome.get("reason") == "done":  # --on-failure continue
+            if self.replaced and self._outcome.get("reason") == "done":
+                self.agent._say(f"{len(self.replaced)} worker(s) failed and were replaced: "
+                                + ", ".join(f"rank {e.rank} ({e.describe()})" for e in self.replaced))
+            if lost and self._outcome.get("reason") == "done":  # --on-failure continue (or replace)
                 self._report_lost(lost)
         if self._outcome.get("reason") == "failure":
             self._report(self._outcome)
         return self._outcome
 
     # -- starting ------------------------------------------------------------------------
-    def _spawn_all(self, pump: OutputPump) -> None:
-        nproc, agent = self.config.nproc_per_node, self.agent
-        for local_rank in range(nproc):
-            rank = self.placement.node_rank * nproc + local_rank
-            folder = self.logs.worker_dir(self.round.number, local_rank)
-            error_file = os.path.join(folder, "error.json")
+    def _spawn_all(self) -> None:
+        for local_rank in range(self.config.nproc_per_node):
+            self.workers.append(self._spawn(local_rank))
+
+    def _spawn(self, local_rank: int, joining: bool = False) -> Worker:
+        """Start worker ``local_rank`` (``joining``: a replacement, which joins the running job)."""
+        rank = self.placement.node_rank * self.config.nproc_per_node + local_rank
+        folder = self.logs.worker_dir(self.round.number, local_rank)
+        error_file = os.path.join(folder, "error.json")
+        if joining:
+            self.error_files[local_rank] = error_file
+        else:
             self.error_files.append(error_file)
-            worker = spawn(self.config.command, worker_env(self.config, self.placement, local_rank, error_file),
-                           rank, local_rank)
-            self.workers.append(worker)
-            for fd, stream, console, name in ((worker.stdout_fd, STDOUT, agent._stdout, "stdout.log"),
-                                              (worker.stderr_fd, STDERR, agent._stderr, "stderr.log")):
-                spec = self.config.logs
-                files = (self._open(os.path.join(folder, name)),) if spec.to_file(local_rank, stream) else ()
-                tail = worker.stderr_tail if stream == STDERR else None
-                pump.add(fd, f"[rank{rank}]:", console if spec.to_console(local_rank, stream) else None, tail, files)
-            watch(worker, agent._events)
+        env = worker_env(self.config, self.placement, local_rank, error_file)
+        if joining:
+            env["PYDIST_JOIN"] = "1"
+        worker = spawn(self.config.command, env, rank, local_rank)
+        agent = self.agent
+        for fd, stream, console, name in ((worker.stdout_fd, STDOUT, agent._stdout, "stdout.log"),
+                                          (worker.stderr_fd, STDERR, agent._stderr, "stderr.log")):
+            spec = self.config.logs
+            files = (self._open(os.path.join(folder, name)),) if spec.to_file(local_rank, stream) else ()
+            tail = worker.stderr_tail if stream == STDERR else None
+            self._pump.add(fd, f"[rank{rank}]:", console if spec.to_console(local_rank, stream) else None, tail, files)
+        self._alive.add(local_rank)
+        watch(worker, agent._events)
+        return worker
 
     def _open(self, path: str) -> BinaryIO:
         file = open(path, "ab")
@@ -259,8 +276,9 @@ class RoundRun:
 
     # -- watching ------------------------------------------------------------------------
     def _monitor(self) -> None:
-        """Handle exits, signals and the round's stop record until every worker is reaped."""
-        alive = {w.local_rank for w in self.workers}
+        """Handle exits, signals and the round's stop record until every worker is reaped
+        (a replacement, see _on_exit, counts from its start)."""
+        alive = self._alive
         killed = hurry = False
         while alive:
             kill_at = None if self._stopping_since is None else self._stopping_since + self.config.shutdown_timeout
@@ -305,13 +323,40 @@ class RoundRun:
         if worker.exit.failed:
             worker.exit.add_output(self.error_files[worker.local_rank], list(worker.stderr_tail))
         if worker.exit.failed and self._stopping_since is None:
-            if self.config.on_failure == "continue":
+            if self.config.on_failure == "replace" and self._replace(worker):
+                return
+            if self.config.on_failure in ("continue", "replace"):
                 self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
                                 f"{worker.exit.describe()}; the others go on (--on-failure continue)")
                 return
             self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
                             f"{worker.exit.describe()}; stopping the other workers")
             self._stop_round({"reason": "failure", "exit": worker.exit.to_json()}, signal.SIGTERM)
+
+    def _replace(self, worker: Worker) -> bool:
+        """Start a replacement for the failed ``worker`` in its slot (same LOCAL_RANK, marked
+        PYDIST_JOIN=1: it joins the running job), if the job has replacements left."""
+        try:
+            used = self.rdzv.count_replacement(self.round.number)
+        except (OSError, RuntimeError):
+            return False  # the store is gone: nothing to join
+        allowed = self.config.max_replacements
+        assert worker.exit is not None  # called for a worker that exited
+        if used > allowed:
+            self.agent._say(f"rank {worker.rank} failed with {worker.exit.describe()}; no replacements left "
+                            f"(--max-replacements {allowed}): the others go on")
+            return False
+        try:
+            replacement = self._spawn(worker.local_rank, joining=True)
+        except OSError as exc:
+            self.agent._say(f"cannot start a replacement for rank {worker.rank}: {exc}")
+            return False
+        self.replaced.append(worker.exit)
+        self.workers[worker.local_rank] = replacement
+        self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
+                        f"{worker.exit.describe()}; replacement {used} of {allowed} started (pid {replacement.pid}), "
+                        "joining the job")
+        return True
 
     def _look_at_store(self) -> None:
         try:
@@ -357,8 +402,9 @@ class RoundRun:
         return {"reason": "done"}
 
     def _report_lost(self, lost: list[WorkerExit]) -> None:
-        """--on-failure continue: the workers that failed while the others went on; the
-        round fails when none of this node's workers exited 0."""
+        """--on-failure continue (or replace, without replacements left): the workers that
+        failed while the others went on; the round fails when none of this node's workers
+        exited 0."""
         lost.sort(key=lambda e: e.failed_at)
         survivors = len(self.workers) - len(lost)
         self.agent._say(f"{len(lost)} worker(s) failed and {survivors} finished: "

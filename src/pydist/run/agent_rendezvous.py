@@ -222,6 +222,10 @@ class Rendezvous:
             self.store.add(self._key("restarts"), 1)
         return json.loads(winner)
 
+    def count_replacement(self, number: int) -> int:
+        """One more failed worker replaced in round ``number``: how many so far, job-wide."""
+        return self.store.add(self._key(f"r{number}/replacements"), 1)
+
     def stop_record(self, number: int) -> dict[str, Any] | None:
         """Why round ``number`` stops, or None while it runs."""
         key = self._key(f"r{number}/stop")

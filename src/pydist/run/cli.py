@@ -7,7 +7,8 @@
                [--rdzv-endpoint HOST[:PORT]] [--rdzv-id ID] [--rdzv-conf K=V,...]
                [--standalone] [--max-restarts N] [--monitor-interval S] [--role NAME]
                [--log-dir DIR] [-r SPEC] [-t SPEC] [--local-ranks-filter R,...]
-               [--local-addr A] [--shutdown-timeout S] [--on-failure restart|continue]
+               [--local-addr A] [--shutdown-timeout S] [--on-failure restart|continue|replace]
+               [--max-replacements N]
                [--tls-cert F --tls-key F --tls-ca F]
                [-m | --no-python | --run-path] script [script args...]
 
@@ -26,7 +27,11 @@ to retry reaching the endpoint). Differences from torchrun: a single-node job's
 ``--max-restarts`` counts restarts for the whole job; ``--shutdown-timeout`` (grace before
 SIGKILL) defaults to 5 s, not 30. ``--on-failure continue`` (pydist's own): a worker that
 fails is reported and the others run on (for jobs that recover with ``shrink_group``); the
-node's launcher exits 0 when at least one of its workers exited 0. ``--tls-cert``,
+node's launcher exits 0 when at least one of its workers exited 0. ``--on-failure replace``
+(pydist's own): as ``continue``, and a replacement process starts in the failed worker's
+slot (same LOCAL_RANK and RANK, PYDIST_JOIN=1), which joins the running job when the others
+call ``pydist.admit_joiners()``; ``--max-replacements`` (10) bounds them for the whole job,
+past which a failure is handled as with ``continue``. ``--tls-cert``,
 ``--tls-key``, ``--tls-ca`` (pydist's own) set PYDIST_TLS_CERT/KEY/CA for the launcher's store and
 the workers: mutual TLS for the whole job.
 """
@@ -93,9 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--local-ranks-filter", default="", help="show only these local ranks' output on the console: 0,1,...")
     add("--local-addr", default="", help="this node's address, as the other nodes see it")
     add("--shutdown-timeout", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (default 5)")
-    add("--on-failure", default="restart", choices=["restart", "continue"],
-        help="a worker failing: stop the others and restart or end the job (torchrun's, the default), or "
-        "report it and let the others go on (they recover with shrink_group); exit 0 when a worker exited 0")
+    add("--on-failure", default="restart", choices=["restart", "continue", "replace"],
+        help="a worker failing: stop the others and restart or end the job (torchrun's, the default); "
+        "continue: report it and let the others go on (they recover with shrink_group), exit 0 when a worker "
+        "exited 0; replace: as continue, and start a replacement that joins the running job (PYDIST_JOIN=1; "
+        "the others admit it with admit_joiners)")
+    add("--max-replacements", type=int, default=10,
+        help="--on-failure replace: replacements allowed for the whole job (default 10); past them, continue")
     for part, what in (("cert", "this node's certificate"), ("key", "its private key"),
                        ("ca", "the CA certificate every node's must chain to")):
         add(f"--tls-{part}", default=None,
@@ -198,8 +207,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     else:
         node_rank = -1
         host, port = _host_port(endpoint, 29400)
-    if args.shutdown_timeout < 0 or args.monitor_interval <= 0 or int(args.max_restarts) < 0:
-        raise ValueError("--shutdown-timeout and --max-restarts must be >= 0, --monitor-interval > 0")
+    if (args.shutdown_timeout < 0 or args.monitor_interval <= 0 or int(args.max_restarts) < 0
+            or int(args.max_replacements) < 0):
+        raise ValueError("--shutdown-timeout, --max-restarts and --max-replacements must be >= 0, "
+                         "--monitor-interval > 0")
     logs = LogSpec(args.log_dir, parse_streams(str(args.redirects)), parse_streams(str(args.tee)),
                    parse_ranks_filter(str(args.local_ranks_filter)))
     return LaunchConfig(
@@ -216,6 +227,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         role=args.role,
         max_restarts=int(args.max_restarts),
         on_failure=args.on_failure,
+        max_replacements=int(args.max_replacements),
         shutdown_timeout=float(args.shutdown_timeout),
         monitor_interval=float(args.monitor_interval),
         local_addr=args.local_addr,

@@ -52,7 +52,9 @@ class LaunchConfig:
     run_id: str = ""
     role: str = "default"
     max_restarts: int = 0
-    on_failure: str = "restart"  # or "continue": a failed worker is reported, the others go on
+    on_failure: str = "restart"  # or "continue": a failed worker is reported, the others go on;
+    # or "replace": a replacement joins the running job (up to max_replacements in the job)
+    max_replacements: int = 10
     shutdown_timeout: float = 5.0
     monitor_interval: float = 0.1
     join_timeout: float = 600.0

@@ -55,14 +55,18 @@ class _Source:
 class OutputPump:
     """Copies registered pipes to their destinations line by line until EOF or :meth:`stop`.
 
-    Register every pipe with :meth:`add` before :meth:`start`. The pump owns the registered
-    file descriptors and closes each at its end of file (or at stop).
+    Register pipes with :meth:`add`, before :meth:`start` or while it runs (a replacement
+    worker's); the pump runs until every pipe reached its end of file and :meth:`no_more`
+    was called. The pump owns the registered file descriptors and closes each at its end
+    of file (or at stop).
     """
 
     def __init__(self) -> None:
         self._selector = selectors.DefaultSelector()
         self._sources: dict[int, _Source] = {}
         self._stop = threading.Event()
+        self._more = threading.Event()  # set by no_more(): no pipe will be added any more
+        self._more.set()
         self._thread = threading.Thread(target=self._run, name="pydist-run-output", daemon=True)
 
     def add(self, fd: int, prefix: str, dest: BinaryIO | None, tail: collections.deque[bytes] | None = None,
@@ -72,13 +76,21 @@ class OutputPump:
         self._sources[fd] = _Source(prefix.encode(), dest, tail, files)
         self._selector.register(fd, selectors.EVENT_READ)
 
-    def start(self) -> None:
-        """Start forwarding (a no-op when already started)."""
+    def start(self, more_to_come: bool = False) -> None:
+        """Start forwarding (a no-op when already started); ``more_to_come``: pipes may be
+        added while it runs (until ``no_more``)."""
+        if more_to_come:
+            self._more.clear()
         if self._thread.ident is None:
             self._thread.start()
 
+    def no_more(self) -> None:
+        """No pipe will be added any more: the pump ends once the ones it has reach their end."""
+        self._more.set()
+
     def wait(self, timeout: float | None) -> bool:
         """Wait until every pipe reached end of file; True if they all did within ``timeout``."""
+        self.no_more()
         self.start()
         return _deadline.join(self._thread, timeout)
 
@@ -90,7 +102,7 @@ class OutputPump:
 
     def _run(self) -> None:
         try:
-            while self._sources and not self._stop.is_set():
+            while (self._sources or not self._more.is_set()) and not self._stop.is_set():
                 for key, _ in self._selector.select(timeout=0.1):  # real time: how often it looks at _stop
                     self._read(key.fd)
         finally:
