@@ -161,3 +161,119 @@ def test_a_joiner_arriving_while_the_members_shrink_is_admitted_after():
     assert results[3] == "gone"
     assert _sizes_and_sums_agree([results[0], results[1], results[2], results[4]])
     assert results[0][-1] == (4, 4.0) and results[4][-1] == (4, 4.0)
+
+
+# -- Elastic: admission, healing and recovery in a training loop ------------------------------
+def _training(job_state, steps: int = STEPS, leave_at: tuple[int, int] | None = None):
+    """A loop on pydist.Elastic over a numpy "model" every rank updates alike; ``leave_at``:
+    (global rank at start, step) of a rank that goes. Returns (steps run, final weights, world
+    size, step, whether a sync saw the world change)."""
+    def run(rank=None, size=None, join=None):
+        if join is not None:
+            join()
+        weights = np.zeros(1000)
+        job = dist.Elastic({"weights": weights, **job_state()}, progress={"step": 0})
+        changes = 0
+        first = dist.get_rank()
+        while job.progress["step"] < steps:
+            changes += job.sync()
+            if leave_at is not None and join is None and (first, job.progress["step"]) == leave_at:
+                current().transport.close()
+                return "gone"
+            try:
+                grad = np.full(1000, 1.0)
+                dist.all_reduce(grad)
+                weights += grad / dist.get_world_size()  # every rank: + 1
+                job.progress["step"] += 1
+            except dist.DistError as error:
+                job.recover(error)
+        return job.progress["step"], float(weights[0]), dist.get_world_size(), changes
+    return run
+
+
+def test_elastic_heals_a_joiner_with_the_members_state_and_progress():
+    run = _training(dict)
+    joiner_ready = threading.Event()
+
+    def member(rank, size):
+        if rank == 0:
+            _await_joiners(1)
+        return run(rank, size)
+
+    results = run_threads(3, member, joiners=[(lambda join: run(join=join), None)])
+    assert [r[:3] for r in results] == [(STEPS, float(STEPS), 4)] * 4  # the joiner's weights are the members'
+    assert results[3][3] == 1 and joiner_ready is not None
+
+
+def test_stripes_cover_the_bytes_once_and_small_states_go_whole():
+    from pydist.api.heal import ALIGN, stripes_of
+    assert stripes_of(100, 4) == [(0, 100)]  # under a MiB: one sender
+    cuts = stripes_of(10 << 20, 4)
+    assert len(cuts) == 4 and cuts[0][0] == 0 and cuts[-1][1] == 10 << 20
+    assert all(a % ALIGN == 0 and cuts[k][1] == cuts[k + 1][0] for k, (a, _) in enumerate(cuts[:-1]))
+
+
+def test_elastic_heals_torch_modules_and_optimizers_striped_over_members():
+    """4 MiB of parameters and momentum, sent in two stripes by two members."""
+    torch = pytest.importorskip("torch")
+
+    def model_from(seed: int):
+        """A model whose parameters come from its own generator (threads share torch's)."""
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4))
+        numbers = np.random.default_rng(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.from_numpy(numbers.standard_normal(tuple(p.shape)).astype(np.float32)))
+        return model
+
+    def torch_state():
+        model = model_from(100)  # the members hold the same state, as data-parallel ranks do
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.ones(2, 1024)).sum().backward()
+        optimizer.step()  # momentum buffers exist on the members
+        return {"model": model, "optimizer": optimizer}
+
+    def member(rank, size):
+        state = torch_state()
+        if rank == 0:
+            _await_joiners(1)
+        job = dist.Elastic(state, progress={"step": 7}, stripes=2)
+        job.sync()
+        return [p.detach().clone() for p in state["model"].parameters()], state["optimizer"].state_dict()
+
+    def joiner(join):
+        join()
+        state = {"model": model_from(7), "optimizer": None}
+        state["optimizer"] = torch.optim.SGD(state["model"].parameters(), lr=0.5)
+        job = dist.Elastic(state, progress={})
+        job.sync()
+        return [p.detach().clone() for p in state["model"].parameters()], state["optimizer"].state_dict(), job.progress
+
+    results = run_threads(3, member, joiners=[(joiner, None)])
+    params, optimizer, progress = results[3]
+    assert progress == {"step": 7}
+    assert all(torch.equal(a, b) for a, b in zip(params, results[0][0], strict=True))
+    assert optimizer["param_groups"][0]["lr"] == 0.1 and len(optimizer["state"]) == 4
+    assert all(torch.equal(optimizer["state"][k]["momentum_buffer"], results[0][1]["state"][k]["momentum_buffer"])
+               for k in optimizer["state"])
+
+
+def test_elastic_recovers_from_a_lost_rank_and_takes_its_replacement_in():
+    left = threading.Event()
+    run = _training(dict, leave_at=(3, 2))
+
+    def member(rank, size):
+        result = run(rank, size)
+        if result == "gone":
+            left.set()
+        return result
+
+    def joiner(join):
+        left.wait(30)
+        return run(join=join)
+
+    results = run_threads(4, member, joiners=[(joiner, None)])
+    assert results[3] == "gone"
+    finished = [results[0], results[1], results[2], results[4]]
+    assert [r[:2] for r in finished] == [(STEPS, float(STEPS))] * 4  # no step lost or counted twice
+    assert all(r[3] >= 1 for r in finished)

@@ -19,6 +19,7 @@ from .api.environment import (default_pg_timeout, get_node_local_rank, get_pg_co
 from .core.errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, GroupAbortedError,
                       OpTimeoutError, PeerFailedError, QueueEmptyError)
 from .groups.process_group import ProcessGroup
+from .api.elastic import Elastic
 from .api.grow import admit_joiners
 from .api.groups import (Backend, GroupMember, get_backend, get_backend_config, get_global_rank, get_group_rank,
                          get_process_group_ranks, get_rank, get_world_size, group, is_available, is_initialized,
@@ -64,5 +65,5 @@ __all__ = [
     "supports_complex", "all_gather_single", "all_reduce_coalesced", "reduce_scatter_single",
     "get_backend_config", "register_rendezvous_handler",
     "all_gather_coalesced", "breakpoint", "DebugLevel", "get_debug_level", "set_debug_level",
-    "set_debug_level_from_env", "admit_joiners",
+    "set_debug_level_from_env", "admit_joiners", "Elastic",
 ]

@@ -64,6 +64,7 @@ class World:
         #: ranks the job started with (the first joiner's transport rank), and the joiners
         #: this world has handled (admitted or refused), by transport rank
         self.started = 0
+        self.joined = False  # this process joined a running job (a replacement)
         self.joiners_handled: set[int] = set()
         self.transport_factory = transport_factory
 
@@ -81,11 +82,13 @@ class World:
         """This process is rank ``rank`` of ``size`` on ``backend_name`` (the MPI engine has no
         store, transport nor progress board); ``owned_store``: closed by ``leave``;
         ``transport_ranks``: see the attribute (None: the global ranks); ``started``: the
-        ranks the job started with (default ``size``: this world founds the job)."""
+        ranks the job started with (default ``size``: this world founds the job; otherwise
+        this process joined a running job: ``joined``)."""
         self.rank, self.size, self.backend_name = rank, size, backend_name
         self.store, self.owned_store, self.store_host = store, owned_store, store_host
         self.transport, self.progress, self.transport_ranks = transport, progress, transport_ranks
         self.started = size if started is None else started
+        self.joined = started is not None
         if transport is not None:
             self.states.carrier = transport
             transport.use_store(store)  # shared-memory arenas meet through the world's namespace

@@ -1,0 +1,73 @@
+"""``Elastic``: a training loop that loses ranks and takes replacements in, in a few lines.
+
+    pydist.init_process_group()       # a replacement (PYDIST_JOIN=1) joins the running job here
+    model, optimizer = ..., ...
+    job = pydist.Elastic({"model": model, "optimizer": optimizer}, progress={"step": 0})
+    while job.progress["step"] < total_steps:
+        if job.sync():                 # a step boundary: the world changed (rebuild DDP on it)
+            ddp = pydist.DistributedDataParallel(model)
+        try:
+            ...one step on ddp...
+            job.progress["step"] += 1
+        except pydist.DistError as error:
+            job.recover(error)         # shrink past the dead; the step is done again
+
+``sync()`` admits the ranks waiting to join (admit_joiners) and heals them from the members
+(api.heal: the state and ``progress`` of rank 0 and up to ``stripes`` members); on a
+replacement, the first ``sync()`` is where it receives them. ``recover(error)`` shrinks the
+default group past the ranks ``error`` names dead, then every survivor takes rank 0's state
+and progress (a survivor may have finished the step the others failed in). Both return
+whether the world changed, so that what depends on the group (DDP) is rebuilt.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.errors import DistError
+from ..groups.world import current
+from .groups import get_rank, get_world_size
+from .grow import admit_joiners
+from .heal import heal
+from .shrink import shrink_group
+
+
+class Elastic:
+    """The state a training job keeps across lost and replaced ranks (see the module note)."""
+
+    def __init__(self, state: dict[str, Any], progress: dict[str, Any] | None = None, stripes: int = 4):
+        """``state``: what a replacement must receive (modules, optimizers, samplers, arrays);
+        ``progress``: picklable training position (step, epoch, ...), kept in ``self.progress``."""
+        self.state = state
+        self.progress: dict[str, Any] = {} if progress is None else progress
+        self.stripes = stripes
+        #: a process that joined the running job is healed at its first sync
+        self._to_heal = current().joined
+        self._changed = False
+
+    def sync(self) -> bool:
+        """A step boundary, called by every rank: admit and heal the ranks waiting to join (a
+        replacement: be healed). True when the world changed since the last call."""
+        changed, self._changed = self._changed, False
+        if self._to_heal:
+            self._to_heal = False
+            self._heal_newcomers(joined=[get_rank()])
+            return True
+        joined = admit_joiners()
+        if joined:
+            self._heal_newcomers(joined)
+            return True
+        return changed
+
+    def _heal_newcomers(self, joined: list[int]) -> None:
+        members = [rank for rank in range(get_world_size()) if rank not in joined]
+        heal(self.state, self.progress, members, joined, self.stripes)
+
+    def recover(self, error: DistError) -> None:
+        """After ``error`` (a DistError of a collective of the default group): shrink past the
+        ranks it names dead, then every survivor takes rank 0's state and progress."""
+        dead = sorted(error.dead_ranks)
+        if not dead:  # nobody known dead (a timeout, a desync): nothing to recover from here
+            raise error
+        shrink_group(dead)
+        heal(self.state, self.progress, [0], list(range(1, get_world_size())), 1)
+        self._changed = True
