@@ -1,8 +1,9 @@
-"""The heartbeat (PYDIST_PEER_TIMEOUT, TCP keepalive and user timeout on every peer
-connection): a host that vanishes without closing its sockets (its link set down in the
-netns harness) is named by every survivor (within 5 s on an idle machine), long before the
-group's 60 s timeout; a process that is only stopped (SIGSTOP, its kernel still answers)
-is not declared dead."""
+"""The heartbeat (PYDIST_PEER_TIMEOUT: every rank's tcp I/O thread sends a BEAT on a connection
+idle for a third of it, and declares dead a peer it heard nothing from for all of it): a host
+that vanishes without closing its sockets (its link set down in the netns harness) is named
+by every survivor (within 5 s on an idle machine), long before the group's 60 s timeout; so
+is a stopped process (SIGSTOP), which learns on waking that it was declared dead; a process
+busy computing is not."""
 from __future__ import annotations
 
 import json
@@ -43,31 +44,63 @@ def test_a_host_that_vanishes_mid_collective_is_named_by_the_heartbeat():
         for proc in procs[:2]:
             report = json.loads(proc.stdout.readline())
             assert report["type"] == "PeerFailedError" and report["dead"] == [2], report
-            assert "rank 2 on" in report["message"] and "stopped answering" in report["message"], report
-            # "stopped answering": the heartbeat (PYDIST_PEER_TIMEOUT 3 s), not the group's 60 s
+            assert "rank 2 on" in report["message"] and "has not answered" in report["message"], report
+            # "has not answered": the heartbeat (PYDIST_PEER_TIMEOUT 3 s), not the group's 60 s
             # timeout (vanish_rank.py); the bound is generous for a loaded machine
             assert report["raised"] - gone < 30.0, report
 
 
-def test_a_stopped_process_is_not_declared_dead():
-    """Rank 1 is stopped for twice the peer timeout while rank 0 waits for it in an
-    all_reduce; resumed, both finish it (a live host's kernel answers the probes)."""
+FROZEN = str(Path(__file__).parent / "run_scripts" / "frozen_rank.py")
+
+
+def _ranks(size: int, args: list[str], env: dict[str, str]) -> list[subprocess.Popen]:
     port = free_port()
-    env = {"PYDIST_PEER_TIMEOUT": "1", "PYDIST_SHM": "0"}  # over tcp, where the heartbeat is
-    procs = [subprocess.Popen([sys.executable, RANK, "once"], env={**_env("127.0.0.1", port, r, 2), **env},
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(2)]
+    return [subprocess.Popen([sys.executable, FROZEN, *args], env={**_env("127.0.0.1", port, r, size), **env},
+                             stdout=subprocess.PIPE, text=True) for r in range(size)]
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("env", [{"PYDIST_SHM": "0"}, {}], ids=["tcp", "shared memory"])
+def test_a_stopped_process_is_named_by_every_survivor_and_learns_it_was_evicted(env):
+    """Rank 1 of 4 is stopped (SIGSTOP) mid-all_reduce: its pydist threads stop too, so its
+    heartbeat does; every survivor raises naming it ("has not answered"), at the default
+    PYDIST_PEER_TIMEOUT of 3 s. Resumed, rank 1 learns it was declared dead (EvictedError)."""
+    procs = _ranks(4, ["loop"], env)
     try:
-        ready = [json.loads(p.stdout.readline()) for p in procs]  # rank 0 is in the all_reduce, rank 1 waits
+        ready = [json.loads(p.stdout.readline()) for p in procs]
+        time.sleep(0.5)  # mid-loop
+        stopped = time.time()
         os.kill(ready[1]["pid"], signal.SIGSTOP)
-        procs[1].stdin.write("go\n")
-        procs[1].stdin.flush()
-        time.sleep(2.0)  # the scenario: stopped for twice the peer timeout
+        reports = [json.loads(procs[r].stdout.readline()) for r in (0, 2, 3)]
+        for report in reports:
+            assert report["type"] == "PeerFailedError" and 1 in report["dead"], report
+            assert "rank 1 on" in report["message"], report
+            # named by the heartbeat (3 s), not the group's 60 s timeout; generous for a loaded machine
+            assert report["raised"] - stopped < 30.0, report
+        assert all("has not answered" in r["message"] for r in reports), [r["message"] for r in reports]
         os.kill(ready[1]["pid"], signal.SIGCONT)
-        done = [json.loads(p.stdout.readline()) for p in procs]
-        assert [d.get("sum") for d in done] == [2.0, 2.0], done
-        assert [p.wait(30) for p in procs] == [0, 0]
+        woke = json.loads(procs[1].stdout.readline())
+        assert woke["type"] == "EvictedError" and "rank 1" in woke["message"], woke
+        assert [p.wait(30) for p in procs] == [0, 0, 0, 0]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop(procs)
+
+
+def test_a_busy_live_process_is_not_declared_dead():
+    """Rank 1 computes in Python for twice the peer timeout before each all_reduce while the
+    others wait in it: its heartbeat goes on (the pydist thread gets the GIL in turns), so
+    nobody is declared dead and every all_reduce completes."""
+    procs = _ranks(3, ["busy", "2.0"], {"PYDIST_PEER_TIMEOUT": "1", "PYDIST_SHM": "0"})
+    try:
+        [json.loads(p.stdout.readline()) for p in procs]
+        done = [json.loads(p.stdout.readline()) for p in procs]
+        assert [d.get("sum") for d in done] == [3.0, 3.0, 3.0], done
+        assert [p.wait(30) for p in procs] == [0, 0, 0]
+    finally:
+        _stop(procs)

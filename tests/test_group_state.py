@@ -280,6 +280,9 @@ class Engine:
     def abort_peers(self, error):
         self.aborts.append(error)
 
+    def evicted(self):
+        return None  # the others did not declare this rank dead
+
 
 def test_a_failed_operation_breaks_the_group_and_later_ones_fail_fast():
     state, engine = GroupState(7, [0, 1]), Engine()
@@ -332,3 +335,21 @@ def test_close_destroys_the_group_and_later_submissions_raise():
         queue.run_inline(lambda seq: None)
     with pytest.raises(DistBackendError, match="g has been destroyed"):
         queue.submit(lambda seq: None, Work("op", []), blocking=True)
+
+
+def test_a_rank_its_peers_declared_dead_raises_that_and_tells_nobody():
+    """Stopped past PYDIST_PEER_TIMEOUT, a rank wakes to its peers' closed connections: what it
+    raises is EvictedError (caused by what it saw), its group is broken, no abort is sent."""
+    from pydist.core.errors import EvictedError
+
+    class Evicted(Engine):
+        def evicted(self):
+            return EvictedError("rank 0 declared rank 1 dead", rank=0)
+
+    state, engine = GroupState(7, [0, 1]), Evicted()
+    failures = FailurePath(7, engine, state, [0, 1], [0, 1], None, 30.0)
+    seen = PeerFailedError("rank 0 closed its connection", rank=0)
+    raised = failures.collective(seen, 3)
+    assert isinstance(raised, EvictedError) and raised.__cause__ is seen
+    assert state.state == BROKEN and engine.aborts == []
+    assert isinstance(failures.point_to_point(seen), EvictedError)

@@ -16,8 +16,8 @@ from .api.debug_level import DebugLevel, get_debug_level, set_debug_level, set_d
 from .api.environment import (default_pg_timeout, get_node_local_rank, get_pg_count, is_backend_available,
                            is_gloo_available, is_mpi_available, is_nccl_available, is_torchelastic_launched,
                            is_ucc_available, is_xccl_available, supports_complex)
-from .core.errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, GroupAbortedError,
-                      OpTimeoutError, PeerFailedError, QueueEmptyError)
+from .core.errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, EvictedError,
+                         GroupAbortedError, OpTimeoutError, PeerFailedError, QueueEmptyError)
 from .groups.process_group import ProcessGroup
 from .api.elastic import Elastic
 from .api.grow import admit_joiners
@@ -65,5 +65,5 @@ __all__ = [
     "supports_complex", "all_gather_single", "all_reduce_coalesced", "reduce_scatter_single",
     "get_backend_config", "register_rendezvous_handler",
     "all_gather_coalesced", "breakpoint", "DebugLevel", "get_debug_level", "set_debug_level",
-    "set_debug_level_from_env", "admit_joiners", "Elastic",
+    "set_debug_level_from_env", "admit_joiners", "Elastic", "EvictedError",
 ]

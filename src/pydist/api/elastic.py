@@ -66,6 +66,9 @@ class Elastic:
         """After ``error`` (a DistError of a collective of the default group): shrink past the
         ranks it names dead, then every survivor takes rank 0's state and progress."""
         dead = sorted(error.dead_ranks)
+        evicted = current().states.evicted_by
+        if evicted is not None:  # the others declared this rank dead (it was stopped): it is out
+            raise evicted from error
         if not dead:  # nobody known dead (a timeout, a desync): nothing to recover from here
             raise error
         shrink_group(dead)

@@ -40,6 +40,8 @@ def admit_joiners(timeout: timedelta | float | None = None) -> list[int]:
         raise ValueError("Default process group has not been initialized, please make sure to call "
                          "init_process_group.")
     assert world.store is not None and world.transport is not None  # a native world (checked below)
+    if world.states.evicted_by is not None:  # its peers went on without it
+        raise world.states.evicted_by
     if world.backend_name != "pydist":
         raise ValueError(f"admit_joiners: the {world.backend_name!r} backend takes in no ranks (pydist's does)")
     base = admission.base_store(world.store)

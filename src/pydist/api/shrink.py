@@ -64,6 +64,8 @@ def _agree(world: World, parent: ProcessGroup, ranks_to_exclude: list[int], shri
     survivors (see the module note); ``store_host``: the transport rank serving the store
     (None: elsewhere, it survives)."""
     _check_arguments(ranks_to_exclude, shrink_flags)
+    if world.states.evicted_by is not None:  # its peers went on without it: nothing to agree with
+        raise world.states.evicted_by
     if parent.size() <= 1:
         raise ValueError(f"Cannot shrink a process group with size {parent.size()}. "
                          "Group must have at least 2 ranks to support shrinking.")

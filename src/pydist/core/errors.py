@@ -75,6 +75,17 @@ class PeerFailedError(DistNetworkError):
         self.witness = witness
 
 
+class EvictedError(DistBackendError):
+    """This rank's peers declared it dead (it did not answer for PYDIST_PEER_TIMEOUT: stopped,
+    stuck, or cut off) and went on without it; ``rank`` (on ``host``) is the peer that said so.
+    It cannot take part in their groups again; a replacement process can join the job."""
+
+    def __init__(self, message: str, rank: int | None = None, host: str | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.host = host
+
+
 def timed_out_waiting(seconds: float | None) -> str:
     """gloo's wording of a timeout, "Timed out waiting 1000ms" (whole milliseconds), which
     torch's tests and code written against gloo match; "Timed out waiting" without one."""

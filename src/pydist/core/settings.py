@@ -104,9 +104,10 @@ class Settings:
         "docs/algorithms.md; small values exercise multi-segment paths).")
     peer_timeout: float = _setting(
         "PYDIST_PEER_TIMEOUT", 3.0, _seconds, "seconds, >= 0",
-        "A peer whose host stops answering (TCP keepalive probes each second once a connection is "
-        "idle, unacknowledged data) for this long is declared dead, naming it; 0: found only by "
-        "the operation timeout (a host that vanished without closing its sockets).")
+        "A peer from which nothing arrives for this long (not even the heartbeat its pydist thread "
+        "sends every third of it) is declared dead, naming it: a stopped (SIGSTOP) or stuck process, "
+        "or a host or network gone without closing its sockets; it learns, if it wakes, that it was "
+        "(EvictedError). 0: no heartbeat; such a peer is found only by the operation timeout.")
     stripe_bytes: int = _setting(
         "PYDIST_STRIPE_BYTES", 1 << 20, _count(0), "bytes, >= 0",
         "A collective's message at least this large is split over one connection per interface "

@@ -83,5 +83,10 @@ class Engine(ABC):
         """This rank failed an operation of the group with ``error``: tell the other members,
         so that they fail too, naming the root cause. Default: nothing (MPI cannot)."""
 
+    def evicted(self) -> BaseException | None:
+        """An EvictedError when the group's other members have declared this rank dead
+        (it was silent too long); None otherwise, and by default."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, default no-op
         """Release what this group's engine owns (the world's transport is closed by the world)."""

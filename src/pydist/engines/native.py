@@ -331,6 +331,9 @@ class NativeEngine(Engine):
     def cancel(self, request: Request) -> None:
         self.transport.cancel(request)
 
+    def evicted(self) -> BaseException | None:
+        return self.transport.silenced() or self.state.evicted()
+
     def abort_peers(self, error: BaseException) -> None:
         """ABORT frames to every member: their operations of this group fail with ``error``'s
         account (a dead peer named as such), not with "rank N shut down" later."""

@@ -12,9 +12,13 @@ failure means for the group is decided here, in this order:
 3. ``error.dead_ranks`` is set: the members this rank knows dead, in global ranks;
 4. a collective's DistError *breaks* the group (GroupState.fail): later operations fail at
    once, citing it. Point-to-point bypasses the operation queue and breaks nothing.
+
+A rank whose peers declared it dead (it was stopped or starved past PYDIST_PEER_TIMEOUT)
+raises EvictedError instead, whatever it saw of them afterwards.
 """
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 from ..core.errors import DistError, GroupAbortedError, OpTimeoutError, PeerFailedError
@@ -42,7 +46,12 @@ class FailurePath:
         self._timeout = timeout
 
     def collective(self, error: BaseException, seq: int) -> BaseException:
-        """What collective ``seq``'s ``error`` becomes (raise it): steps 1 to 4."""
+        """What collective ``seq``'s ``error`` becomes (raise it): steps 1 to 4; or, when the
+        others declared this rank dead (it was stopped), that (EvictedError), and the group broken."""
+        evicted = self._evicted(error)
+        if evicted is not None:
+            self._state.fail(evicted)
+            return evicted
         failure = self._explained(error, seq)
         if isinstance(failure, DistError):
             if not isinstance(failure, GroupAbortedError):
@@ -52,12 +61,27 @@ class FailurePath:
         return failure
 
     def point_to_point(self, error: BaseException) -> BaseException:
-        """What a send's or receive's ``error`` becomes (raise it): steps 2 and 3."""
+        """What a send's or receive's ``error`` becomes (raise it): steps 2 and 3 (or EvictedError)."""
+        evicted = self._evicted(error)
+        if evicted is not None:
+            return evicted
         if isinstance(error, PeerFailedError):
             self._engine.abort_peers(error)
         if isinstance(error, DistError):
             self._note_dead(error)
         return error
+
+    def _evicted(self, error: BaseException) -> BaseException | None:
+        """The EvictedError to raise instead of a DistError, when the others declared this rank
+        dead (what this rank saw of them afterwards, their closed connections, is its consequence)."""
+        if not isinstance(error, DistError):
+            return None
+        evicted = self._engine.evicted()
+        if evicted is None or evicted is error:
+            return evicted
+        raised = copy.copy(evicted)
+        raised.__cause__ = error
+        return raised
 
     def _explained(self, error: BaseException, seq: int) -> BaseException:
         """``error``, or for a timeout not explained yet, one naming the ranks that never

@@ -51,7 +51,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from ..core.errors import PeerFailedError
+from ..core.errors import EvictedError, PeerFailedError
 from ..transport.base import MessageKey
 from ..transport.matching import call_mismatch, differ
 
@@ -146,6 +146,10 @@ class GroupState:
         known = {**self._named, **self._gone}
         return {rank: error for rank, error in known.items() if self._member(rank)}
 
+    def evicted(self) -> BaseException | None:
+        """The EvictedError saying the other ranks declared this rank dead, if they did."""
+        return self._registry.evicted_by if self._registry is not None else None
+
     def failure(self, sources: list[int]) -> BaseException | None:
         """Why an operation waiting on ``sources`` (transport ranks) cannot go on: the abort,
         else the first of them known dead; None if neither."""
@@ -186,6 +190,8 @@ class GroupStates:
         self._calls: dict[int, dict[int, int]] = {}  # group -> {seq: call} of this rank's recent operations
         #: told once a failure is recorded (the world transport); None: nothing to tell
         self.carrier: Carrier | None = None
+        #: the EvictedError saying this rank's peers declared it dead (it takes part in nothing then)
+        self.evicted_by: BaseException | None = None
 
     def register(self, group: int, members: list[int]) -> GroupState:
         """The state of ``group`` whose transport ranks are ``members`` (the same object each time)."""
@@ -212,8 +218,11 @@ class GroupStates:
 
     # -- transport.base.Events ------------------------------------------------------------
     def peer_gone(self, peer: int, error: BaseException) -> None:
-        """Transport rank ``peer`` is gone: recorded (first error wins), then its waiters fail."""
+        """Transport rank ``peer`` is gone (or, with an EvictedError, it declared this rank
+        dead and went on): recorded (first error wins), then its waiters fail."""
         with self._lock:
+            if isinstance(error, EvictedError) and self.evicted_by is None:
+                self.evicted_by = error
             error = self.dead.setdefault(peer, error)
         if self.carrier is not None:
             self.carrier.failed_peer(peer, error)
@@ -223,6 +232,11 @@ class GroupStates:
         self._get_or_make(group).abort(error)
         if self.carrier is not None:
             self.carrier.failed_group(group, error)
+
+    def evicted(self, error: BaseException) -> None:
+        """This rank's peers have declared it dead (see transport.base.Events.evicted)."""
+        if self.evicted_by is None:
+            self.evicted_by = error
 
     def refusal(self, source: int | None, group: int) -> BaseException | None:
         state = self.by_id.get(group)

@@ -29,8 +29,9 @@ MAX_PAYLOAD = 1 << 48
 class Kind(enum.IntEnum):
     DATA = 0    # a message for (group, seq, tag)
     HELLO = 1   # first frame on a connection: payload is the sender's handshake
-    BYE = 2     # the sender shut down cleanly; EOF follows
+    BYE = 2     # the sender shut down cleanly; EOF follows (payload: why it evicted the receiver, if it did)
     ABORT = 3   # the sender failed an operation of ``group``; payload is its message
+    BEAT = 4    # the sender is alive: sent on a connection idle for a third of PYDIST_PEER_TIMEOUT
 
 
 class FramingError(ValueError):

@@ -1,7 +1,7 @@
 """One peer's incoming byte stream turned into deliveries (shared by the tcp and shm transports).
 
 Frames are decoded sans-IO; a DATA frame goes where the matcher's Delivery says (straight
-into its posted receive, or held as unexpected; see matching); BYE and ABORT frames go to
+into its posted receive, or held as unexpected; see matching); BYE, ABORT and BEAT frames go to
 ``on_control``. A transport that
 can read a large payload directly into its destination asks ``direct_view`` for the place
 and reports with ``direct_done``. A receive cancelled while its frame arrives gets no more
@@ -81,7 +81,7 @@ class FrameReceiver:
         if header.kind == Kind.DATA:
             self._delivery = self.matcher.arrive(self.peer, MessageKey(header.group, header.seq, header.tag),
                                                  header.nbytes, header.call)
-        elif header.kind in (Kind.ABORT, Kind.BYE):
+        elif header.kind in (Kind.ABORT, Kind.BYE, Kind.BEAT):
             self._control = bytearray(header.nbytes)
         else:
             raise FramingError(f"unexpected {header.kind.name} frame from rank {self.peer}")

@@ -167,6 +167,10 @@ class WorldTransport:
     def disengage(self) -> None:
         self.network.disengage()
 
+    def silenced(self) -> BaseException | None:
+        """See NetworkTransport.silenced (this rank's peers have declared it dead)."""
+        return self.network.silenced()
+
     def peer_host(self, peer: int) -> str:
         return self.network.peer_host(peer)
 

@@ -8,13 +8,14 @@ frame it was receiving, and tells its transport (``Owner``), which names the pee
 """
 from __future__ import annotations
 
-import errno
+import json
 import socket
 import threading
+import time
 from collections import deque
 from typing import Protocol
 
-from ...core.errors import PeerFailedError
+from ...core.errors import EvictedError, PeerFailedError
 from ..base import Request
 from ..framing import Header, Kind
 from ..matching import Matcher
@@ -83,7 +84,10 @@ class Connection:
         self.write_armed = False  # the I/O thread waits for the socket to be writable
         self.closing = False  # close(): read to the peer's EOF, paused or not
         self.bye_received = False
+        self.evicted: dict | None = None  # the peer's BYE said it declared this rank dead
         self.error: BaseException | None = None
+        # real time (the heartbeat's, see TcpTransport._check_liveness): the last bytes in and out
+        self.last_heard = self.last_sent = time.monotonic()
 
     # -- sending (any thread) -------------------------------------------------------------
     def send(self, parts: list[memoryview], request: Request | None) -> None:
@@ -94,6 +98,7 @@ class Connection:
                     request.complete(self.error)
                 return
             outgoing = Outgoing(parts, request)
+            self.last_sent = time.monotonic()
             if not self.queue:
                 try:
                     done = outgoing.advance(self.sock.sendmsg(outgoing.parts))
@@ -152,6 +157,7 @@ class Connection:
                 return
             if n == 0:
                 raise EOFError
+            self.last_heard = time.monotonic()
             if direct is not None:
                 receiver.direct_done(n)
             else:
@@ -164,18 +170,22 @@ class Connection:
     def _control(self, header: Header, payload: bytes) -> None:
         if header.kind == Kind.BYE:
             self.bye_received = True
-        else:
+            if payload:
+                try:
+                    self.evicted = json.loads(payload)
+                except ValueError:
+                    self.evicted = {"reason": payload.decode(errors="replace")}
+        elif header.kind == Kind.ABORT:
             self.transport.peer_aborted(self.peer, header.group, payload)
 
-    def _failure(self, cause: BaseException | None) -> PeerFailedError:
+    def _failure(self, cause: BaseException | None) -> PeerFailedError | EvictedError:
         me = self.transport.rank
+        if self.evicted is not None:
+            return EvictedError(f"rank {self.peer} on {self.host} declared rank {me} dead and went on without it: "
+                                f"{self.evicted.get('reason', '')}", rank=self.peer, host=self.host)
         if self.bye_received:
             text = (f"rank {self.peer} on {self.host} has shut down its process group "
                     f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")
-        elif isinstance(cause, OSError) and cause.errno == errno.ETIMEDOUT:
-            text = (f"rank {self.peer} on {self.host} stopped answering rank {me} for "
-                    f"{self.transport.peer_timeout:g} s (PYDIST_PEER_TIMEOUT): its host or the network "
-                    f"between them is gone ({type(cause).__name__}: {cause})")
         else:
             text = (f"rank {self.peer} on {self.host} closed its connection to rank {me} "
                     f"unexpectedly: its process exited or was killed, or the network failed: {CLOSED}")

@@ -76,20 +76,11 @@ class PeerRecord:
 
 
 def _tune(sock: socket.socket, seconds: float) -> socket.socket:
-    """No Nagle delay; and the heartbeat (``seconds``: PYDIST_PEER_TIMEOUT, 0 off): once the connection is idle
-    for a second the kernel probes the peer every second and drops the connection when
-    probes or sent data go unanswered for the peer timeout, so a host that vanished (power,
-    cable: no FIN, no RST) fails its connection like a dead process does. A live peer's
-    kernel answers the probes even while its process is busy or stopped."""
+    """No Nagle delay. No kernel keepalive nor TCP_USER_TIMEOUT: the peer's liveness is the
+    transport's heartbeat (``seconds``: PYDIST_PEER_TIMEOUT, see TcpTransport._heartbeat); the
+    kernel's timers fired on a live peer that was only slow to read (its receive window full
+    for the user timeout), and could not see a stopped process (its kernel answers)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if seconds > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
-        probes = max(1, int(seconds) - 1)  # after 1 s idle, one a second: unanswered for ~the timeout
-        for level, option, value in ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
-                                     (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
-                                     (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1),
-                                     (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes),
-                                     (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(seconds * 1000)))):
-            sock.setsockopt(level, option, value)
     return sock
 
 

@@ -59,15 +59,18 @@ class Poller:
             _update(self._reads, self._read_fds, fd, IN, read)
             _update(self._outer, self._write_fds, fd, OUT, write)
 
-    def wait_io(self) -> tuple[bool, bool, list[int]]:
-        """I/O thread: block until something happens; (woken, reads ready, writable fds).
-        Takes back a read set left idle for IDLE_SECONDS (so it waits at most that long)."""
+    def wait_io(self, at_most: float | None = None) -> tuple[bool, bool, list[int]]:
+        """I/O thread: block until something happens, or ``at_most`` seconds (None: no bound);
+        (woken, reads ready, writable fds). Takes back a read set left idle for IDLE_SECONDS
+        (so it waits at most that long)."""
         woken, readable, writable = False, False, []
         # real time: IDLE_SECONDS is a scheduling interval (leave() stamps it per operation), not a timeout
         if self.borrowed and not self.depth and time.monotonic() - self.idle_since >= IDLE_SECONDS:
             self.release_idle()
             return False, True, []
         timeout = IDLE_SECONDS if self.borrowed else -1  # borrowed: look again for it going idle
+        if at_most is not None:
+            timeout = at_most if timeout < 0 else min(timeout, at_most)
         for fd, _ in self._outer.poll(timeout):
             if fd == self._wake_fd:
                 woken = True

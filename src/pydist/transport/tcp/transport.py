@@ -17,14 +17,17 @@ frame so the error can say so. A peer's ABORT frame is reported to ``events``.
 """
 from __future__ import annotations
 
+import json
 import logging
+import select
 import socket
+import time
 import threading
 from typing import Callable
 
 from ...core import deadline as _deadline
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError, DistNetworkError
+from ...core.errors import DistBackendError, DistNetworkError, EvictedError, PeerFailedError
 from ...core.settings import Settings
 from ...net.auth import token_of
 from ...net.tls import contexts
@@ -71,6 +74,11 @@ class TcpTransport(NetworkTransport):
         self._on_peer_gone = on_peer_gone or events.peer_gone
         self.caller_reads = settings.tcp_reader == "caller"
         self.peer_timeout = settings.peer_timeout
+        #: seconds between two looks at the peers' liveness (and the longest a connection goes
+        #: without a frame from this rank: a BEAT then); None: no heartbeat
+        self._beat = settings.peer_timeout / 3 if settings.peer_timeout > 0 else None
+        self._last_look = self._resumed = time.monotonic()
+        self._silenced: BaseException | None = None
         self._stripe_bytes = settings.stripe_bytes or (1 << 62)
         self._failed_while_read = False
         self._store = store  # where the job's records are: ranks joining later are met through it
@@ -440,25 +448,26 @@ class TcpTransport(NetworkTransport):
         for conn in writes:
             self._flush(conn)
 
-    def _drop(self, conn: Connection, cause: BaseException | None) -> None:
-        """``conn`` failed: fail it and (before close) the peer's other lanes with its error,
-        hanging them up, so the peer too sees this rank leave instead of hearing over a
-        surviving lane that it is itself the one gone."""
-        conn.fail(cause)
+    def _drop(self, conn: Connection, cause: BaseException | None, error: BaseException | None = None) -> None:
+        """``conn`` failed: fail it (with ``error``, else one made from ``cause``) and (before
+        close) the peer's other lanes with its error, hanging them up, so the peer too sees
+        this rank leave instead of hearing over a surviving lane that it is itself the one gone."""
+        conn.fail(cause, error)
         self._arm(conn)  # failed: unregistered
         for sibling in self._lanes[conn.peer] if not self._closed else []:
             if sibling.error is None:
+                sibling.fail(cause, conn.error)  # before the hang-up, which a reader may see first
+                self._arm(sibling)
                 try:
                     sibling.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-                sibling.fail(cause, conn.error)
-                self._arm(sibling)
 
     def _run(self) -> None:
         poller = self._poller
         while not self._stopping:
-            woken, readable, writable = poller.wait_io()
+            woken, readable, writable = poller.wait_io(self._beat)
+            self.silenced()  # before reading what the peers said meanwhile
             if woken:
                 self._apply_pending()
             if readable:
@@ -468,6 +477,63 @@ class TcpTransport(NetworkTransport):
                             self._read(self._by_fd[fd])
             for fd in writable:
                 self._flush(self._by_fd[fd])
+            if self._beat is not None:
+                self._heartbeat(self._beat)
+
+    # -- the heartbeat (PYDIST_PEER_TIMEOUT) -------------------------------------------------
+    # Real time throughout: it measures how long a peer's process has been silent.
+    def _heartbeat(self, beat: float) -> None:
+        """I/O thread, every ``beat`` seconds: a BEAT frame on each connection (each lane of
+        each peer) this rank sent nothing on for that long, and a peer heard nothing from on a
+        connection for PYDIST_PEER_TIMEOUT declared dead. The BEAT comes from this thread,
+        which runs whatever the caller does: a process that cannot send it is stopped
+        (SIGSTOP), stuck outside Python, or gone
+        with its host or network. A peer this rank stopped reading (too much of its data
+        held, see ..flow) is alive by that very data, and not looked at."""
+        now = time.monotonic()
+        if now - self._last_look < beat or self._closed:
+            return
+        if now - self._last_look > 2 * beat:  # this thread did not run for a while (this process was
+            self._resumed = now  # stopped or starved): the peers' silence meanwhile is not theirs
+        self._last_look = now
+        frame = memoryview(encode_frame(Kind.BEAT, 0, 0, 0))
+        for conn in self._every:  # every lane: one may lose its network while another carries on
+            if conn.error is not None or conn.closing:
+                continue
+            silent = now - max(conn.last_heard, self._resumed)
+            if silent > self.peer_timeout and conn.reading and not _unread(conn.sock):
+                self._evict(conn, now - conn.last_heard)
+            elif now - conn.last_sent >= beat:
+                conn.send([frame], None)
+
+    def silenced(self) -> BaseException | None:
+        """An EvictedError once this rank has been silent (its I/O thread did not run: the
+        process was stopped or starved) longer than PYDIST_PEER_TIMEOUT: by the heartbeat's
+        rule its peers have declared it dead. Told to ``events`` once."""
+        if self._silenced is None and self._beat is not None and not self._closed:
+            gap = time.monotonic() - self._last_look
+            if gap > self.peer_timeout:
+                self._silenced = EvictedError(
+                    f"rank {self.rank} was silent for {gap:.1f} s, longer than PYDIST_PEER_TIMEOUT "
+                    f"({self.peer_timeout:g} s): its process was stopped or starved, and its peers declare such a "
+                    "rank dead and go on without it", rank=self.rank)
+                self.events.evicted(self._silenced)
+        return self._silenced
+
+    def _evict(self, conn: Connection, silent: float) -> None:
+        """``conn``'s peer has not been heard for ``silent`` seconds: tell it (should it be
+        only stopped, it learns on waking that it was declared dead: EvictedError), hang up
+        and fail everything that waits on it, naming it."""
+        reason = (f"rank {conn.peer} on {conn.host} has not answered rank {self.rank} for {silent:.1f} s "
+                  f"(PYDIST_PEER_TIMEOUT {self.peer_timeout:g} s): its process is stopped or stuck, or its host "
+                  "or the network between them is gone")
+        notice = json.dumps({"reason": reason}).encode()
+        conn.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, notice))], None)  # best effort: it may not be read
+        self._drop(conn, None, PeerFailedError(reason, rank=conn.peer, host=conn.host))  # first: a reader
+        try:  # that sees the hang-up below must find the connection failed with this reason
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _flush(self, conn: Connection) -> None:
         """I/O thread: send what ``conn`` has queued; wait for it to be writable if the
@@ -478,3 +544,10 @@ class TcpTransport(NetworkTransport):
             self._arm(conn, not conn.flush())
         except OSError as error:
             self._drop(conn, error)
+
+
+def _unread(sock) -> bool:
+    """Bytes wait on ``sock`` that nobody read yet (a reader is late: the peer spoke)."""
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLIN)
+    return bool(poll.poll(0))
