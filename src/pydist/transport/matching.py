@@ -258,9 +258,9 @@ class Matcher:
 
     def held_calls(self, group: int, seq: int) -> list[tuple[int, MessageKey, int]]:
         """(source, key, call) of the messages held for operation ``seq`` of ``group``."""
+        if not self._unexpected:  # the common case, without the lock: nothing held (a message held
+            return []  # after this look is checked against the call on its arrival, see arrive)
         with self._lock:
-            if not self._unexpected:  # the common case: nothing held
-                return []
             return [(src, k, m.call) for (src, k), q in self._unexpected.items()
                     if k.group == group and k.seq == seq for m in q]
 
