@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import select
 import socket
-import time
 import threading
 from typing import Callable
 
 from ...core import deadline as _deadline
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError, DistNetworkError, EvictedError, PeerFailedError
+from ...core.errors import DistBackendError, DistNetworkError, PeerFailedError
 from ...core.settings import Settings
 from ...net.auth import token_of
 from ...net.tls import contexts
@@ -36,7 +34,9 @@ from ..base import Events, MessageKey, NetworkTransport, Request
 from ..framing import FramingError, Kind, encode_frame, encode_header
 from ..identity import lane_addresses
 from ..matching import Matcher
+from .caller_reads import CallerReads
 from .connection import Connection
+from .heartbeat import Heartbeat
 from .joining import JoinListener
 from .mesh import PeerRecord, build_mesh, dial, open_listeners, own_record, publish, read_records
 from .poller import Poller
@@ -46,18 +46,11 @@ log = logging.getLogger("pydist.transport")
 
 FLUSH_SECONDS = 10.0  # close(): how long queued sends may take to drain
 LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before closing anyway
-#: A caller reading the sockets looks at least this often (seconds) whether its receive was
-#: completed some other way (an abort or a dead peer seen by another transport).
-DRIVE_SLICE = 0.05
-#: A message up to this size is read by its blocked caller (larger ones: the I/O thread, which
-#: reads the next segment while the caller reduces the last; measured faster from 1 MiB up); an
-#: operation up to this size borrows the sockets from its start to its end.
-CALLER_READ_BYTES = 64 * 1024
 #: unfinished sends kept per group before the finished ones are dropped from the list
 UNSENT_TRIM = 32
 
 
-class TcpTransport(NetworkTransport):
+class TcpTransport(CallerReads, NetworkTransport):
     """The tcp transport of one rank: sockets to all peers and their I/O thread."""
 
     def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
@@ -74,11 +67,7 @@ class TcpTransport(NetworkTransport):
         self._on_peer_gone = on_peer_gone or events.peer_gone
         self.caller_reads = settings.tcp_reader == "caller"
         self.peer_timeout = settings.peer_timeout
-        #: seconds between two looks at the peers' liveness (and the longest a connection goes
-        #: without a frame from this rank: a BEAT then); None: no heartbeat
-        self._beat = settings.peer_timeout / 3 if settings.peer_timeout > 0 else None
-        self._last_look = self._resumed = time.monotonic()
-        self._silenced: BaseException | None = None
+        self._heart = Heartbeat(self, settings.peer_timeout)
         self._stripe_bytes = settings.stripe_bytes or (1 << 62)
         self._failed_while_read = False
         self._store = store  # where the job's records are: ranks joining later are met through it
@@ -238,78 +227,6 @@ class TcpTransport(NetworkTransport):
         """The connections to ``peer``, lane 0 first."""
         return list(self._lanes[peer])
 
-    def driver(self, nbytes: int) -> Callable[[Request, float | None], bool]:
-        """How a caller blocked on a message of ``nbytes`` waits: reading the sockets itself
-        (``drive``), or asleep while the I/O thread reads (``sleep``: PYDIST_TCP_READER=io,
-        or a message over CALLER_READ_BYTES)."""
-        return self.drive if self.caller_reads and nbytes <= CALLER_READ_BYTES else self.sleep
-
-    def drive(self, request: Request, timeout: float | None) -> bool:
-        """The caller blocked on ``request`` reads every peer's socket itself until the
-        request completes (True) or ``timeout`` seconds pass (False); while another caller
-        drives them it sleeps instead (``sleep``)."""
-        poller = self._poller
-        if not poller.enter():
-            return self.sleep(request, timeout)
-        end = None if timeout is None else _deadline.now() + timeout
-        request.add_callback(self._ring_unless_mine)
-        try:
-            ready = poller.ready_reads()
-            while True:
-                for fd in ready:
-                    self._read(self._by_fd[fd])
-                if request._completed:
-                    break
-                left = DRIVE_SLICE if end is None else min(DRIVE_SLICE, end - _deadline.now())
-                if left <= 0:
-                    return False
-                ready = poller.ready_reads(left)
-        finally:
-            self._leave()
-        return True
-
-    def engage(self, nbytes: int) -> bool:
-        """A blocking operation of ``nbytes`` starts in this thread: for a small one (at most
-        CALLER_READ_BYTES), borrow the sockets for all of it (True: ``disengage`` at its end),
-        so that no arrival wakes the I/O thread between its steps; a large one borrows them
-        only while it waits (the I/O thread then reads a segment while the caller reduces
-        the previous one)."""
-        return self.caller_reads and nbytes <= CALLER_READ_BYTES and self._poller.enter()
-
-    def disengage(self) -> None:
-        self._leave()
-
-    def sleep(self, request: Request, timeout: float | None) -> bool:
-        """Wait for ``request`` without reading: the I/O thread (or the thread driving the
-        sockets now) reads for it."""
-        poller = self._poller
-        poller.sleepers += 1  # under the GIL; read by leave() under its lock
-        try:
-            poller.release_idle()
-            return request.sleep(timeout)
-        finally:
-            poller.sleepers -= 1
-
-    def _leave(self) -> None:
-        self._poller.leave()
-        if self._failed_while_read:
-            self._failed_while_read = False
-            for conn in self._every:
-                if conn.error is not None:
-                    conn.receiver.abandon(conn.error)  # failed while a caller read it
-
-    def _ring_unless_mine(self, request: Request) -> None:
-        """A driven request completed: wake its driver if another thread completed it."""
-        if not self._poller.driving():
-            self._poller.ring()
-
-    def reading_elsewhere(self) -> bool:
-        """A caller drives the sockets now (see drive): it abandons a failed frame itself."""
-        if self._poller.depth:
-            self._failed_while_read = True
-            return True
-        return False
-
     def _read(self, conn: Connection) -> None:
         """Read what ``conn`` has (the reading thread); a broken peer is failed."""
         if conn.error is not None:
@@ -466,8 +383,8 @@ class TcpTransport(NetworkTransport):
     def _run(self) -> None:
         poller = self._poller
         while not self._stopping:
-            woken, readable, writable = poller.wait_io(self._beat)
-            self.silenced()  # before reading what the peers said meanwhile
+            woken, readable, writable = poller.wait_io(self._heart.beat)
+            self._heart.silenced()  # before reading what the peers said meanwhile
             if woken:
                 self._apply_pending()
             if readable:
@@ -477,56 +394,23 @@ class TcpTransport(NetworkTransport):
                             self._read(self._by_fd[fd])
             for fd in writable:
                 self._flush(self._by_fd[fd])
-            if self._beat is not None:
-                self._heartbeat(self._beat)
-
-    # -- the heartbeat (PYDIST_PEER_TIMEOUT) -------------------------------------------------
-    # Real time throughout: it measures how long a peer's process has been silent.
-    def _heartbeat(self, beat: float) -> None:
-        """I/O thread, every ``beat`` seconds: a BEAT frame on each connection (each lane of
-        each peer) this rank sent nothing on for that long, and a peer heard nothing from on a
-        connection for PYDIST_PEER_TIMEOUT declared dead. The BEAT comes from this thread,
-        which runs whatever the caller does: a process that cannot send it is stopped
-        (SIGSTOP), stuck outside Python, or gone
-        with its host or network. A peer this rank stopped reading (too much of its data
-        held, see ..flow) is alive by that very data, and not looked at."""
-        now = time.monotonic()
-        if now - self._last_look < beat or self._closed:
-            return
-        if now - self._last_look > 2 * beat:  # this thread did not run for a while (this process was
-            self._resumed = now  # stopped or starved): the peers' silence meanwhile is not theirs
-        self._last_look = now
-        frame = memoryview(encode_frame(Kind.BEAT, 0, 0, 0))
-        for conn in self._every:  # every lane: one may lose its network while another carries on
-            if conn.error is not None or conn.closing:
-                continue
-            silent = now - max(conn.last_heard, self._resumed)
-            if silent > self.peer_timeout and conn.reading and not _unread(conn.sock):
-                self._evict(conn, now - conn.last_heard)
-            elif now - conn.last_sent >= beat:
-                conn.send([frame], None)
+            self._heart.tick()
 
     def silenced(self) -> BaseException | None:
-        """An EvictedError once this rank has been silent (its I/O thread did not run: the
-        process was stopped or starved) longer than PYDIST_PEER_TIMEOUT: by the heartbeat's
-        rule its peers have declared it dead. Told to ``events`` once."""
-        if self._silenced is None and self._beat is not None and not self._closed:
-            gap = time.monotonic() - self._last_look
-            if gap > self.peer_timeout:
-                self._silenced = EvictedError(
-                    f"rank {self.rank} was silent for {gap:.1f} s, longer than PYDIST_PEER_TIMEOUT "
-                    f"({self.peer_timeout:g} s): its process was stopped or starved, and its peers declare such a "
-                    "rank dead and go on without it", rank=self.rank)
-                self.events.evicted(self._silenced)
-        return self._silenced
+        return self._heart.silenced()
 
-    def _evict(self, conn: Connection, silent: float) -> None:
-        """``conn``'s peer has not been heard for ``silent`` seconds: tell it (should it be
-        only stopped, it learns on waking that it was declared dead: EvictedError), hang up
-        and fail everything that waits on it, naming it."""
-        reason = (f"rank {conn.peer} on {conn.host} has not answered rank {self.rank} for {silent:.1f} s "
-                  f"(PYDIST_PEER_TIMEOUT {self.peer_timeout:g} s): its process is stopped or stuck, or its host "
-                  "or the network between them is gone")
+    @property
+    def connections_now(self) -> list[Connection]:
+        """Every connection (each lane of each peer), as the I/O thread sees them now."""
+        return self._every
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def evict(self, conn: Connection, reason: str) -> None:
+        """Declare ``conn``'s peer dead for ``reason`` (the heartbeat's): tell it (should it be
+        only stopped, it learns on waking: EvictedError), fail what waits on it, hang up."""
         notice = json.dumps({"reason": reason}).encode()
         conn.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, notice))], None)  # best effort: it may not be read
         self._drop(conn, None, PeerFailedError(reason, rank=conn.peer, host=conn.host))  # first: a reader
@@ -545,9 +429,3 @@ class TcpTransport(NetworkTransport):
         except OSError as error:
             self._drop(conn, error)
 
-
-def _unread(sock) -> bool:
-    """Bytes wait on ``sock`` that nobody read yet (a reader is late: the peer spoke)."""
-    poll = select.poll()
-    poll.register(sock.fileno(), select.POLLIN)
-    return bool(poll.poll(0))

@@ -1,0 +1,92 @@
+"""The heartbeat (PYDIST_PEER_TIMEOUT): which peers are alive, and whether this rank still is.
+
+Every ``beat`` seconds (a third of the timeout) the tcp I/O thread sends a BEAT frame on each
+connection (each lane of each peer) it sent nothing on for that long, and declares dead a peer
+it heard nothing from on a connection for the whole timeout. The BEAT comes from that thread,
+which runs whatever the caller does: a process that cannot send it is stopped (SIGSTOP), stuck
+outside Python, or gone with its host or network. A peer whose data this rank stopped reading
+(too much of it held, see ..flow) is alive by that very data and is not looked at; nor is one
+whose bytes wait unread on its socket (a reader is late, the peer spoke). A rank whose own I/O
+thread did not run for a while (its process stopped or starved) does not blame its peers for
+that silence; past the timeout it knows its peers declared it dead (``silenced``). Real time
+throughout: it measures how long processes have been silent.
+"""
+from __future__ import annotations
+
+import select
+import time
+from typing import Protocol
+
+from ...core.errors import EvictedError
+from ..base import Events
+from ..framing import Kind, encode_frame
+from .connection import Connection
+
+
+class Beating(Protocol):
+    """What the heartbeat needs of its transport (TcpTransport)."""
+
+    rank: int
+    events: Events
+
+    @property
+    def connections_now(self) -> list[Connection]: ...
+    @property
+    def closed(self) -> bool: ...
+    def evict(self, conn: Connection, reason: str) -> None: ...
+
+
+class Heartbeat:
+    """One transport's heartbeat; ``beat`` is None when PYDIST_PEER_TIMEOUT is 0 (off)."""
+
+    def __init__(self, transport: Beating, peer_timeout: float):
+        self._transport = transport
+        self.peer_timeout = peer_timeout
+        #: seconds between two looks at the peers (and the longest a connection goes without a
+        #: frame from this rank: a BEAT then); None: no heartbeat
+        self.beat = peer_timeout / 3 if peer_timeout > 0 else None
+        self._last_look = self._resumed = time.monotonic()
+        self._silenced: EvictedError | None = None
+        self._frame = memoryview(encode_frame(Kind.BEAT, 0, 0, 0))
+
+    def tick(self) -> None:
+        """I/O thread, after each wait: BEATs where due, silent peers declared dead."""
+        beat, transport = self.beat, self._transport
+        now = time.monotonic()
+        if beat is None or now - self._last_look < beat or transport.closed:
+            return
+        if now - self._last_look > 2 * beat:  # this thread did not run for a while (this process was
+            self._resumed = now  # stopped or starved): the peers' silence meanwhile is not theirs
+        self._last_look = now
+        for conn in transport.connections_now:  # every lane: one may lose its network, another not
+            if conn.error is not None or conn.closing:
+                continue
+            silent = now - max(conn.last_heard, self._resumed)
+            if silent > self.peer_timeout and conn.reading and not _unread(conn):
+                transport.evict(conn, f"rank {conn.peer} on {conn.host} has not answered rank {transport.rank} for "
+                                      f"{now - conn.last_heard:.1f} s (PYDIST_PEER_TIMEOUT {self.peer_timeout:g} s): "
+                                      "its process is stopped or stuck, or its host or the network between them "
+                                      "is gone")
+            elif now - conn.last_sent >= beat:
+                conn.send([self._frame], None)
+
+    def silenced(self) -> EvictedError | None:
+        """An EvictedError once this rank has been silent (its I/O thread did not run: the
+        process was stopped or starved) longer than PYDIST_PEER_TIMEOUT: by the heartbeat's
+        rule its peers have declared it dead. Told to the transport's events once."""
+        if self._silenced is None and self.beat is not None and not self._transport.closed:
+            gap = time.monotonic() - self._last_look
+            if gap > self.peer_timeout:
+                self._silenced = EvictedError(
+                    f"rank {self._transport.rank} was silent for {gap:.1f} s, longer than PYDIST_PEER_TIMEOUT "
+                    f"({self.peer_timeout:g} s): its process was stopped or starved, and its peers declare such a "
+                    "rank dead and go on without it", rank=self._transport.rank)
+                self._transport.events.evicted(self._silenced)
+        return self._silenced
+
+
+def _unread(conn: Connection) -> bool:
+    """Bytes wait on ``conn``'s socket that nobody read yet (a reader is late: the peer spoke)."""
+    poll = select.poll()
+    poll.register(conn.fd, select.POLLIN)
+    return bool(poll.poll(0))
