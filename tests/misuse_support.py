@@ -14,10 +14,10 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from seed_programs import misuse  # noqa: F401 - re-exported for the test modules
 
 import pydist as dist
 from pydist.testing import run_threads
-from seed_programs import misuse  # noqa: F401 - re-exported for the test modules
 
 try:
     import torch

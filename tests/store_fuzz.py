@@ -15,12 +15,14 @@ import struct
 import pytest
 
 pytest.importorskip("hypothesis", reason="the store fuzz needs hypothesis (test extras)")
-from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from pydist.store import _protocol  # noqa: E402
 from pydist.store._protocol import MAX_KEY_BYTES, MAX_MESSAGE_BYTES, REQUESTS, Message, encode_request, hello  # noqa: E402
 from pydist.store._service import StoreService  # noqa: E402
-from pydist.store._torch_protocol import QUERIES, VALIDATION_MAGIC, encode_request as torch_request  # noqa: E402
+from pydist.store._torch_protocol import QUERIES, VALIDATION_MAGIC  # noqa: E402
+from pydist.store._torch_protocol import encode_request as torch_request
 
 SCALE = float(os.environ.get("PYDIST_FUZZ_SCALE", "1"))
 COUNTS: collections.Counter = collections.Counter()

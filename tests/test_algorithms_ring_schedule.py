@@ -13,8 +13,8 @@ import pytest
 import pydist
 from pydist.algorithms.comm import Comm
 from pydist.core.deadline import Deadline
-from pydist.transport.matching import Matcher, Unexpected
 from pydist.testing import run_threads
+from pydist.transport.matching import Matcher, Unexpected
 
 
 def _all_reduce_large(rank: int, size: int) -> bool:

@@ -13,13 +13,20 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from pydist.net.auth import CLIENT, SERVER, TOKEN_ENV, AuthenticationError, Transcript, resolve_token, token_of
 from pydist.core.deadline import Deadline
 from pydist.core.errors import DistNetworkError, DistStoreError
+from pydist.net.auth import CLIENT, SERVER, TOKEN_ENV, AuthenticationError, Transcript, resolve_token, token_of
 from pydist.store import HashStore, PrefixStore, TCPStore
 from pydist.store._auth_opening import ClientOpening, ServerOpening
-from pydist.store._protocol import (AUTH_ACCEPTED, AUTH_REFUSED, Message, auth_hello,
-                                    encode_request, encode_response, hello)
+from pydist.store._protocol import (
+    AUTH_ACCEPTED,
+    AUTH_REFUSED,
+    Message,
+    auth_hello,
+    encode_request,
+    encode_response,
+    hello,
+)
 from pydist.store._service import StoreService
 from pydist.testing import run_processes
 from pydist.testing.threads import RankFailed

@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pydist.bench import cli, injob
+from pydist.bench import cli, injob, timing
 from pydist.bench.backends import BACKENDS, mpiexec_path
-from pydist.bench.status_line import StatusLine
-from pydist.bench import timing
 from pydist.bench.ops import OPS, bandwidths, iterations, size_plan
 from pydist.bench.report import BackendResult, Meta, format_table
 from pydist.bench.sizes import format_size, parse_size, parse_sizes
+from pydist.bench.status_line import StatusLine
 from pydist.testing import free_port
 from pydist.testing.commands import finish, kill_group, run_command, start_command
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+from ddp_programs import training  # noqa: E402
 from torch import nn  # noqa: E402
 
 import pydist as dist  # noqa: E402
-from ddp_programs import training  # noqa: E402
 from pydist.testing import run_processes, run_threads  # noqa: E402
 from pydist.torch import hooks  # noqa: E402
 from pydist.torch.ddp import DistributedDataParallel  # noqa: E402

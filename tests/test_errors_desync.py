@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import pydist
+from pydist.core.fingerprint import describe_fingerprint, fingerprint
 from pydist.testing import run_processes, run_threads
 from pydist.testing.threads import RankFailed
-from pydist.core.fingerprint import describe_fingerprint, fingerprint
 
 
 def test_fingerprints_read_back():

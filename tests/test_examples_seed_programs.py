@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from seed_programs import launch, sweep
 
 from pydist.testing import free_port, run_processes
 from pydist.testing.commands import run_command
-from seed_programs import launch, sweep
 
 TESTS = Path(__file__).resolve().parent
 

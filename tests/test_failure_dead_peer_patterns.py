@@ -9,7 +9,6 @@ tests/run_scripts/robust_ranks.py)."""
 from __future__ import annotations
 
 import pytest
-
 from run_scripts import robust_ranks
 
 pytestmark = pytest.mark.slow  # 4 real processes moving megabytes, several trials each

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from run_scripts import shrink_ranks
 
 import pydist as dist
 from pydist.testing import run_threads
-from run_scripts import shrink_ranks
 
 TCP = {"PYDIST_SHM": "0"}
 

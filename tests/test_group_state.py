@@ -7,16 +7,29 @@ from __future__ import annotations
 import threading
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pydist.core.errors import DesyncError, DistBackendError, GroupAbortedError, OpTimeoutError, PeerFailedError
 from pydist.groups.failure import FailurePath
 from pydist.groups.queue import OpQueue
-from pydist.groups.state import (ABORT, ABORTED, ALLOWED, BROKEN, DESTROY, DESTROYED, FAIL, READY, TRANSITIONS,
-                                 GroupState, GroupStates, IllegalTransition)
+from pydist.groups.state import (
+    ABORT,
+    ABORTED,
+    ALLOWED,
+    BROKEN,
+    DESTROY,
+    DESTROYED,
+    FAIL,
+    READY,
+    TRANSITIONS,
+    GroupState,
+    GroupStates,
+    IllegalTransition,
+)
 from pydist.groups.work import Work
-from pydist.transport.base import MessageKey, Request
 from pydist.testing.wiring import wired_matcher
+from pydist.transport.base import MessageKey, Request
 from pydist.transport.matching import Matcher
 
 STATES = [READY, ABORTED, BROKEN, DESTROYED]

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_launcher_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture
 
 from pydist.run.agent_rendezvous import NodeRecord, Rendezvous, RendezvousError, RendezvousSettings
 from pydist.store import HashStore
 from pydist.testing import commands, free_port
-from test_launcher_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture
 
 pytestmark = pytest.mark.slow  # launchers and their workers
 

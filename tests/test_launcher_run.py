@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pydist.run import cli
-from pydist.run import output
+from pydist.run import cli, output
 from pydist.run.agent import Agent
 from pydist.run.config import LaunchConfig, Placement, worker_command, worker_env
 from pydist.testing.commands import finish, kill_group, run_command, start_command

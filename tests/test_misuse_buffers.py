@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from misuse_support import clean_process_world, ro, run2, transport  # noqa: F401 - fixtures used by every test here
 
 import pydist as dist
-from misuse_support import ro, run2
-from misuse_support import clean_process_world, transport  # noqa: F401 - fixtures used by every test here
-
 
 # -- wrong list lengths and sizes -----------------------------------------------------------
 

@@ -7,11 +7,9 @@ import re
 
 import numpy as np
 import pytest
+from misuse_support import LIBS, clean_process_world, run2, torch, transport  # noqa: F401 - fixtures used by every test here
 
 import pydist as dist
-from misuse_support import LIBS, run2, torch
-from misuse_support import clean_process_world, transport  # noqa: F401 - fixtures used by every test here
-
 
 # -- reduce ops the dtype does not support --------------------------------------------------
 

@@ -7,13 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from misuse_support import SHORT, clean_process_world, misuse, quick, run2, transport  # noqa: F401 - fixtures used by every test here
 
 import pydist as dist
-from misuse_support import SHORT, misuse, quick, run2
-from misuse_support import clean_process_world, transport  # noqa: F401 - fixtures used by every test here
 from pydist.testing import free_port, run_processes
 from pydist.testing.commands import run_command
-
 
 # -- init_process_group --------------------------------------------------------------------
 
@@ -160,6 +158,7 @@ def test_env_init_in_child_process_missing_master_addr():
 def test_a_rank_that_never_registers_is_named(clean_process_world):
     """Rank 1 of 2 never comes: init's error names it, not only the store key it waited for."""
     from datetime import timedelta
+
     from pydist.store import HashStore
     with pytest.raises(dist.DistStoreError) as raised:
         dist.init_process_group(store=HashStore(), rank=0, world_size=2, timeout=timedelta(seconds=1))

@@ -7,12 +7,10 @@ import warnings
 
 import numpy as np
 import pytest
+from misuse_support import clean_process_world, misuse, run2, transport  # noqa: F401 - fixtures used by every test here
 
 import pydist as dist
-from misuse_support import misuse, run2
-from misuse_support import clean_process_world, transport  # noqa: F401 - fixtures used by every test here
 from pydist.testing import run_processes
-
 
 # -- new_group ------------------------------------------------------------------------------
 

@@ -4,11 +4,9 @@ The rank functions are in tests/seed_programs/misuse.py."""
 from __future__ import annotations
 
 import pytest
+from misuse_support import clean_process_world, misuse, transport  # noqa: F401 - fixtures used by every test here
 
-from misuse_support import misuse
-from misuse_support import clean_process_world, transport  # noqa: F401 - fixtures used by every test here
 from pydist.testing import run_processes, run_threads
-
 
 # -- runtime failures: ranks that disagree --------------------------------------------------
 

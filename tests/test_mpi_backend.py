@@ -16,9 +16,10 @@ if importlib.util.find_spec("mpi4py") is None:
     pytest.skip("mpi4py is not installed (pip install mpi4py mpich)", allow_module_level=True)
 
 from child_env import with_tests_on_path  # noqa: E402
+
 from pydist.bench.backends import mpiexec_path  # noqa: E402
-from pydist.testing.conformance import CASES  # noqa: E402
 from pydist.testing.commands import CommandTimeout, run_command  # noqa: E402
+from pydist.testing.conformance import CASES  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test runs mpiexec
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from pydist import DistStoreError
-from pydist.rendezvous.launch_env import LaunchInfo, job_port, launch_info, parse_hostlist, parse_tasks_per_node
+from pydist.core.settings import settings
 from pydist.rendezvous import OwningPrefixStore, TorchStore, rendezvous
+from pydist.rendezvous.launch_env import LaunchInfo, job_port, launch_info, parse_hostlist, parse_tasks_per_node
 from pydist.store import PrefixStore, TCPStore
 from pydist.store._base import StoreTimeoutError
 from pydist.testing.commands import finish, start_command
-from pydist.core.settings import settings
 from pydist.transport.identity import advertise_address
 
 ROOT = Path(__file__).resolve().parent.parent

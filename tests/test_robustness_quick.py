@@ -9,9 +9,9 @@ import re
 import time
 
 import pytest
+from run_scripts import robust_ranks
 
 from pydist.testing import run_processes
-from run_scripts import robust_ranks
 
 pytestmark = pytest.mark.slow  # 4 real processes for seconds each
 
@@ -123,8 +123,10 @@ def test_every_survivor_raises_a_network_error_naming_the_dead_rank():
 def _p2p_then_leave(rank: int, size: int, port: int, reports) -> None:
     """Rank 3 dies; rank 2, in a recv from it, raises and shuts down; ranks 0 and 1 are in
     an all_reduce of the world group, which rank 3's death breaks."""
-    import numpy as np
     import signal as signals
+
+    import numpy as np
+
     import pydist as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size))
     dist.init_process_group("pydist")
@@ -168,6 +170,7 @@ def test_ranks_blocked_in_a_collective_name_the_dead_rank_not_the_one_that_shut_
 
 def _shm_fds_after_destroy(rank: int, size: int) -> list[str]:
     import numpy as np
+
     import pydist as dist
     t = np.ones(1024, np.float32)
     dist.all_reduce(t)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 
 import pytest
-
 import store_fuzz
+import test_robustness_quick as quick
 import test_store_fuzz_model as fuzz_model
 import test_store_fuzz_streams as fuzz_streams
-import test_robustness_quick as quick
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(3600)]
 

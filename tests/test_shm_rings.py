@@ -5,8 +5,8 @@ import numpy as np
 
 from pydist.core.deadline import Deadline
 from pydist.core.errors import PeerFailedError
-from pydist.transport.base import MessageKey, Request
 from pydist.testing.wiring import wired_matcher
+from pydist.transport.base import MessageKey, Request
 from pydist.transport.shm.segment import anonymous
 from pydist.transport.shm.transport import ShmTransport, host_segment_bytes, ring_bytes_for
 

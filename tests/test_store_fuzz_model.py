@@ -12,17 +12,32 @@ import pytest
 
 pytest.importorskip("hypothesis", reason="the store fuzz needs hypothesis (test extras)")
 from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,  # noqa: E402
-                                 rule, run_state_machine_as_test)
+from hypothesis.stateful import (  # noqa: E402
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from store_fuzz import (  # noqa: E402
+    _I64,
+    _TORCH_VALIDATE,
+    COUNTS,
+    DATA_KEYS,
+    QUEUE_KEYS,
+    _chunks,
+    _fuzz_settings,
+    _Loop,
+    _report,
+    garbage_stream,
+)
 
 from pydist.store._protocol import REQUESTS, Message, ResponseParser, encode_request, hello  # noqa: E402
 from pydist.store._state import INTERNAL_PREFIX  # noqa: E402
-from pydist.store._torch_protocol import (QUERIES, TorchReplyParser, encode_reply,  # noqa: E402
-                                          encode_request as torch_request)
+from pydist.store._torch_protocol import QUERIES, TorchReplyParser, encode_reply  # noqa: E402
+from pydist.store._torch_protocol import encode_request as torch_request
 from pydist.store._torch_service import wire_key  # noqa: E402
-from store_fuzz import (COUNTS, DATA_KEYS, QUEUE_KEYS, _I64, _TORCH_VALIDATE, _chunks, _fuzz_settings,  # noqa: E402
-                        _Loop, _report, garbage_stream)
-
 
 # =============================================================================================
 # 1b. Model-based: good pydist and torch connections, random valid requests, next to garbage

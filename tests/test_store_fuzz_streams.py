@@ -10,16 +10,33 @@ import struct
 import pytest
 
 pytest.importorskip("hypothesis", reason="the store fuzz needs hypothesis (test extras)")
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st
+from store_fuzz import (  # noqa: E402
+    _TORCH_VALIDATE,
+    COUNTS,
+    _chunks,
+    _fuzz_settings,
+    _Loop,
+    _pydist_garbage_requests,
+    _report,
+    garbage_stream,
+)
 
 from pydist.store import _protocol  # noqa: E402
-from pydist.store._protocol import (MAX_KEY_BYTES, MAX_MESSAGE_BYTES, REQUESTS, Message,  # noqa: E402
-                                    ResponseParser, auth_hello, encode_request, hello)
 from pydist.store._auth_opening import ClientOpening  # noqa: E402
+from pydist.store._protocol import (  # noqa: E402
+    MAX_KEY_BYTES,
+    MAX_MESSAGE_BYTES,
+    REQUESTS,
+    Message,
+    ResponseParser,
+    auth_hello,
+    encode_request,
+    hello,
+)
 from pydist.store._service import StoreService  # noqa: E402
 from pydist.store._torch_protocol import MAX_KEY_COUNT, QUERIES, VALIDATION_MAGIC  # noqa: E402
-from store_fuzz import (COUNTS, _TORCH_VALIDATE, _chunks, _fuzz_settings, _Loop,  # noqa: E402
-                        _pydist_garbage_requests, _report, garbage_stream)
 
 
 @given(st.data())

@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("hypothesis", reason="the store fuzz needs hypothesis (test extras)")
+from store_fuzz import _TORCH_VALIDATE, _Loop  # noqa: E402
+
 from pydist import TCPStore  # noqa: E402
 from pydist.store import _protocol  # noqa: E402
 from pydist.store._protocol import MAX_MESSAGE_BYTES, REQUESTS, Message, ResponseParser, encode_request, hello  # noqa: E402
 from pydist.store._torch_protocol import encode_request as torch_request  # noqa: E402
-from store_fuzz import _TORCH_VALIDATE, _Loop  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 

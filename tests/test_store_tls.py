@@ -15,11 +15,10 @@ from datetime import timedelta
 import pytest
 from test_auth_tokens import FAST, _recv_all, _recv_exactly, _wait_for
 
-from pydist.net.auth import TOKEN_ENV, AuthenticationError
 from pydist.core.errors import DistNetworkError, DistStoreError
+from pydist.net.auth import TOKEN_ENV, AuthenticationError
 from pydist.net.tls import VARIABLES, contexts
-from pydist.store import TCPStore
-from pydist.store import _tcp_server
+from pydist.store import TCPStore, _tcp_server
 from pydist.store._protocol import Message, encode_request, encode_response, hello
 from pydist.testing.tls import Authority, Identity
 

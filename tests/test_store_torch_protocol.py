@@ -29,11 +29,9 @@ from pathlib import Path
 import pytest
 
 from pydist.store import PrefixStore, TCPStore
-from pydist.store._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES, Message, ProtocolError
+from pydist.store._protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES, Message, ProtocolError, encode_response, hello
 from pydist.store._protocol import encode_request as pydist_request
-from pydist.store._protocol import encode_response, hello
 from pydist.store._service import StoreService
-from pydist.testing.commands import finish, run_command, start_command
 from pydist.store._torch_protocol import (
     MAX_KEY_COUNT,
     QUERIES,
@@ -45,6 +43,7 @@ from pydist.store._torch_protocol import (
     encode_reply,
     encode_request,
 )
+from pydist.testing.commands import finish, run_command, start_command
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")

@@ -9,9 +9,9 @@ import pytest
 
 import pydist
 from pydist.core.errors import DistNetworkError
+from pydist.core.settings import settings
 from pydist.net.interfaces import Interface, interface_of, interfaces, matching, named_addresses
 from pydist.store import HashStore
-from pydist.core.settings import settings
 from pydist.transport.identity import advertise_address
 
 HOST = [Interface("lo", ("127.0.0.1", "::1")), Interface("eth0", ("10.0.0.2", "fd00::2")),

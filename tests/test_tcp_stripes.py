@@ -8,7 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pydist.core.deadline import Deadline
 from pydist.core.errors import GroupAbortedError, PeerFailedError

@@ -30,7 +30,7 @@ class _Elapsed:
     def __init__(self, clock: MockClock):
         self.clock = clock
 
-    def __enter__(self) -> "_Elapsed":
+    def __enter__(self) -> _Elapsed:
         self.real, self.fake = time.monotonic(), self.clock.monotonic()
         return self
 
@@ -64,8 +64,9 @@ def test_a_tcpstore_wait_times_out_on_fake_time():
 def test_tcp_transport_close_lingers_on_fake_time(monkeypatch):
     """close() waits for the peer's goodbye (LINGER_SECONDS); a peer that never closes holds
     it up for the whole linger, which passes on fake time."""
-    from pydist.transport.tcp import transport as tcp
     from test_tcp_stripes import open_pair
+
+    from pydist.transport.tcp import transport as tcp
 
     monkeypatch.setenv("PYDIST_PEER_TIMEOUT", "0")
     monkeypatch.setattr(tcp, "LINGER_SECONDS", 120.0)

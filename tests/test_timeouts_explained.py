@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from misuse_support import misuse, run2, transport  # noqa: F401 - transport is a fixture
 
 import pydist
 import pydist as dist
-from misuse_support import misuse, run2, transport  # noqa: F401 - transport is a fixture
 from pydist.testing import run_processes, run_threads
 from pydist.testing.clock import MockClock
 from pydist.testing.threads import RankFailed
@@ -247,6 +247,7 @@ def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
     it is given apart, with its age; rank 1's fresh record names it as behind."""
     import json
     import time as clock
+
     from pydist.groups.progress import ProgressBoard
 
     class Store:

@@ -134,6 +134,7 @@ def test_a_late_shared_memory_creator_is_awaited_through_torch_s_store():
     (pydist.torch._store.TorchStore), so waiting for a late arena creator goes on (FSDP2's
     first collective on a loaded machine failed here after 100 ms)."""
     import threading
+
     from pydist.core.deadline import Deadline
     from pydist.torch._store import TorchStore
     from pydist.transport.shm.segment import _wait_for_name

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from child_env import with_tests_on_path
+
 from pydist.testing.commands import finish, start_command
 
 pytest.importorskip("torch")

@@ -11,7 +11,6 @@ from pydist.core.buffers import as_buffer
 
 torch = pytest.importorskip("torch")
 import torch.distributed as tdist  # noqa: E402
-
 from test_torch_futures import PARAMETERS, _model, _on_both, _train  # noqa: E402
 
 

@@ -3,8 +3,16 @@ import random
 
 import pytest
 
-from pydist.transport.framing import (HEADER_SIZE, Chunk, FrameDecoder, FramingError, Header, Kind, encode_frame,
-                                       encode_header)
+from pydist.transport.framing import (
+    HEADER_SIZE,
+    Chunk,
+    FrameDecoder,
+    FramingError,
+    Header,
+    Kind,
+    encode_frame,
+    encode_header,
+)
 
 FRAMES = [
     (Kind.DATA, 1, 2, 3, b"hello"),

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pydist.core.errors import DistBackendError, PeerFailedError
-from pydist.transport.base import MessageKey, Request
 from pydist.testing.wiring import wired_matcher
+from pydist.transport.base import MessageKey, Request
 from pydist.transport.matching import Matcher, deliver_whole
 
 KEY = MessageKey(1, 0, 5)

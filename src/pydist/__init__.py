@@ -6,34 +6,87 @@ buffer-protocol objects.
 """
 from __future__ import annotations
 
-from .net.auth import AuthenticationError
-from .api.monitored import monitored_barrier
-from .api.collectives import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
-                           broadcast, gather, reduce, reduce_scatter, reduce_scatter_tensor, scatter)
 from .api.breakpoint import breakpoint
 from .api.coalesced import all_gather_coalesced, all_gather_single, all_reduce_coalesced, reduce_scatter_single
+from .api.collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
 from .api.debug_level import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
-from .api.environment import (default_pg_timeout, get_node_local_rank, get_pg_count, is_backend_available,
-                           is_gloo_available, is_mpi_available, is_nccl_available, is_torchelastic_launched,
-                           is_ucc_available, is_xccl_available, supports_complex)
-from .core.errors import (DesyncError, DistBackendError, DistError, DistNetworkError, DistStoreError, EvictedError,
-                         GroupAbortedError, OpTimeoutError, PeerFailedError, QueueEmptyError)
-from .groups.process_group import ProcessGroup
 from .api.elastic import Elastic
+from .api.environment import (
+    default_pg_timeout,
+    get_node_local_rank,
+    get_pg_count,
+    is_backend_available,
+    is_gloo_available,
+    is_mpi_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+    is_ucc_available,
+    is_xccl_available,
+    supports_complex,
+)
+from .api.groups import (
+    Backend,
+    GroupMember,
+    get_backend,
+    get_backend_config,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    group,
+    is_available,
+    is_initialized,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+)
 from .api.grow import admit_joiners
-from .api.groups import (Backend, GroupMember, get_backend, get_backend_config, get_global_rank, get_group_rank,
-                         get_process_group_ranks, get_rank, get_world_size, group, is_available, is_initialized,
-                         new_group, new_subgroups, new_subgroups_by_enumeration)
 from .api.init import destroy_process_group, init_process_group
-from .api.objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list,
-                          scatter_object_list, send_object_list)
+from .api.monitored import monitored_barrier
+from .api.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from .api.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .api.shrink import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group, split_group
+from .core.errors import (
+    DesyncError,
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistStoreError,
+    EvictedError,
+    GroupAbortedError,
+    OpTimeoutError,
+    PeerFailedError,
+    QueueEmptyError,
+)
+
 # torch.distributed exposes _make_nccl_premul_sum at top level; the redundant alias marks it a re-export
 # without putting a private name in __all__.
 from .core.ops import ReduceOp, reduce_op
 from .core.ops import _make_nccl_premul_sum as _make_nccl_premul_sum
-from .api.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from .api.shrink import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group, split_group
+from .groups.process_group import ProcessGroup
 from .groups.work import Work
+from .net.auth import AuthenticationError
 from .rendezvous import register_rendezvous_handler
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
 

@@ -16,10 +16,9 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as tdist
+from test_torch_plugin import _every_call, _torch_ddp  # tests/ on PYTHONPATH (tests/child_env.py)
 
 import pydist.torch
-
-from test_torch_plugin import _every_call, _torch_ddp  # tests/ on PYTHONPATH (tests/child_env.py)
 
 DDP_STEPS = 5
 

@@ -79,6 +79,7 @@ def slow_init_rank(rank, size, delay):
     progress record): rank 0, which hosts the store, may be gone by then unless
     init_process_group waits for every rank."""
     import numpy as np
+
     from pydist.groups import progress as _progress
     if rank != 0:
         publish = _progress.ProgressBoard._publish

@@ -5,7 +5,6 @@ The seed's code with ``import pydist as dist`` and the CUDA calls
 """
 import sys
 
-
 if not __package__:  # run as a script: seed_programs importable as a package (see _as_script)
     import _as_script  # noqa: F401
 

@@ -7,7 +7,6 @@ Run it: ``python tests/seed_programs/seed001.py``.
 """
 import sys
 
-
 if not __package__:  # run as a script: seed_programs importable as a package (see _as_script)
     import _as_script  # noqa: F401
 

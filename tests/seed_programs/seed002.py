@@ -67,6 +67,7 @@ def all_inits(rank, size, tcp_port, path, env_port):
 
 if __name__ == "__main__":
     import tempfile
+
     from pydist.testing import free_port
     with tempfile.TemporaryDirectory() as tmp:
         codes = spawn(4, None, target=all_inits,

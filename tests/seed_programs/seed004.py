@@ -17,7 +17,7 @@ import os
 import torch
 
 import pydist as dist
-from pydist import init_process_group, destroy_process_group
+from pydist import destroy_process_group, init_process_group
 
 STEPS = 3
 

@@ -9,10 +9,9 @@ import os
 
 import torch
 import torch.distributed.checkpoint as dcp
+from _harness import loss_of, main, make_model, rank_batches, state
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from _harness import loss_of, main, make_model, rank_batches, state
 
 
 def step(ddp: DDP, optimizer, batch) -> None:

@@ -6,10 +6,9 @@ and the fp16 wrapper around allreduce (torch refuses bf16 off CUDA/XPU); 3 SGD s
     python comm_hooks.py gloo|pydist
 """
 import torch
+from _harness import loss_of, main, make_model, rank_batches, state
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from _harness import loss_of, main, make_model, rank_batches, state
 
 HOOKS = {
     "allreduce": default_hooks.allreduce_hook,

@@ -5,9 +5,8 @@ uses), and no_sync (2 micro-batches accumulated locally, the third synchronised)
     python ddp_flags.py gloo|pydist
 """
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from _harness import loss_of, main, make_model, rank_batches, state
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 class WithUnusedBranch(torch.nn.Module):

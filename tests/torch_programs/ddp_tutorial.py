@@ -9,13 +9,11 @@ import os
 import sys
 
 import torch
+from _harness import collect_before_exit, emit, init_from_env, state
+from ddp_programs.ddp_torchrun_style import RandomRegression, Trainer  # tests/ on PYTHONPATH (tests/child_env.py)
 from torch.distributed import destroy_process_group
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
-
-from ddp_programs.ddp_torchrun_style import RandomRegression, Trainer  # tests/ on PYTHONPATH (tests/child_env.py)
-
-from _harness import collect_before_exit, emit, init_from_env, state
 
 
 class RecordingTrainer(Trainer):

@@ -4,10 +4,9 @@
     python join_uneven.py gloo|pydist
 """
 import torch
+from _harness import loss_of, main, make_model, rank_batches, state
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from _harness import loss_of, main, make_model, rank_batches, state
 
 
 def train_uneven(rank: int, size: int, workdir: str) -> dict:

@@ -7,7 +7,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from _harness import main
 
 LATE_SECONDS = 0.5  # longer than pydist's 100 ms poll of the store while waiting for rank 0's segment

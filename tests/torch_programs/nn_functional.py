@@ -4,9 +4,8 @@ all_gather, broadcast and reduce_scatter (each rank's gradient depends on the ot
     python nn_functional.py gloo|pydist
 """
 import torch
-from torch.distributed.nn import functional as dfn
-
 from _harness import main
+from torch.distributed.nn import functional as dfn
 
 
 def differentiate(rank: int, size: int, workdir: str) -> dict:

@@ -4,11 +4,10 @@ processes (forked from a rank whose process group is up) into DDP training, 2 ep
     python sampler_workers.py gloo|pydist
 """
 import torch
+from _harness import main, make_model, state
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
-
-from _harness import main, make_model, state
 
 
 def train_from_workers(rank: int, size: int, workdir: str) -> dict:

@@ -9,10 +9,18 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _harness import (
+    WORLD_SIZE,
+    collect_before_exit,
+    emit,
+    free_port,
+    init_from_env,
+    loss_of,
+    make_model,
+    rank_batches,
+    state,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from _harness import (WORLD_SIZE, collect_before_exit, emit, free_port, init_from_env, loss_of, make_model,
-                      rank_batches, state)
 
 
 def worker(rank: int, backend: str, port: int, results) -> None:

@@ -8,12 +8,11 @@ refuses on gloo: there the result holds torch's error instead.
 """
 import torch
 import torch.distributed as dist
+from _harness import loss_of, main, make_model, rank_batches, state
 from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from _harness import loss_of, main, make_model, rank_batches, state
 
 SGD = {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.001}
 STEPS = 4

@@ -15,9 +15,10 @@ import sys
 os.environ.setdefault("BACKEND", "pydist")
 os.environ.setdefault("WORLD_SIZE", "2")
 
-import pydist.torch  # noqa: E402,F401 - registers the backend (also in spawned children)
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
+
+import pydist.torch  # noqa: E402,F401 - registers the backend (also in spawned children)
 
 for feature in ("plugin", "ddp", "subgroup"):
     DistTestCases.backend_feature[feature].add("pydist")

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ._partition import PACKED_SCRATCH, end_to_end, packed_by_host
 from .allgather_ring import ring_allgather
 from .broadcast_shm import broadcast as host_broadcast
+from .comm import Comm
 from .gather_shm import gather as host_gather
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..transport.base import Request
 from ._partition import segments, tag
+from .comm import Comm
 
 
 def post_allgather_receives(comm: Comm, blocks: list[np.ndarray], segment_bytes: int,

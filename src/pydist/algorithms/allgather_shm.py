@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.fingerprint import fingerprint
 from ._partition import chunks
+from .comm import Comm
 
 
 def all_gather(comm: Comm, outputs: list[np.ndarray], input: np.ndarray, segment_bytes: int = 0) -> None:

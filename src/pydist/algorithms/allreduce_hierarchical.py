@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp
 from .broadcast_shm import broadcast
+from .comm import Comm
 from .reduce_shm import reduce
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp
 from ._partition import blocks
 from .allgather_shm import all_gather as host_all_gather
+from .comm import Comm
 from .reduce_scatter_shm import reduce_scatter as host_reduce_scatter
 
 

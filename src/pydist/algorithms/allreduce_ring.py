@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp
 from ._partition import blocks
 from .allgather_ring import post_allgather_receives, ring_allgather
+from .comm import Comm
 from .reduce_scatter_ring import ring_reduce_scatter
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp, reduce_many
 from ._partition import block_bounds, chunks
+from .comm import Comm
 
 #: chunks smaller than this are reduced whole by every rank (latency beats splitting).
 #: Measured with pydist-bench, 4 ranks on 2 busy cores, this value set to 16/64/256 KiB: not

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ._partition import chunks
 from ._shm_sizes import exchange_sizes, mismatch
+from .comm import Comm
 
 
 def all_to_all(comm: Comm, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ._partition import segments, tag
+from .comm import Comm
 
 
 def tree(rank: int, root: int, size: int) -> tuple[int | None, list[int]]:

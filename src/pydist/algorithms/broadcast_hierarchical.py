@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..transport.base import Request
 from ._partition import segments, tag
 from .broadcast_binomial import tree
 from .broadcast_shm import broadcast as host_broadcast
+from .comm import Comm
 
 
 def broadcast(comm: Comm, buf: np.ndarray, root: int, segment_bytes: int) -> None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ._partition import blocks, chunks, tag
 from .allgather_shm import all_gather as host_all_gather
 from .broadcast_binomial import tree
 from .broadcast_shm import broadcast as host_broadcast
+from .comm import Comm
 
 
 def broadcast(comm: Comm, buf: np.ndarray, root: int, segment_bytes: int) -> None:

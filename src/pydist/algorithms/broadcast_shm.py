@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ._partition import chunks
+from .comm import Comm
 
 
 def broadcast(comm: Comm, buf: np.ndarray, root: int, segment_bytes: int = 0) -> None:

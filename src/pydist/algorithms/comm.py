@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Callable, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -59,11 +60,11 @@ def _kept() -> dict[int, np.ndarray]:
 class Hierarchy(NamedTuple):
     """The stages of a hierarchical algorithm, as one rank sees them."""
 
-    local: "Comm"  # this host's ranks, over the host's arena (its ``arena`` is None when alone)
-    leaders: "Comm | None"  # one rank per host (None on the other ranks); leader h is host h's
+    local: Comm  # this host's ranks, over the host's arena (its ``arena`` is None when alone)
+    leaders: Comm | None  # one rank per host (None on the other ranks); leader h is host h's
     hosts: list[list[int]]  # every host's group ranks, host h's leader first
     host: int  # this rank's host
-    rail: "Comm | None"  # the rails algorithms: the ranks at this rank's place on every host
+    rail: Comm | None  # the rails algorithms: the ranks at this rank's place on every host
     inter: Callable[..., None] | None  # all_reduce: the network algorithm among leaders or along rails
 
     def led_by(self, rank: int) -> int:

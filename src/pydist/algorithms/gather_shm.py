@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ._partition import chunks
 from ._shm_sizes import check_rooted, exchange_sizes
+from .comm import Comm
 
 
 def gather(comm: Comm, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp, reduce_into
 from ._partition import segments, tag
 from .broadcast_binomial import tree
+from .comm import Comm
 
 
 def reduce(comm: Comm, buf: np.ndarray, root: int, op: ReduceOp, segment_bytes: int) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp
 from ._partition import PACKED_SCRATCH
+from .comm import Comm
 from .reduce_binomial import reduce as network_reduce
 from .reduce_shm import reduce as host_reduce
 

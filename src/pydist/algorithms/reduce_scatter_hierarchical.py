@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp
 from ._partition import PACKED_SCRATCH, end_to_end, packed_by_host
+from .comm import Comm
 from .reduce_scatter_ring import ring_reduce_scatter
 from .reduce_shm import reduce as host_reduce
 from .scatter_shm import scatter as host_scatter

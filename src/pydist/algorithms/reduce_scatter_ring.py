@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp, reduce_into
 from ._partition import segments, tag
+from .comm import Comm
 
 
 def ring_reduce_scatter(comm: Comm, blocks: list[np.ndarray], op: ReduceOp,

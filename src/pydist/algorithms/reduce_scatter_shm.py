@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
-from ..core.ops import ReduceOp, reduce_many
 from ..core.fingerprint import fingerprint
+from ..core.ops import ReduceOp, reduce_many
 from ._partition import chunks
+from .comm import Comm
 
 
 def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp,

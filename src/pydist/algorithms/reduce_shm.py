@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import Comm
 from ..core.ops import ReduceOp
 from .allreduce_shm import reduce_chunks
+from .comm import Comm
 
 
 def reduce(comm: Comm, buf: np.ndarray, root: int, op: ReduceOp, segment_bytes: int = 0) -> None:

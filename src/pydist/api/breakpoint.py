@@ -21,9 +21,9 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
+from ..groups.world import current
 from .collectives import barrier
 from .groups import get_rank
-from ..groups.world import current
 
 _log = logging.getLogger("pydist")
 

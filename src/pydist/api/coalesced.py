@@ -6,16 +6,17 @@ reduce_scatter_tensor)."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..core.buffers import Buffer, as_buffer
-from .collectives import _buffer_list, _reduce_op, _same_dtype, all_gather_into_tensor, reduce_scatter_tensor
-from .groups import member_group
 from ..core.ops import RedOpType
 from ..core.opspec import describe
 from ..groups.work import Work
+from .collectives import _buffer_list, _reduce_op, _same_dtype, all_gather_into_tensor, reduce_scatter_tensor
+from .groups import member_group
 
 
 def all_reduce_coalesced(tensors: Any, op: Any = RedOpType.SUM, group: Any = None,

@@ -7,18 +7,18 @@ rank outside ``group`` gets a warning and a no-op, as in torch.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
+from ..algorithms._partition import block_bounds
 from ..core.buffers import Buffer, as_buffer
 from ..core.deadline import to_seconds
-from ..groups.process_group import ProcessGroup
-from .groups import member_group
-from ..core.opspec import describe
 from ..core.ops import RedOpType, as_reduce_op, check_op_dtype
+from ..core.opspec import describe
+from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
-from ..algorithms._partition import block_bounds
-
+from .groups import member_group
 
 _BARRIER = describe("barrier", "barrier")
 

@@ -20,7 +20,7 @@ class Backend(str):
     UNDEFINED = "undefined"
     backend_list = [PYDIST, MPI]
 
-    def __new__(cls, name: str) -> "Backend":
+    def __new__(cls, name: str) -> Backend:
         if not isinstance(name, str):
             raise TypeError(f"backend: expected a string, got {type(name).__name__}")
         value = name.lower()

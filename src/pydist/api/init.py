@@ -12,8 +12,8 @@ from ..groups.process_group import ProcessGroup
 from ..groups.world import current, process_world
 from ..rendezvous import rendezvous
 from ..store import TCPStore
-from .grow import join_running_job
 from .groups import NON_GROUP_MEMBER, Backend, not_initialized, timeout_seconds
+from .grow import join_running_job
 
 
 def init_process_group(backend: str | None = None, init_method: str | None = None,

@@ -16,9 +16,9 @@ import numpy as np
 
 from ..core.deadline import Deadline, to_seconds
 from ..core.errors import DistBackendError, DistError
+from ..groups.work import Work
 from .groups import resolve_group
 from .p2p import irecv, isend
-from ..groups.work import Work
 
 #: The tag of monitored_barrier's tokens (user tags are unlikely to be the most negative int64).
 TOKEN_TAG = -(1 << 63)

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.opspec import describe
 from . import collectives as coll
 from . import p2p
 from .groups import member_group
-from ..core.opspec import describe
 
 
 def _dumps(obj: Any) -> np.ndarray:

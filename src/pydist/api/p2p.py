@@ -8,16 +8,18 @@ and returns the sender's global rank.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from ..core.buffers import Buffer, as_buffer
 from ..algorithms.comm import with_context
+from ..core.buffers import Buffer, as_buffer
 from ..core.deadline import timed_wait
 from ..core.errors import DistBackendError, timed_out_waiting
 from ..groups.process_group import ProcessGroup
-from .groups import member_group
 from ..groups.work import Work
 from .collectives import root_rank
+from .groups import member_group
+
 
 class _Posted(NamedTuple):
     """A send or receive handed to the transport: what waiting on it needs."""

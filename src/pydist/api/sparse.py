@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..groups.process_group import ProcessGroup
-from ..core.opspec import describe
 from ..core.ops import RedOpType, as_reduce_op
+from ..core.opspec import describe
+from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 
 MAX_DIMS = 64

@@ -33,10 +33,10 @@ from . import comms, injob, netns_job
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .launch import BackendFailed, run_backend
 from .ops import DTYPES, OPS
-from .status_line import StatusLine
 from .report import BackendResult
 from .session import backend_results, make_meta, plan_and_config, recorder, require_plot, write_output
 from .sizes import parse_size, parse_sizes
+from .status_line import StatusLine
 
 DEFAULT_NPROC = 2
 

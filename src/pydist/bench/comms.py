@@ -14,9 +14,10 @@ are imported only inside the functions that need them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

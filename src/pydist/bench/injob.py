@@ -35,10 +35,10 @@ import hashlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,9 +46,9 @@ from ..core.settings import settings
 from ..transport.identity import host_identity
 from .backends import BACKENDS
 from .ops import OPS
-from .status_line import StatusLine
 from .report import BackendResult, Job
 from .session import backend_results, make_meta, plan_and_config, recorder, require_plot, write_output
+from .status_line import StatusLine
 from .timing import run_plan
 
 RANK_VARIABLES = (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
@@ -80,8 +80,8 @@ def _error(rank: int, message: str) -> None:
 
 def launcher_title(launcher: str) -> str:
     """Who started the job, for the table: pydist-run or torchrun, an MPI launcher, or plain variables."""
-    from pydist.rendezvous.launch_env import LAUNCHERS
     from pydist.rendezvous import TORCHRUN_MARKERS
+    from pydist.rendezvous.launch_env import LAUNCHERS
     if launcher == "torchrun":
         return "torchrun" if any(os.environ.get(name) for name in TORCHRUN_MARKERS) else "pydist-run"
     titles = {spec.name: spec.title for spec in LAUNCHERS}

@@ -11,8 +11,8 @@ between ranks 0 and 1 whose time is one way: round trip / 2. barrier moves no da
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 from . import plot
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .ops import iterations, size_plan
-from .status_line import StatusLine
 from .report import BackendResult, Job, Meta, format_table, to_json
 from .sizes import format_size
+from .status_line import StatusLine
 
 
 def backend_results(args: argparse.Namespace) -> list[BackendResult]:

@@ -7,8 +7,9 @@ of those maxima, divided by the transfers per call (2 for sendrecv's round trip)
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

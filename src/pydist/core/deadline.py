@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable, Protocol
+from typing import Protocol
 
 #: torch's default timeout for process groups (30 minutes).
 DEFAULT_PG_TIMEOUT = timedelta(minutes=30)
@@ -93,7 +94,7 @@ class Deadline:
         self.at = at
 
     @classmethod
-    def after(cls, timeout: timedelta | float | None) -> "Deadline":
+    def after(cls, timeout: timedelta | float | None) -> Deadline:
         """The deadline ``timeout`` from now (None: never)."""
         seconds = to_seconds(timeout)
         return cls(None if seconds is None else now() + seconds)

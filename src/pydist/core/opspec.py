@@ -16,6 +16,7 @@ from .buffers import Buffer, dtype_name
 from .fingerprint import fingerprint
 from .ops import RedOpType
 
+
 @dataclass(frozen=True, slots=True, eq=False)
 class OpSpec:
     """One call. ``name``: the public function ("all_gather_into_tensor"); ``kind``: the

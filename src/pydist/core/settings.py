@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 #: The algorithm names each collective accepts in PYDIST_ALGO_<COLLECTIVE> (the engine's
 #: ALGORITHMS table must offer exactly these: tests/test_settings_table.py checks).

@@ -33,7 +33,7 @@ FORMAT_VERSION = 1
 RETIRED_GROUPS = 16  # destroyed groups kept per rank until its next init
 FAILURE_DUMP_INTERVAL = 1.0  # seconds: a burst of failing operations writes once
 _LOCK = threading.RLock()
-_RANKS: dict[int, "RankTraces"] = {}
+_RANKS: dict[int, RankTraces] = {}
 _ENDPOINTS: dict[int, str] = {}  # rank -> the address and interface its peers dial
 class RankTraces:
     """The recorders of one rank since its last init: live groups, then destroyed ones."""

@@ -21,9 +21,9 @@ import sys
 import time
 from typing import Any, Protocol
 
+from ..api.debug_level import DebugLevel, get_debug_level
 from ..core.errors import DistError
 from ..core.opspec import OpSpec
-from ..api.debug_level import DebugLevel, get_debug_level
 from ..core.settings import settings
 from . import _registry
 from ._format import COMPLETED, FAILED, QUEUED, STARTED
@@ -72,7 +72,7 @@ def call_site() -> str:
 class GroupTrace:
     """The ring buffer of one ProcessGroup and its four hooks."""
 
-    def __init__(self, group: Any, session: "_registry.RankTraces", capacity: int, detail: bool):
+    def __init__(self, group: Any, session: _registry.RankTraces, capacity: int, detail: bool):
         self.name = group.group_name
         self.desc = group.group_desc
         self.group_id = group.group_id

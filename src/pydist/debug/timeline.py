@@ -65,7 +65,7 @@ class Timeline:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: str, rank: int) -> "Timeline":
+    def open(cls, path: str, rank: int) -> Timeline:
         path = os.path.abspath(timeline_path(path, rank))
         if path in _SEALED and os.path.exists(path):
             file = open(path, "r+")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp, RedOpType
+from ..core.ops import RedOpType, ReduceOp
 from ._mpi_world import load_mpi
 
 _DATATYPES: dict = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..core import deadline as _deadline
 from ..core.errors import DistBackendError

@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 MPI: Any = None  # the mpi4py.MPI module, once loaded
-_WORLD: "MpiWorld | None" = None
+_WORLD: MpiWorld | None = None
 _LOCK = threading.Lock()
 
 

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core.deadline import Deadline
-from ..core.opspec import OpSpec
 from ..core.ops import ReduceOp
+from ..core.opspec import OpSpec
 from ..transport.base import Request
 
 

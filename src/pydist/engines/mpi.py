@@ -27,17 +27,17 @@ order on it (the group's OpQueue), so every rank issues them in the same order, 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..core import errors as _errors
-from ..core.ops import ReduceOp, RedOpType, postscale, prescale
-from .base import Engine, OpContext
-from ._mpi_buffers import (address, as_bytes, byte_spec, counts_and_displacements, mpi_op, span,
-                           typed_spec)
+from ..core.ops import RedOpType, ReduceOp, postscale, prescale
+from ._mpi_buffers import address, as_bytes, byte_spec, counts_and_displacements, mpi_op, span, typed_spec
 from ._mpi_requests import ABANDONED, POLLER, MpiRequest, mpi_error, poll_until, spin_seconds
 from ._mpi_world import load_mpi, mpi_world, rank_and_size
+from .base import Engine, OpContext
 
 __all__ = ["MPIEngine", "check_group_rank", "group_engine", "rank_and_size"]
 

@@ -19,22 +19,44 @@ AVG and PREMUL_SUM run as sums with a step before or after (core.ops: prescale, 
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
+from ..algorithms import (
+    allgather_hierarchical,
+    allgather_ring,
+    allgather_shm,
+    allreduce_hierarchical,
+    allreduce_rails,
+    allreduce_recursive_doubling,
+    allreduce_ring,
+    allreduce_shm,
+    alltoall_pairwise,
+    alltoall_shm,
+    barrier_dissemination,
+    barrier_shm,
+    broadcast_binomial,
+    broadcast_hierarchical,
+    broadcast_rails,
+    broadcast_shm,
+    gather_linear,
+    gather_shm,
+    reduce_binomial,
+    reduce_hierarchical,
+    reduce_scatter_hierarchical,
+    reduce_scatter_ring,
+    reduce_scatter_shm,
+    reduce_shm,
+    scatter_linear,
+    scatter_shm,
+)
 from ..algorithms.comm import Comm, Hierarchy, as_bytes
 from ..core.errors import OpTimeoutError
+from ..core.ops import RedOpType, ReduceOp, postscale, prescale
 from ..core.opspec import OpSpec
-from ..core.ops import ReduceOp, RedOpType, postscale, prescale
 from ..core.settings import Settings
 from ..groups.state import GroupState
-from ..algorithms import (allgather_hierarchical, allgather_ring, allgather_shm, allreduce_hierarchical,
-                          allreduce_rails, allreduce_recursive_doubling, allreduce_ring, allreduce_shm,
-                          alltoall_pairwise, alltoall_shm, barrier_dissemination, barrier_shm, broadcast_binomial,
-                          broadcast_hierarchical, broadcast_rails, broadcast_shm, gather_linear, gather_shm,
-                          reduce_binomial, reduce_hierarchical, reduce_scatter_hierarchical, reduce_scatter_ring,
-                          reduce_scatter_shm, reduce_shm, scatter_linear, scatter_shm)
 from ..transport.base import MessageKey, Request
 from ..transport.world import WorldTransport
 from .base import Engine, OpContext

@@ -17,7 +17,8 @@ next leader, who waits for those until the deadline and raises naming them.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 IDLE_SECONDS = 1.0  # short: an idle process keeps no threads; restarting one costs ~0.1 ms
 

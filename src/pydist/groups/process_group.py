@@ -10,7 +10,8 @@ groups.state. Groups are made by groups.factory, never directly.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..core import deadline as _deadline
 from ..core.buffers import Buffer

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..core import deadline as _deadline
 from ..core.errors import DistBackendError

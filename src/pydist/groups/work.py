@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
-from .callbacks import RUNNER
 from ..core import deadline as _deadline
 from ..core.deadline import to_seconds
 from ..core.errors import DistBackendError
+from .callbacks import RUNNER
 
 _STATE = threading.Lock()  # guards completion and the lazily made future/callbacks
 
@@ -36,7 +37,7 @@ class Work:
         self._error: BaseException | None = None
         self._source_rank: int | None = None
         self._future: concurrent.futures.Future | None = None
-        self._callbacks: list[Callable[["Work"], None]] = []
+        self._callbacks: list[Callable[[Work], None]] = []
         self._gate = threading.Lock()
         self._gate.acquire()
 
@@ -57,7 +58,7 @@ class Work:
         if future is not None or callbacks:
             RUNNER.run(lambda: self._notify(future, callbacks))
 
-    def _notify(self, future: concurrent.futures.Future | None, callbacks: list[Callable[["Work"], None]]) -> None:
+    def _notify(self, future: concurrent.futures.Future | None, callbacks: list[Callable[[Work], None]]) -> None:
         if future is not None:
             self._settle(future)
         for callback in callbacks:
@@ -116,7 +117,7 @@ class Work:
     def synchronize(self) -> None:
         """CPU work needs no stream synchronisation (torch API compatibility)."""
 
-    def add_done_callback(self, callback: Callable[["Work"], None]) -> None:
+    def add_done_callback(self, callback: Callable[[Work], None]) -> None:
         """Call ``callback(work)`` once done (at once if it already is)."""
         with _STATE:
             if not self._done:

@@ -19,7 +19,8 @@ import collections
 import hashlib
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .state import GroupStates
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from .launch_env import LaunchInfo, job_port, launch_info, parse_hostlist
 from ..store import FileStore, PrefixStore, Store, TCPStore
 from ..store._base import timeout_error
+from .launch_env import LaunchInfo, job_port, launch_info, parse_hostlist
 
 __all__ = ["rendezvous", "register_rendezvous_handler", "launch_info", "LaunchInfo", "job_port", "parse_hostlist",
            "agent_store", "OwningPrefixStore", "TorchStore"]

@@ -18,9 +18,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import product
-from typing import Mapping
 
 PORT_BASE, PORT_SPAN = 20000, 40000
 _SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")

@@ -37,15 +37,15 @@ from types import FrameType
 from typing import Any, BinaryIO
 
 from ..core import deadline as _deadline
+from ..transport.shm.segment import remove_stale
+from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
 from .config import OMP_NOTE, LaunchConfig, Placement, worker_env
 from .endpoint import EndpointError, open_store
 from .failure import WorkerExit, format_summary
 from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
-from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
-from .workers import Worker, spawn, sweep_groups, watch
 from .worker_store import WorkerStore
-from ..transport.shm.segment import remove_stale
+from .workers import Worker, spawn, sweep_groups, watch
 
 #: Signals the launcher catches and forwards to the workers (torchrun's --signals-to-handle default).
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

@@ -23,8 +23,8 @@ Keys, under ``rdzv/<run id>/``::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
 from ..core import deadline as _deadline

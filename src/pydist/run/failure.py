@@ -74,7 +74,7 @@ class WorkerExit:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "WorkerExit":
+    def from_json(cls, data: dict[str, Any]) -> WorkerExit:
         return cls(**data)
 
 

@@ -11,8 +11,19 @@ send before closing; bytes that are not a pydist store stream raise ProtocolErro
 from __future__ import annotations
 
 from ..net.auth import CLIENT, MAC_BYTES, SERVER, AuthenticationError, Transcript, new_nonce
-from ._protocol import (AUTH_ACCEPTED, AUTH_FLAG, AUTH_HELLO_BYTES, AUTH_REFUSED, HELLO_BYTES, VERSION, VERSION_FIELD,
-                        WIRE_MAGIC, AuthRefused, ProtocolError, auth_hello)
+from ._protocol import (
+    AUTH_ACCEPTED,
+    AUTH_FLAG,
+    AUTH_HELLO_BYTES,
+    AUTH_REFUSED,
+    HELLO_BYTES,
+    VERSION,
+    VERSION_FIELD,
+    WIRE_MAGIC,
+    AuthRefused,
+    ProtocolError,
+    auth_hello,
+)
 
 
 def _hello_version(buf: bytearray) -> int | None:

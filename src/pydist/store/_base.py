@@ -16,8 +16,9 @@ whose message names the missing keys and the time waited, as torch words it:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from ..core import deadline as _deadline
 from ..core.deadline import DEFAULT_STORE_TIMEOUT, Deadline, to_seconds
@@ -230,7 +231,7 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - a store owning nothing needs no close
         """Release the store's resources (idempotent)."""
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -35,10 +35,11 @@ the wire.
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
-from ..net.auth import NONCE_BYTES
 from ..core.errors import DistStoreError, QueueEmptyError
+from ..net.auth import NONCE_BYTES
 
 VERSION = 1
 WIRE_MAGIC = b"PDST"

@@ -36,8 +36,18 @@ from typing import Any
 from ..core.errors import DistStoreError
 from ..net.tls import HANDSHAKE_RECORD
 from ._auth_opening import ServerOpening
-from ._protocol import (REQUESTS, WIRE_MAGIC, AuthRefused, AuthRequired, Message, ProtocolError, RequestParser,
-                        encode_response, error_code, hello)
+from ._protocol import (
+    REQUESTS,
+    WIRE_MAGIC,
+    AuthRefused,
+    AuthRequired,
+    Message,
+    ProtocolError,
+    RequestParser,
+    encode_response,
+    error_code,
+    hello,
+)
 from ._state import KVState, NotReady
 from ._torch_service import TorchCodec
 

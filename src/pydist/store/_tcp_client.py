@@ -22,10 +22,10 @@ import ssl
 import threading
 
 from ..core import deadline as _deadline
-from ..net.addresses import family_unusable, host_port
-from ..net.auth import AuthenticationError
 from ..core.deadline import Deadline
 from ..core.errors import DistNetworkError, DistStoreError
+from ..net.addresses import family_unusable, host_port
+from ..net.auth import AuthenticationError
 from ..net.tls import reason as tls_reason
 from ._auth_opening import ClientOpening
 from ._protocol import AuthRequired, Message, ProtocolError, ResponseParser, encode_request, hello
@@ -78,7 +78,7 @@ class Connection:
 
     @classmethod
     def open(cls, host: str, port: int, deadline: Deadline, retry: bool,
-             auth_token: bytes | None = None, tls: ssl.SSLContext | None = None) -> "Connection":
+             auth_token: bytes | None = None, tls: ssl.SSLContext | None = None) -> Connection:
         """Connect (with ``tls``: over TLS) and handshake (with ``auth_token``: authenticate);
         with ``retry``, keep trying (backoff) until ``deadline``. A refusal or failed
         authentication is never retried."""
@@ -192,11 +192,11 @@ class Connection:
         """Bytes from the server (b"" if none came within a bounded wait; the caller loops);
         called inside ``_io``, which words the errors."""
         if deadline.expired():
-            raise socket.timeout()
+            raise TimeoutError()
         self._sock.settimeout(_socket_timeout(deadline))
         try:
             data = self._sock.recv(262144)
-        except socket.timeout:
+        except TimeoutError:
             return b""  # the deadline is checked again by the caller's loop
         if not data:
             raise ConnectionAbortedError("the server closed the connection")

@@ -35,8 +35,8 @@ from contextlib import suppress
 from typing import Any
 
 from ..core import deadline as _deadline
-from ..net.addresses import family_unusable, host_port
 from ..core.errors import DistNetworkError, DistStoreError
+from ..net.addresses import family_unusable, host_port
 from ..net.tls import HANDSHAKE_RECORD
 from ..net.tls import reason as tls_reason
 from ._protocol import WIRE_MAGIC, Message, encode_response, error_code, hello

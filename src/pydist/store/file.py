@@ -16,8 +16,9 @@ import fcntl
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from ..core.errors import DistStoreError
 from ._base import Backoff, Store, retry_until

@@ -27,10 +27,10 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from ..net import tls as _tls
-from ..net.auth import resolve_token
 from ..core.deadline import DEFAULT_STORE_TIMEOUT, Deadline
 from ..core.errors import DistNetworkError, DistStoreError
+from ..net import tls as _tls
+from ..net.auth import resolve_token
 from ._base import Store, StoreTimeoutError, check_key, timeout_error
 from ._protocol import ERROR_TYPES, REQUESTS, Message
 from ._state import INTERNAL_PREFIX

@@ -8,7 +8,7 @@ the ranks' results in rank order and raise the first failure, naming its rank; a
 that does not finish in time makes them raise TimeoutError (stacks of thread-ranks are
 in the message) after stopping process-ranks by pid.
 """
-from .threads import run_threads
 from .processes import free_port, run_processes
+from .threads import run_threads
 
 __all__ = ["free_port", "run_processes", "run_threads"]

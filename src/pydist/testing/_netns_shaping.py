@@ -63,7 +63,7 @@ class Shaping:
     loss: float = 0.0
 
     @classmethod
-    def of(cls, rate=None, delay=None, loss=None) -> "Shaping":
+    def of(cls, rate=None, delay=None, loss=None) -> Shaping:
         return cls(None if rate is None else parse_rate(rate), 0.0 if delay is None else parse_delay(delay),
                    0.0 if loss is None else parse_loss(loss))
 

@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from functools import lru_cache
-from typing import Sequence
+from collections.abc import Sequence
+from functools import cache
 
 from ._netns_shaping import Shaping
 
@@ -65,7 +65,7 @@ def run_tool(argv: Sequence[str], batch: list[str] | None = None, check: bool = 
     return result
 
 
-@lru_cache(maxsize=None)
+@cache
 def netns_available(shaping: bool = False, ipv6: bool = False) -> tuple[bool, str]:
     """(True, "") if this process can make namespaces, veths and a bridge (and, with
     ``shaping``, tbf, clsact + u32 + mirred and TAP devices; with ``ipv6``, the kernel has

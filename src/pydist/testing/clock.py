@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..core import deadline as _deadline
 
@@ -90,7 +90,7 @@ class MockClock:
             self._idle_since = None
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator["MockClock"]:
+    def installed(self) -> Iterator[MockClock]:
         """This clock for every Deadline and timed wait of the process, inside the block."""
         previous = _deadline.set_clock(self)
         try:

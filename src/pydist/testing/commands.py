@@ -14,7 +14,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["CommandTimeout", "finish", "kill_group", "run_command", "start_command"]
 

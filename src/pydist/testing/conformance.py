@@ -10,7 +10,7 @@ runs it in a process launched by pydist-run, torchrun or mpiexec.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

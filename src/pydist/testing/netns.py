@@ -60,12 +60,27 @@ import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 from ._netns_shaping import Shaping, parse_delay, parse_loss, parse_rate
-from ._netns_system import (MATCH_ALL, NETNS_DIR, cleanup_stale, enable_ipv6, namespace_stem, netns_available,
-                            netns_inode, pids_in, require_netns, run_tool, signal_pid, stop, switch_octets, tool_path)
+from ._netns_system import (
+    MATCH_ALL,
+    NETNS_DIR,
+    cleanup_stale,
+    enable_ipv6,
+    namespace_stem,
+    netns_available,
+    netns_inode,
+    pids_in,
+    require_netns,
+    run_tool,
+    signal_pid,
+    stop,
+    switch_octets,
+    tool_path,
+)
 
 __all__ = ["Host", "Network", "Shaping", "cleanup_stale", "netns_available", "parse_delay", "parse_loss",
            "parse_rate", "pids_in", "require_netns", "stop"]
@@ -219,13 +234,13 @@ class Network:
         self._relayed: set[int] = set()  # relay ids (_relay_id) of the interfaces behind the relay
         self._finalizer: weakref.finalize | None = None
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def start(self) -> "Network":
+    def start(self) -> Network:
         """Make the namespaces, bridge, links and addresses, and apply the initial shaping."""
         if self._finalizer is not None:
             raise RuntimeError("Network already started")

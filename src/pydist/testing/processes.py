@@ -8,8 +8,9 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from ..net.addresses import family_of, host_port
 from .threads import RankFailed
@@ -43,6 +44,7 @@ def _init(rank: int, world_size: int, init: str, address: str, pg_timeout: float
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=address, RANK=str(rank), WORLD_SIZE=str(world_size))
         if init in ("torch", "gloo"):  # torch.distributed on pydist's plugin, or on torch's gloo
             import torch.distributed as tdist
+
             import pydist.torch  # noqa: F401
             tdist.init_process_group("pydist" if init == "torch" else "gloo", timeout=timeout)
             return tdist

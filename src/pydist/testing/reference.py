@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from ..core.ops import ReduceOp, RedOpType
+from ..core.ops import RedOpType, ReduceOp
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]

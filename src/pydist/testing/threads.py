@@ -5,15 +5,16 @@ import contextlib
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from ..api.groups import is_initialized
+from ..api.grow import join_running_job
 from ..api.init import destroy_process_group, init_process_group
 from ..core.deadline import Deadline
 from ..core.settings import settings
 from ..groups.state import GroupStates
-from ..api.grow import join_running_job
 from ..groups.world import World, current, use_world
 from ..store import HashStore
 from ..transport.loopback import LoopbackFabric

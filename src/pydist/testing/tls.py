@@ -7,7 +7,6 @@ import datetime
 import os
 from dataclasses import dataclass
 
-
 _DAY = datetime.timedelta(days=1)
 
 

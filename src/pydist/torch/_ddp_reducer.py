@@ -32,7 +32,8 @@ from __future__ import annotations
 import concurrent.futures
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.autograd import Variable
@@ -63,7 +64,7 @@ MARKED_TWICE = (
     "index {index} with name {name} has been marked as ready twice.")
 
 
-def _grad_hook(reducer: "weakref.ref[Reducer]", index: int) -> Callable[[torch.Tensor], None]:
+def _grad_hook(reducer: weakref.ref[Reducer], index: int) -> Callable[[torch.Tensor], None]:
     def hook(_param: torch.Tensor) -> None:
         target = reducer()
         if target is not None:

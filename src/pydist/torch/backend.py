@@ -24,14 +24,23 @@ import torch
 import torch.distributed as tdist
 
 import pydist
-from ..groups.factory import standalone_mpi_world, standalone_world
-from ..groups.process_group import ProcessGroup
-from ..groups.world import World
+
 from ..core.ops import RedOpType, ReduceOp
 from ..core.settings import settings
+from ..groups.factory import standalone_mpi_world, standalone_world
+from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
-from ._profiling import (all_reduce_title, first_argument, first_input_list, no_inputs, profiled, scattered,
-                         second_argument, single_input)
+from ..groups.world import World
+from ._profiling import (
+    all_reduce_title,
+    first_argument,
+    first_input_list,
+    no_inputs,
+    profiled,
+    scattered,
+    second_argument,
+    single_input,
+)
 from ._store import TorchStore
 from .work import PydistWork
 
@@ -79,7 +88,7 @@ def register() -> None:
 
 
 def create_process_group(store, rank: int, size: int, timeout: timedelta, options: Any = None,
-                         global_ranks: list[int] | None = None) -> "ProcessGroupPydist":
+                         global_ranks: list[int] | None = None) -> ProcessGroupPydist:
     """A torch ProcessGroup over pydist: (prefix store, group rank, group size, timeout);
     ``options``: see Options; ``global_ranks``: the members' world ranks (None: the world)."""
     default_group = not global_ranks
@@ -90,7 +99,7 @@ def create_process_group(store, rank: int, size: int, timeout: timedelta, option
     return group
 
 
-def _create_extended(opts, options: Any) -> "ProcessGroupPydist":
+def _create_extended(opts, options: Any) -> ProcessGroupPydist:
     """torch's extended creator: _DistributedBackendOptions and the group's pg_options."""
     return create_process_group(opts.store, opts.group_rank, opts.group_size, opts.timeout, options,
                                 list(opts.global_ranks_in_group or []))

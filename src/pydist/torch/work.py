@@ -12,7 +12,8 @@ callback runner (never in the issuing thread: the profiler marks the event async
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -35,7 +36,7 @@ class PydistWork(tdist.Work):
         self._profiled = False  # the future ends a profiler record; wait() waits for it
 
     @classmethod
-    def all_of(cls, works: list[Work], outputs: list[Any]) -> "PydistWork":
+    def all_of(cls, works: list[Work], outputs: list[Any]) -> PydistWork:
         return cls(works, outputs)
 
     def _finish(self) -> None:

@@ -8,7 +8,7 @@ many ranks pass the abort on, and any other failure names the rank that failed f
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..core.errors import DistError, GroupAbortedError, PeerFailedError
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from ..core.deadline import Deadline
@@ -53,7 +54,7 @@ class Request:
         self._gate.acquire()
 
     @classmethod
-    def finished(cls, peer: int, buffer: memoryview) -> "Request":
+    def finished(cls, peer: int, buffer: memoryview) -> Request:
         """A send already delivered whole: complete from the start (no gate to open)."""
         request = cls.__new__(cls)
         request.peer = request.source = peer

@@ -12,7 +12,7 @@ data that made it pause: pausing never withholds a message a posted receive wait
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 class ReadThrottle:

@@ -10,7 +10,7 @@ above the transport (world transport, matcher, engines, algorithms) is the real 
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

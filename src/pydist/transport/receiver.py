@@ -10,7 +10,7 @@ may still land.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .base import MessageKey
 from .framing import HEADER_SIZE, Chunk, FrameDecoder, FramingError, Header, Kind, decode_header

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 

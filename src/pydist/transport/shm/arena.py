@@ -17,7 +17,8 @@ makes the others raise OpTimeoutError naming it.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import mmap
 import os
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 

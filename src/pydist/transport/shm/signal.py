@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from ...core.deadline import Deadline
 from . import atomics

@@ -8,7 +8,8 @@ sockets from its start to its end (``engage``). Mixed into TcpTransport.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ...core import deadline as _deadline
 from ..base import Request

@@ -23,13 +23,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
 from ...core import deadline as _deadline
-from ...net.auth import AuthenticationError, token_of
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
-from ...store._base import StoreTimeoutError
 from ...net.addresses import host_port, listen
+from ...net.auth import AuthenticationError, token_of
 from ...net.interfaces import interface_of
 from ...net.tls import Contexts, contexts
+from ...store._base import StoreTimeoutError
 from .hello import Acceptor, Connector, Refused, fields_of, hello_frame, rank_of, read_frame
 from .mesh_tls import REQUIRES_TLS, client_side, mismatch, peer_uses_tls, refused_by, secured, server_side
 from .tls_socket import TlsSocket
@@ -47,7 +47,7 @@ class PeerRecord:
     iface: str = ""  # the interface holding ``address`` on the peer's host
     lanes: list = field(default_factory=list)  # [address, port, iface] of each further lane
 
-    def lane(self, k: int) -> "PeerRecord":
+    def lane(self, k: int) -> PeerRecord:
         """The record as lane ``k`` reaches it (lane 0: this one)."""
         if k == 0 or k > len(self.lanes):
             return self
@@ -201,7 +201,7 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
             listener.settimeout(deadline.remaining())
             try:
                 sock, where = listener.accept()
-            except (socket.timeout, BlockingIOError):  # the connection went away; 0 s left
+            except (TimeoutError, BlockingIOError):  # the connection went away; 0 s left
                 continue
             peer_sock = _handshake(sock, where, expected - accepted.keys(), rank, token, auth_token, tls, records)
             if peer_sock is not None:

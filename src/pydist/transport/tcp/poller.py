@@ -17,7 +17,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 IN, OUT = select.EPOLLIN, select.EPOLLOUT
 IDLE_SECONDS = 0.01  # a borrowed read set left idle this long goes back to the I/O thread

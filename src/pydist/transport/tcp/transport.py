@@ -21,7 +21,7 @@ import json
 import logging
 import socket
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from ...core import deadline as _deadline
 from ...core.deadline import Deadline
