@@ -277,3 +277,22 @@ def test_elastic_recovers_from_a_lost_rank_and_takes_its_replacement_in():
     finished = [results[0], results[1], results[2], results[4]]
     assert [r[:2] for r in finished] == [(STEPS, float(STEPS))] * 4  # no step lost or counted twice
     assert all(r[3] >= 1 for r in finished)
+
+
+def test_elastic_recovery_resyncs_survivors_whose_progress_differs():
+    """Rank 1 finished the step the others failed in (its progress and weights are ahead):
+    after recover, every survivor holds rank 0's."""
+    def member(rank: int, size: int):
+        weights = np.full(10, float(rank == 1))
+        job = dist.Elastic({"weights": weights}, progress={"step": 5 + (rank == 1)})
+        if rank == 2:
+            current().transport.close()
+            return "gone"
+        try:
+            dist.all_reduce(np.ones(1))
+        except dist.DistError as error:
+            job.recover(error)
+        return job.progress["step"], weights.tolist(), dist.get_world_size()
+
+    results = run_threads(3, member)
+    assert results[:2] == [(5, [0.0] * 10, 2)] * 2 and results[2] == "gone"

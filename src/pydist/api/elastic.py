@@ -15,16 +15,22 @@
 ``sync()`` admits the ranks waiting to join (admit_joiners) and heals them from the members
 (api.heal: the state and ``progress`` of rank 0 and up to ``stripes`` members); on a
 replacement, the first ``sync()`` is where it receives them. ``recover(error)`` shrinks the
-default group past the ranks ``error`` names dead, then every survivor takes rank 0's state
-and progress (a survivor may have finished the step the others failed in). Both return
+default group past the ranks ``error`` names dead; when the survivors' progress differs (one
+finished the step the others failed in), every survivor takes rank 0's state and progress. Both return
 whether the world changed, so that what depends on the group (DDP) is rebuilt.
 """
 from __future__ import annotations
 
+import pickle
+import zlib
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import DistError
+from ..core.ops import ReduceOp
 from ..groups.world import current
+from .collectives import all_reduce
 from .groups import get_rank, get_world_size
 from .grow import admit_joiners
 from .heal import heal
@@ -64,7 +70,7 @@ class Elastic:
 
     def recover(self, error: DistError) -> None:
         """After ``error`` (a DistError of a collective of the default group): shrink past the
-        ranks it names dead, then every survivor takes rank 0's state and progress."""
+        ranks it names dead; survivors whose progress differs take rank 0's state and progress."""
         dead = sorted(error.dead_ranks)
         evicted = current().states.evicted_by
         if evicted is not None:  # the others declared this rank dead (it was stopped): it is out
@@ -72,5 +78,14 @@ class Elastic:
         if not dead:  # nobody known dead (a timeout, a desync): nothing to recover from here
             raise error
         shrink_group(dead)
-        heal(self.state, self.progress, [0], list(range(1, get_world_size())), 1)
+        if not self._agreed():
+            heal(self.state, self.progress, [0], list(range(1, get_world_size())), 1)
         self._changed = True
+
+    def _agreed(self) -> bool:
+        """Every survivor is at the same progress (the usual case: the failure came before
+        any of them finished the step), so their states agree and none needs rank 0's."""
+        digest = zlib.crc32(pickle.dumps(sorted(self.progress.items(), key=lambda item: str(item[0]))))
+        extremes = np.array([digest, -digest], np.int64)
+        all_reduce(extremes, op=ReduceOp.MAX)
+        return bool(extremes[0] == -extremes[1])
