@@ -1,65 +1,103 @@
-"""train.py --fault-tolerant: training that loses a worker and goes on in the same processes.
+"""train.py --fault-tolerant: training that loses workers, and takes their replacements in.
 
-    pydist-run --nproc-per-node 4 --on-failure continue examples/train.py --fault-tolerant \\
+    pydist-run --nproc-per-node 4 --on-failure replace examples/train.py --fault-tolerant \\
                [--kill-rank 2 --kill-step 60]
 
 Every step takes the same global batch, whatever the number of ranks: step k of an epoch is
-images perm[k*G:(k+1)*G] of the epoch's shuffle (G = --batch-size x the ranks at the start),
+images perm[k*G:(k+1)*G] of the epoch's shuffle (G = --batch-size x the job's size at start),
 split into as many near-equal parts as there are ranks; each rank's loss is its part's sum
-scaled by ranks / G, so DDP's average is the global batch's mean loss. When a collective
-raises (a rank died), the survivors shrink the default group, rank 0 sends its model,
-optimizer and position to the others (one of them may have finished the step the others
-failed in), DDP is rebuilt on the new group, and the step is redone. ``--kill-rank R
---kill-step S`` makes the worker launched as rank R kill itself (SIGKILL) at global step S,
-for the demonstration; killing any worker from outside works the same.
+scaled by ranks / G, so DDP's average is the global batch's mean loss. The loop runs on
+``pydist.Elastic``: when a step raises (a rank died or froze), the survivors shrink, take rank
+0's model, optimizer and step if theirs differ, and do the step again; at each step's start
+they admit the replacements ``pydist-run --on-failure replace`` starts and heal them from live
+peers (with ``--on-failure continue`` the job goes on smaller). DDP is rebuilt whenever the
+world changes. ``--kill-rank R --kill-step S`` makes the worker launched as rank R kill itself
+(SIGKILL) at global step S, for the demonstration; killing or stopping any worker from
+outside works the same (examples/chaos.py does it every 15 s). ``--report-events`` prints one
+``EVENT {json}`` line per start, recovery and first step after a change, for examples/chaos.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
-import numpy as np
-import torch
+STARTED = time.time()  # before torch's import: a replacement's start counts it
 
-import pydist
-from pydist.data import DistributedSampler
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import pydist  # noqa: E402
+from pydist.data import DistributedSampler  # noqa: E402
+
+
+def _event(args, **fields) -> None:
+    if args.report_events:
+        print("EVENT " + json.dumps({"pid": os.getpid(), "t": time.time(), **fields}), flush=True)
 
 
 def run(args, train, held_out, make_model, accuracy) -> None:
-    pydist.init_process_group("pydist")
+    pydist.init_process_group("pydist")  # a replacement (PYDIST_JOIN=1) joins the running job here
     launch_rank = int(os.environ.get("RANK", pydist.get_rank()))
-    members = list(range(pydist.get_world_size()))  # the launch rank of each rank
-    global_batch = args.batch_size * len(members)
+    joined = os.environ.get("PYDIST_JOIN") == "1"
+    _event(args, event="hello", launch_rank=launch_rank, joined=joined, started=STARTED)
+    global_batch = args.batch_size * int(os.environ.get("WORLD_SIZE", pydist.get_world_size()))
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ddp = pydist.DistributedDataParallel(model)
+    job = pydist.Elastic({"model": model, "optimizer": optimizer}, progress={"step": 0})
     shuffle = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=0)  # the global order
     x_all, y_all = train.tensors
     steps_per_epoch = -(-len(train) // global_batch)
-    step = 0  # global step: epoch * steps_per_epoch + step in the epoch
-    while step < args.epochs * steps_per_epoch:
+    ddp, after, members = None, None, []
+    while job.progress["step"] < args.epochs * steps_per_epoch:
+        changed = job.sync()  # admits and heals replacements; a replacement is healed here
+        if changed or ddp is None:
+            ddp = pydist.DistributedDataParallel(model)
+            members = _launch_ranks()
+            after = after or ("sync" if changed else None)
+        step = job.progress["step"]
         epoch, k = divmod(step, steps_per_epoch)
         shuffle.set_epoch(epoch)
         order = np.fromiter(iter(shuffle), dtype=np.int64)
-        part = np.array_split(order[k * global_batch:(k + 1) * global_batch], len(members))[pydist.get_rank()]
-        if launch_rank == args.kill_rank and step == args.kill_step:
+        ranks = pydist.get_world_size()
+        part = np.array_split(order[k * global_batch:(k + 1) * global_batch], ranks)[pydist.get_rank()]
+        if launch_rank == args.kill_rank and step == args.kill_step and not joined:
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             optimizer.zero_grad()
             logits = ddp(x_all[part])
-            loss = torch.nn.functional.cross_entropy(logits, y_all[part], reduction="sum") * len(members) / global_batch
+            loss = torch.nn.functional.cross_entropy(logits, y_all[part], reduction="sum") * ranks / global_batch
             loss.backward()
             optimizer.step()
-            step += 1
-            if step % steps_per_epoch == 0:
-                _epoch_end(step // steps_per_epoch, args.epochs, model, held_out, accuracy)
+            job.progress["step"] += 1
+            if after is not None:
+                _event(args, event="step", after=after, world=ranks, step=job.progress["step"])
+                after = None
+            if job.progress["step"] % steps_per_epoch == 0:
+                _epoch_end(job.progress["step"] // steps_per_epoch, args.epochs, model, held_out, accuracy)
+            if args.step_seconds:
+                time.sleep(args.step_seconds)  # stands for a heavier model's compute
+        except pydist.EvictedError as error:  # the others declared this rank dead (it was stopped)
+            _event(args, event="evicted")
+            raise SystemExit(f"launch rank {launch_rank}: {error}") from error
         except pydist.DistError as error:
-            ddp, members, step = _recover(error, model, optimizer, members, step)
+            members = _recover(args, job, error, step, members)
+            after = "recover"
     if pydist.get_rank() == 0:
-        print(f"finished on {len(members)} ranks (launch ranks {members}): held-out accuracy "
+        survivors = _launch_ranks()
+        print(f"finished on {len(survivors)} ranks (launch ranks {survivors}): held-out accuracy "
               f"{accuracy(model, held_out) * 100:.1f} %", flush=True)
+    else:
+        _launch_ranks()
     pydist.destroy_process_group()
+
+
+def _launch_ranks() -> list[int]:
+    """Every rank's launch rank (RANK), in rank order (a replacement has the one it replaced)."""
+    ranks = [None] * pydist.get_world_size()
+    pydist.all_gather_object(ranks, int(os.environ.get("RANK", -1)))
+    return ranks  # type: ignore[return-value]
 
 
 def _epoch_end(epoch: int, epochs: int, model, held_out, accuracy) -> None:
@@ -68,21 +106,16 @@ def _epoch_end(epoch: int, epochs: int, model, held_out, accuracy) -> None:
               f"({pydist.get_world_size()} ranks)", flush=True)
 
 
-def _recover(error: pydist.DistError, model, optimizer, members: list[int], step: int):
-    """Shrink past the dead ranks, take rank 0's state and position, rebuild DDP."""
+def _recover(args, job: pydist.Elastic, error: pydist.DistError, step: int, members: list[int]) -> list[int]:
+    """Shrink past the dead ranks (rank 0's state for survivors that differ); report it. The
+    survivors' launch ranks."""
     began = time.perf_counter()
-    dead = sorted(error.dead_ranks) or [error.rank]
-    pydist.shrink_group(dead)
-    survivors = [None] * pydist.get_world_size()
-    pydist.all_gather_object(survivors, int(os.environ.get("RANK", -1)))  # launch ranks, in new rank order
-    lost = [m for m in members if m not in survivors]
-    state = [{"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}]
-    pydist.broadcast_object_list(state, src=0)
-    model.load_state_dict(state[0]["model"])
-    optimizer.load_state_dict(state[0]["optimizer"])
-    ddp = pydist.DistributedDataParallel(model)
+    job.recover(error)
+    survivors = _launch_ranks()
+    _event(args, event="recovered", world=pydist.get_world_size(), step=job.progress["step"])
     if pydist.get_rank() == 0:
-        print(f"lost launch rank(s) {lost} at step {state[0]['step']} ({type(error).__name__}); recovered in "
+        lost = [m for m in members if m not in survivors]
+        print(f"lost launch rank(s) {lost} at step {step} ({type(error).__name__}); recovered in "
               f"{(time.perf_counter() - began) * 1e3:.0f} ms on {len(survivors)} ranks {survivors}, "
               "same global batch", flush=True)
-    return ddp, survivors, state[0]["step"]
+    return survivors

@@ -9,8 +9,8 @@ when rerun, resumes from it. The run ends with a one-line communication summary.
 
 ``--backend gloo --ddp torch`` runs the same training on torch's gloo backend and torch's
 DDP (and ``--backend pydist --ddp torch`` torch's DDP over pydist's plugin), to compare
-step times side by side. ``--fault-tolerant`` trains on through the loss of workers
-(``shrink_group``; see fault_tolerant.py).
+step times side by side. ``--fault-tolerant`` trains on through the loss of workers and takes
+their replacements in (``pydist.Elastic``; see fault_tolerant.py and chaos.py).
 """
 from __future__ import annotations
 
@@ -89,6 +89,10 @@ def main() -> None:
     parser.add_argument("--kill-rank", type=int, default=-1, help="with --fault-tolerant: this launch rank kills "
                         "itself at --kill-step (a demonstration)")
     parser.add_argument("--kill-step", type=int, default=-1)
+    parser.add_argument("--step-seconds", type=float, default=0.0,
+                        help="with --fault-tolerant: sleep this long per step (stands for a heavier model)")
+    parser.add_argument("--report-events", action="store_true",
+                        help="with --fault-tolerant: print EVENT lines for examples/chaos.py")
     args = parser.parse_args()
     if args.fault_tolerant:
         import fault_tolerant  # beside this script

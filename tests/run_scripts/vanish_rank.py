@@ -28,8 +28,10 @@ def main() -> None:
             dist.all_reduce(buf)
             buf[:] = 1
     except dist.DistError as error:
+        evicted_by = error.rank if isinstance(error, dist.EvictedError) else None
         print(json.dumps({"rank": dist.get_rank(), "raised": time.time(), "type": type(error).__name__,
-                          "message": str(error), "dead": sorted(error.dead_ranks)}), flush=True)
+                          "message": str(error), "dead": sorted(error.dead_ranks), "evicted_by": evicted_by}),
+              flush=True)
     os._exit(0)  # the vanished peer's connection cannot close cleanly: leave at once
 
 

@@ -354,7 +354,7 @@ class NativeEngine(Engine):
         self.transport.cancel(request)
 
     def evicted(self) -> BaseException | None:
-        return self.transport.silenced() or self.state.evicted()
+        return self.state.evicted()
 
     def abort_peers(self, error: BaseException) -> None:
         """ABORT frames to every member: their operations of this group fail with ``error``'s

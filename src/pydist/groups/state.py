@@ -81,9 +81,12 @@ class IllegalTransition(RuntimeError):
 class Carrier(Protocol):
     """What GroupStates tells once it has recorded a failure (transport.world.WorldTransport)."""
 
+    rank: int  # this rank's transport rank
+
     def failed_peer(self, peer: int, error: BaseException) -> None: ...
     def failed_group(self, group: int, error: BaseException) -> None: ...
     def held_calls(self, group: int, seq: int) -> list[tuple[int, MessageKey, int]]: ...
+    def cut_off(self, peer: int, error: BaseException) -> None: ...
 
 
 class GroupState:
@@ -228,15 +231,26 @@ class GroupStates:
             self.carrier.failed_peer(peer, error)
 
     def abort_group(self, group: int, error: BaseException) -> None:
-        """Abort ``group`` (see GroupState.abort), registered or not; then its waiters fail."""
+        """Abort ``group`` (see GroupState.abort), registered or not; then its waiters fail. A
+        rank the abort names dead is cut off here too: every rank then agrees it is out."""
         self._get_or_make(group).abort(error)
         if self.carrier is not None:
             self.carrier.failed_group(group, error)
+            rank = getattr(error, "rank", None) if isinstance(error, PeerFailedError) else None
+            if rank is not None and rank == self.carrier.rank:  # the others declared this rank dead
+                self._declared_dead(error, rank)
+            elif rank is not None:
+                self.carrier.cut_off(rank, error)
 
-    def evicted(self, error: BaseException) -> None:
-        """This rank's peers have declared it dead (see transport.base.Events.evicted)."""
-        if self.evicted_by is None:
-            self.evicted_by = error
+    def _declared_dead(self, error: BaseException, me: int) -> None:
+        """A peer's abort names this rank dead: it was (stopped, or cut off), and is out."""
+        with self._lock:
+            if self.evicted_by is None:
+                rank, host = getattr(error, "witness", None) or (None, "?")
+                who = f"rank {rank} on {host}" if rank is not None else "the other ranks"
+                self.evicted_by = EvictedError(
+                    f"{who} declared rank {me} dead and went on without it: "
+                    f"{getattr(error, 'reason', None) or error}", rank=rank, host=host if rank is not None else None)
 
     def refusal(self, source: int | None, group: int) -> BaseException | None:
         state = self.by_id.get(group)

@@ -11,8 +11,9 @@ from ..transport.matching import Matcher
 class MatcherCarrier:
     """What the world transport does once GroupStates recorded a failure, for a lone matcher."""
 
-    def __init__(self, matcher: Matcher):
+    def __init__(self, matcher: Matcher, rank: int = 0):
         self.matcher = matcher
+        self.rank = rank
 
     def failed_peer(self, peer: int, error: BaseException) -> None:
         self.matcher.fail_source(peer, error)
@@ -22,6 +23,9 @@ class MatcherCarrier:
 
     def held_calls(self, group: int, seq: int) -> list[tuple[int, MessageKey, int]]:
         return self.matcher.held_calls(group, seq)
+
+    def cut_off(self, peer: int, error: BaseException) -> None:
+        """A lone matcher has no connection to hang up."""
 
 
 def wired_matcher(held_limit: int = 64 << 20) -> Matcher:

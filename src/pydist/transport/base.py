@@ -124,10 +124,6 @@ class Events(Protocol):
     def abort_group(self, group: int, error: BaseException) -> None:
         """A peer aborted ``group`` (its ABORT frame), or a message showed the ranks desynchronised."""
 
-    def evicted(self, error: BaseException) -> None:
-        """This rank was silent longer than its peers allow (stopped, starved): they have
-        declared it dead and gone on (``error``, an EvictedError)."""
-
     def refusal(self, source: int | None, group: int) -> BaseException | None:
         """Why a receive of ``group`` from ``source`` (None: any) posted now must fail at once
         (the group was aborted, or the source is gone); None when it may wait."""
@@ -186,10 +182,8 @@ class NetworkTransport(Transport):
         """Where peers reach this rank, every lane of it (for debug output)."""
         return self.peer_host(self.rank)
 
-    def silenced(self) -> BaseException | None:
-        """An EvictedError when this rank has been silent longer than its peers allow (its
-        process stopped or starved past PYDIST_PEER_TIMEOUT): they have declared it dead."""
-        return None
+    def cut_off(self, peer: int, error: BaseException) -> None:  # noqa: B027 - a transport without liveness
+        """Another rank declared ``peer`` dead (``error``): hang up on it too, telling it so."""
 
     def fail_sends(self, group: int, error: BaseException) -> None:  # noqa: B027 - sends that complete at once
         """``group`` was aborted: fail its sends still queued here."""

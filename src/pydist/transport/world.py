@@ -168,9 +168,10 @@ class WorldTransport:
     def disengage(self) -> None:
         self.network.disengage()
 
-    def silenced(self) -> BaseException | None:
-        """See NetworkTransport.silenced (this rank's peers have declared it dead)."""
-        return self.network.silenced()
+    def cut_off(self, peer: int, error: BaseException) -> None:
+        """Another rank declared ``peer`` dead: hang up on it too (see NetworkTransport.cut_off)."""
+        if peer != self.rank:
+            self.network.cut_off(peer, error)
 
     def peer_host(self, peer: int) -> str:
         return self.network.peer_host(peer)

@@ -85,6 +85,7 @@ class Connection:
         self.closing = False  # close(): read to the peer's EOF, paused or not
         self.bye_received = False
         self.evicted: dict | None = None  # the peer's BYE said it declared this rank dead
+        self.notified = False  # this rank told the peer it declared it dead
         self.error: BaseException | None = None
         # real time (the heartbeat's, see TcpTransport._check_liveness): the last bytes in and out
         self.last_heard = self.last_sent = time.monotonic()

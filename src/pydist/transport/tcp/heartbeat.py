@@ -7,9 +7,10 @@ which runs whatever the caller does: a process that cannot send it is stopped (S
 outside Python, or gone with its host or network. A peer whose data this rank stopped reading
 (too much of it held, see ..flow) is alive by that very data and is not looked at; nor is one
 whose bytes wait unread on its socket (a reader is late, the peer spoke). A rank whose own I/O
-thread did not run for a while (its process stopped or starved) does not blame its peers for
-that silence; past the timeout it knows its peers declared it dead (``silenced``). Real time
-throughout: it measures how long processes have been silent.
+thread did not run for a while (its process stopped or starved, or the whole machine) does not
+blame its peers for that silence. A rank learns that it was declared dead from its peers'
+notices only (a machine-wide stall silences everybody: nobody is declared dead then). Real
+time throughout: it measures how long processes have been silent.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import select
 import time
 from typing import Protocol
 
-from ...core.errors import EvictedError
 from ..base import Events
 from ..framing import Kind, encode_frame
 from .connection import Connection
@@ -46,7 +46,6 @@ class Heartbeat:
         #: frame from this rank: a BEAT then); None: no heartbeat
         self.beat = peer_timeout / 3 if peer_timeout > 0 else None
         self._last_look = self._resumed = time.monotonic()
-        self._silenced: EvictedError | None = None
         self._frame = memoryview(encode_frame(Kind.BEAT, 0, 0, 0))
 
     def tick(self) -> None:
@@ -69,20 +68,6 @@ class Heartbeat:
                                       "is gone")
             elif now - conn.last_sent >= beat:
                 conn.send([self._frame], None)
-
-    def silenced(self) -> EvictedError | None:
-        """An EvictedError once this rank has been silent (its I/O thread did not run: the
-        process was stopped or starved) longer than PYDIST_PEER_TIMEOUT: by the heartbeat's
-        rule its peers have declared it dead. Told to the transport's events once."""
-        if self._silenced is None and self.beat is not None and not self._transport.closed:
-            gap = time.monotonic() - self._last_look
-            if gap > self.peer_timeout:
-                self._silenced = EvictedError(
-                    f"rank {self._transport.rank} was silent for {gap:.1f} s, longer than PYDIST_PEER_TIMEOUT "
-                    f"({self.peer_timeout:g} s): its process was stopped or starved, and its peers declare such a "
-                    "rank dead and go on without it", rank=self._transport.rank)
-                self._transport.events.evicted(self._silenced)
-        return self._silenced
 
 
 def _unread(conn: Connection) -> bool:

@@ -97,6 +97,7 @@ class TcpTransport(CallerReads, NetworkTransport):
         self._pending_write: list[Connection] = []
         self.matcher.throttle.resume = self._resume_reading
         self._pending_fail: list[tuple[Connection, BaseException]] = []
+        self._pending_calls: list[Callable[[], None]] = []  # for the I/O thread (see _do_later)
         self._parts: dict[Request, list[Request]] = {}  # striped receives in progress: their parts
         self._unsent: dict[int, list[Request]] = {}  # group -> sends not finished yet (see fail_sends)
         self._unsent_lock = threading.Lock()
@@ -343,6 +344,12 @@ class TcpTransport(CallerReads, NetworkTransport):
             self._pending_fail.append((conn, error))
         self._wake()
 
+    def _do_later(self, call: Callable[[], None]) -> None:
+        """Have the I/O thread run ``call`` (it may fail connections: only the reading thread may)."""
+        with self._pending_lock:
+            self._pending_calls.append(call)
+        self._wake()
+
     def peer_aborted(self, peer: int, group: int, payload: bytes) -> None:
         """``peer``'s ABORT frame for ``group`` arrived (the reading thread)."""
         self.events.abort_group(group, aborted_by(peer, self.records[peer].hostname, payload))
@@ -360,8 +367,11 @@ class TcpTransport(CallerReads, NetworkTransport):
         with self._pending_lock:
             writes, self._pending_write = self._pending_write, []
             fails, self._pending_fail = self._pending_fail, []
+            calls, self._pending_calls = self._pending_calls, []
         for conn, error in fails:
             self._drop(conn, error)
+        for call in calls:
+            call()
         for conn in writes:
             self._flush(conn)
 
@@ -384,7 +394,6 @@ class TcpTransport(CallerReads, NetworkTransport):
         poller = self._poller
         while not self._stopping:
             woken, readable, writable = poller.wait_io(self._heart.beat)
-            self._heart.silenced()  # before reading what the peers said meanwhile
             if woken:
                 self._apply_pending()
             if readable:
@@ -396,9 +405,6 @@ class TcpTransport(CallerReads, NetworkTransport):
                 self._flush(self._by_fd[fd])
             self._heart.tick()
 
-    def silenced(self) -> BaseException | None:
-        return self._heart.silenced()
-
     @property
     def connections_now(self) -> list[Connection]:
         """Every connection (each lane of each peer), as the I/O thread sees them now."""
@@ -408,16 +414,38 @@ class TcpTransport(CallerReads, NetworkTransport):
     def closed(self) -> bool:
         return self._closed
 
-    def evict(self, conn: Connection, reason: str) -> None:
-        """Declare ``conn``'s peer dead for ``reason`` (the heartbeat's): tell it (should it be
-        only stopped, it learns on waking: EvictedError), fail what waits on it, hang up."""
-        notice = json.dumps({"reason": reason}).encode()
-        conn.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, notice))], None)  # best effort: it may not be read
-        self._drop(conn, None, PeerFailedError(reason, rank=conn.peer, host=conn.host))  # first: a reader
-        try:  # that sees the hang-up below must find the connection failed with this reason
+    def evict(self, conn: Connection, reason: str, error: BaseException | None = None) -> None:
+        """Declare ``conn``'s peer dead for ``reason`` (the heartbeat's, or ``error`` another rank
+        reported): tell it (should it be only stopped, it learns on waking: EvictedError), fail
+        what waits on it, hang up. The notice goes on each of its lanes: the one found silent
+        may be the one lost. The reading thread only (see cut_off)."""
+        for lane in self._lanes.get(conn.peer, [conn]):
+            self._notify(lane, reason)
+        self._drop(conn, None, error or PeerFailedError(reason, rank=conn.peer, host=conn.host))  # first: a
+        try:  # reader that sees the hang-up below must find the connection failed with this reason
             conn.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def cut_off(self, peer: int, error: BaseException) -> None:
+        """Another rank declared ``peer`` dead (``error``, its account): hang up on it too, with a
+        notice, so that all ranks agree it is out (should it only be stopped, it learns on
+        waking from every peer that it was declared dead). The notice goes now (this process
+        may be about to end), the hang-up from the I/O thread."""
+        lanes = self._lanes.get(peer, [])
+        if lanes and lanes[0].error is None and not self._closed:
+            reason = f"declared dead: {getattr(error, 'reason', None) or error}"
+            for lane in lanes:
+                self._notify(lane, reason)
+            self._do_later(lambda: self.evict(lanes[0], reason, error))
+
+    @staticmethod
+    def _notify(conn: Connection, reason: str) -> None:
+        """Tell ``conn``'s peer it was declared dead (a BYE with the reason; best effort: a
+        dead peer does not read it, a stopped one does on waking); once per connection."""
+        if not conn.notified:
+            conn.notified = True
+            conn.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, json.dumps({"reason": reason}).encode()))], None)
 
     def _flush(self, conn: Connection) -> None:
         """I/O thread: send what ``conn`` has queued; wait for it to be writable if the
