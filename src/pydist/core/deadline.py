@@ -119,3 +119,12 @@ class Deadline:
     def __repr__(self) -> str:
         left = self.remaining()
         return "Deadline(never)" if left is None else f"Deadline(in {left:.3f}s)"
+
+
+def poll_until(condition: Callable[[], bool], deadline: Deadline) -> None:
+    """Poll ``condition`` with backoff sleeps on the current clock until it holds or
+    ``deadline`` passes (a fake clock lets it pass at once)."""
+    delay = 0.0005
+    while not condition() and not deadline.expired():
+        sleep(delay)
+        delay = min(delay * 2, 0.02)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from ...core.errors import EvictedError, PeerFailedError
 from ..base import Request
-from ..framing import Header, Kind
+from ..framing import Header, Kind, encode_frame
 from ..matching import Matcher
 from ..receiver import FrameReceiver
 from .tls_socket import TlsSocket
@@ -41,6 +41,7 @@ class Owner(Protocol):
     def peer_aborted(self, peer: int, group: int, payload: bytes) -> None: ...
     def peer_lost(self, peer: int, error: BaseException) -> None: ...
     def reading_elsewhere(self) -> bool: ...
+    def stalled(self) -> float | None: ...
 
 
 class Outgoing:
@@ -168,6 +169,13 @@ class Connection:
             if direct is None and n < STAGING_BYTES:
                 return
 
+    def notify(self, reason: str) -> None:
+        """Tell the peer it was declared dead (a BYE with the reason; best effort: a dead peer
+        does not read it, a stopped one does on waking); once."""
+        if not self.notified:
+            self.notified = True
+            self.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, json.dumps({"reason": reason}).encode()))], None)
+
     def _control(self, header: Header, payload: bytes) -> None:
         if header.kind == Kind.BYE:
             self.bye_received = True
@@ -184,6 +192,11 @@ class Connection:
         if self.evicted is not None:
             return EvictedError(f"rank {self.peer} on {self.host} declared rank {me} dead and went on without it: "
                                 f"{self.evicted.get('reason', '')}", rank=self.peer, host=self.host)
+        stall = self.transport.stalled() if not self.bye_received else None
+        if stall is not None:  # it hung up while this process was stopped: the notice was lost
+            return EvictedError(f"rank {me} was stopped or stuck for {stall:.1f} s, longer than PYDIST_PEER_TIMEOUT, "
+                                f"and rank {self.peer} on {self.host} hung up on it meanwhile: its peers declared it "
+                                "dead and went on without it", rank=self.peer, host=self.host)
         if self.bye_received:
             text = (f"rank {self.peer} on {self.host} has shut down its process group "
                     f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")

@@ -9,8 +9,10 @@ outside Python, or gone with its host or network. A peer whose data this rank st
 whose bytes wait unread on its socket (a reader is late, the peer spoke). A rank whose own I/O
 thread did not run for a while (its process stopped or starved, or the whole machine) does not
 blame its peers for that silence. A rank learns that it was declared dead from its peers'
-notices only (a machine-wide stall silences everybody: nobody is declared dead then). Real
-time throughout: it measures how long processes have been silent.
+notices (a machine-wide stall silences everybody: nobody is declared dead then), or, when a
+notice was lost (it sat unsent behind data the stopped rank's full buffers refused), from a
+peer hanging up on it right after its own I/O thread was stalled for longer than the timeout
+(``stalled``). Real time throughout: it measures how long processes have been silent.
 """
 from __future__ import annotations
 
@@ -45,8 +47,28 @@ class Heartbeat:
         #: seconds between two looks at the peers (and the longest a connection goes without a
         #: frame from this rank: a BEAT then); None: no heartbeat
         self.beat = peer_timeout / 3 if peer_timeout > 0 else None
-        self._last_look = self._resumed = time.monotonic()
+        self._last_look = self._resumed = self._last_run = time.monotonic()
+        self._stall = self._stall_end = 0.0  # the last stall longer than the timeout: length, end
         self._frame = memoryview(encode_frame(Kind.BEAT, 0, 0, 0))
+
+    def ran(self) -> None:
+        """I/O thread, each time its wait returns (at least every ``beat``): a gap longer than
+        the timeout since the last time was a stall of this process (see ``stalled``)."""
+        now = time.monotonic()
+        if self.beat is not None and now - self._last_run > self.peer_timeout:
+            self._stall, self._stall_end = now - self._last_run, now
+        self._last_run = now
+
+    def stalled(self) -> float | None:
+        """Seconds this process was stalled (stopped, stuck) for longer than the timeout, if it is
+        just out of such a stall (the I/O thread has not run since, or ran less than a timeout
+        ago): long enough for its peers to have declared it dead. None otherwise, or when off."""
+        if self.beat is None:
+            return None
+        now = time.monotonic()
+        if now - self._last_run > self.peer_timeout:
+            return now - self._last_run
+        return self._stall if self._stall and now - self._stall_end < self.peer_timeout else None
 
     def tick(self) -> None:
         """I/O thread, after each wait: BEATs where due, silent peers declared dead."""

@@ -17,7 +17,6 @@ frame so the error can say so. A peer's ABORT frame is reported to ``events``.
 """
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -263,11 +262,11 @@ class TcpTransport(CallerReads, NetworkTransport):
         if self._join is not None:
             self._join.close()
         deadline = Deadline.after(FLUSH_SECONDS)
-        self._wait_until(lambda: all(c.idle() for c in self._every), deadline)
+        _deadline.poll_until(lambda: all(c.idle() for c in self._every), deadline)
         bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0))
         for conn in self._every:
             conn.send([bye], None)
-        self._wait_until(lambda: all(c.idle() for c in self._every), deadline)
+        _deadline.poll_until(lambda: all(c.idle() for c in self._every), deadline)
         for conn in self._every:
             conn.closing = True  # read to every peer's EOF, paused or not
             self._arm(conn)
@@ -275,7 +274,7 @@ class TcpTransport(CallerReads, NetworkTransport):
                 conn.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        self._wait_until(lambda: all(c.error is not None for c in self._every),
+        _deadline.poll_until(lambda: all(c.error is not None for c in self._every),
                          Deadline.after(LINGER_SECONDS))
         self._stopping = True
         self._wake()
@@ -287,15 +286,6 @@ class TcpTransport(CallerReads, NetworkTransport):
             conn.sock.close()
         self._wake_r.close()
         self._wake_w.close()
-
-    @staticmethod
-    def _wait_until(condition, deadline: Deadline) -> None:
-        """Poll ``condition`` with backoff sleeps on the current clock until it holds or
-        ``deadline`` passes (a fake clock lets the linger pass at once)."""
-        delay = 0.0005
-        while not condition() and not deadline.expired():
-            _deadline.sleep(delay)
-            delay = min(delay * 2, 0.02)
 
     # -- I/O thread -----------------------------------------------------------------------
     def _wake(self) -> None:
@@ -394,6 +384,7 @@ class TcpTransport(CallerReads, NetworkTransport):
         poller = self._poller
         while not self._stopping:
             woken, readable, writable = poller.wait_io(self._heart.beat)
+            self._heart.ran()
             if woken:
                 self._apply_pending()
             if readable:
@@ -404,6 +395,10 @@ class TcpTransport(CallerReads, NetworkTransport):
             for fd in writable:
                 self._flush(self._by_fd[fd])
             self._heart.tick()
+
+    def stalled(self) -> float | None:
+        """Seconds this process was just stalled, longer than PYDIST_PEER_TIMEOUT (Heartbeat.stalled)."""
+        return self._heart.stalled()
 
     @property
     def connections_now(self) -> list[Connection]:
@@ -420,7 +415,7 @@ class TcpTransport(CallerReads, NetworkTransport):
         what waits on it, hang up. The notice goes on each of its lanes: the one found silent
         may be the one lost. The reading thread only (see cut_off)."""
         for lane in self._lanes.get(conn.peer, [conn]):
-            self._notify(lane, reason)
+            lane.notify(reason)
         self._drop(conn, None, error or PeerFailedError(reason, rank=conn.peer, host=conn.host))  # first: a
         try:  # reader that sees the hang-up below must find the connection failed with this reason
             conn.sock.shutdown(socket.SHUT_RDWR)
@@ -436,16 +431,8 @@ class TcpTransport(CallerReads, NetworkTransport):
         if lanes and lanes[0].error is None and not self._closed:
             reason = f"declared dead: {getattr(error, 'reason', None) or error}"
             for lane in lanes:
-                self._notify(lane, reason)
+                lane.notify(reason)
             self._do_later(lambda: self.evict(lanes[0], reason, error))
-
-    @staticmethod
-    def _notify(conn: Connection, reason: str) -> None:
-        """Tell ``conn``'s peer it was declared dead (a BYE with the reason; best effort: a
-        dead peer does not read it, a stopped one does on waking); once per connection."""
-        if not conn.notified:
-            conn.notified = True
-            conn.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, json.dumps({"reason": reason}).encode()))], None)
 
     def _flush(self, conn: Connection) -> None:
         """I/O thread: send what ``conn`` has queued; wait for it to be writable if the
