@@ -1,7 +1,8 @@
 """torch Work objects over pydist's Work.
 
 ``PydistWork`` subclasses ``torch.distributed.Work``: ``wait`` re-raises pydist's error,
-``get_future`` returns a torch Future resolving to the output tensors, and
+``get_future`` returns a torch Future resolving to the output tensors (failing, as torch's
+own futures do, with a RuntimeError that names pydist's error), and
 ``_source_rank`` reports the sender of a receive from any source (what torch's ``recv``
 asks for). The future is set on pydist's callback runner, so its ``then`` callbacks may
 wait on other collectives of the same group (torch's PowerSGD hook does), as on gloo.
@@ -81,19 +82,20 @@ class PydistWork(tdist.Work):
     def get_future(self) -> torch.futures.Future:
         """A torch Future set (on pydist's callback runner) when every part is done."""
         if self._future is None:
-            self._future = torch.futures.Future()
-            self._set_when_done(self._future)
+            source: torch.futures.Future = torch.futures.Future()
+            self._future = _failing_in_cpp(source)
+            self._set_when_done(source)
         return self._future
 
     def end_record_when_done(self, record: Any) -> None:
         """End the profiler ``record`` (from ``_record_function_with_args_enter``) when every
         part is done; the future then resolves once the record has ended."""
         assert self._future is None, "end_record_when_done before any get_future"
-        completion: torch.futures.Future = torch.futures.Future()
+        source: torch.futures.Future = torch.futures.Future()
         # attached before completion can be set: a callback added to a done future runs here
-        self._future = torch.ops.profiler._call_end_callbacks_on_jit_fut(record, completion)
+        self._future = torch.ops.profiler._call_end_callbacks_on_jit_fut(record, _failing_in_cpp(source))
         self._profiled = True
-        self._set_when_done(completion, hop=True)
+        self._set_when_done(source, hop=True)
 
     def _set_when_done(self, future: torch.futures.Future, hop: bool = False) -> None:
         """Set ``future`` when every part is done; ``hop``: on the callback runner even when
@@ -125,3 +127,15 @@ class PydistWork(tdist.Work):
             complete()
         for work in self._works:
             work.add_done_callback(one_done)
+
+
+def _failing_in_cpp(source: torch.futures.Future) -> torch.futures.Future:
+    """A future that takes ``source``'s value, or fails where torch's C++ reads it (DDP's
+    reducer) when ``source`` was given an exception: torch's Python ``set_exception`` stores
+    the exception as the value, an error only to Python readers; a ``then`` callback that
+    raises sets the C++ error."""
+    return source.then(_value_of)
+
+
+def _value_of(future: torch.futures.Future) -> Any:
+    return future.value()  # raises the exception that set_exception stored
