@@ -31,9 +31,10 @@ def _results(stdout: str) -> list[dict]:
     return [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
 
 
-@pytest.mark.parametrize("env", [{}, {"PYDIST_SHM": "0"}], ids=["shm", "tcp"])
-def test_a_killed_worker_is_replaced_and_the_world_grows_back(env):
-    done = _launch("--on-failure", "replace", env=env)
+@pytest.mark.parametrize(("env", "victim"), [({}, 2), ({"PYDIST_SHM": "0"}, 2), ({}, 0)],
+                         ids=["shm", "tcp", "rank 0 (first in the store's job record)"])
+def test_a_killed_worker_is_replaced_and_the_world_grows_back(env, victim):
+    done = _launch("--on-failure", "replace", env=env, kill_rank=victim)
     assert done.returncode == 0, done.stderr
     results = _results(done.stdout)
     assert sorted(r["joined"] for r in results) == [False, False, True]
@@ -43,7 +44,7 @@ def test_a_killed_worker_is_replaced_and_the_world_grows_back(env):
         sizes = [size for size, _ in result["steps"]]
         assert sizes[:5] == [3] * 5 and 2 in sizes and sizes[-1] == 3  # shrank, then grew back
     assert sorted(r["rank"] for r in results) == [0, 1, 2]
-    assert "replacement 1 of 10 started" in done.stderr and "failed and were replaced: rank 2" in done.stderr
+    assert "replacement 1 of 10 started" in done.stderr and f"failed and were replaced: rank {victim}" in done.stderr
 
 
 def test_past_the_replacements_allowed_the_others_go_on():

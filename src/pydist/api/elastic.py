@@ -12,6 +12,11 @@
         except pydist.DistError as error:
             job.recover(error)         # shrink past the dead; the step is done again
 
+``state`` may hold pydist's DistributedSampler: a replacement gets its epoch and start, and
+``sampler.set_epoch(epoch, start=...)`` resumes an epoch on a changed world with no sample
+skipped or taken twice. torch programs on the plugin use ``pydist.torch.Elastic`` (torch's
+default group, torch DDP).
+
 ``sync()`` admits the ranks waiting to join (admit_joiners) and heals them from the members
 (api.heal: the state and ``progress`` of rank 0 and up to ``stripes`` members); on a
 replacement, the first ``sync()`` is where it receives them. ``recover(error)`` shrinks the
@@ -29,7 +34,7 @@ import numpy as np
 
 from ..core.errors import DistError
 from ..core.ops import ReduceOp
-from ..groups.world import current
+from ..groups.world import World, current, using_world
 from .collectives import all_reduce
 from .groups import get_rank, get_world_size
 from .grow import admit_joiners
@@ -47,8 +52,18 @@ class Elastic:
         self.progress: dict[str, Any] = {} if progress is None else progress
         self.stripes = stripes
         #: a process that joined the running job is healed at its first sync
-        self._to_heal = current().joined
+        self._to_heal = self._world().joined
         self._changed = False
+
+    def _world(self) -> World:
+        """The World whose default group the job runs on (the torch plugin's: pydist.torch.Elastic)."""
+        return current()
+
+    def _admit(self) -> list[int]:
+        return admit_joiners()
+
+    def _shrink(self, dead: list[int]) -> None:
+        shrink_group(dead)
 
     def sync(self) -> bool:
         """A step boundary, called by every rank: admit and heal the ranks waiting to join (a
@@ -56,30 +71,36 @@ class Elastic:
         changed, self._changed = self._changed, False
         if self._to_heal:
             self._to_heal = False
-            self._heal_newcomers(joined=[get_rank()])
+            self._heal_newcomers(joined=[self._rank()])
             return True
-        joined = admit_joiners()
+        joined = self._admit()
         if joined:
             self._heal_newcomers(joined)
             return True
         return changed
 
+    def _rank(self) -> int:
+        with using_world(self._world()):
+            return get_rank()
+
     def _heal_newcomers(self, joined: list[int]) -> None:
-        members = [rank for rank in range(get_world_size()) if rank not in joined]
-        heal(self.state, self.progress, members, joined, self.stripes)
+        with using_world(self._world()):
+            members = [rank for rank in range(get_world_size()) if rank not in joined]
+            heal(self.state, self.progress, members, joined, self.stripes)
 
     def recover(self, error: DistError) -> None:
         """After ``error`` (a DistError of a collective of the default group): shrink past the
         ranks it names dead; survivors whose progress differs take rank 0's state and progress."""
         dead = sorted(error.dead_ranks)
-        evicted = current().states.evicted_by
+        evicted = self._world().states.evicted_by
         if evicted is not None:  # the others declared this rank dead (it was stopped): it is out
             raise evicted from error
         if not dead:  # nobody known dead (a timeout, a desync): nothing to recover from here
             raise error
-        shrink_group(dead)
-        if not self._agreed():
-            heal(self.state, self.progress, [0], list(range(1, get_world_size())), 1)
+        self._shrink(dead)
+        with using_world(self._world()):
+            if not self._agreed():
+                heal(self.state, self.progress, [0], list(range(1, get_world_size())), 1)
         self._changed = True
 
     def _agreed(self) -> bool:

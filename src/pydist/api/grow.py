@@ -21,7 +21,7 @@ import numpy as np
 from ..core.deadline import Deadline
 from ..core.ops import ReduceOp
 from ..groups import admission
-from ..groups.factory import join_admitted, joining_transport, rebuild_default
+from ..groups.factory import join_admitted, joining_transport, launch_position, rebuild_default
 from ..groups.process_group import ProcessGroup
 from ..groups.world import World, current
 from ..store import Store
@@ -86,6 +86,14 @@ def join_running_job(world: World, store: Store, timeout: float, owned_store: St
     _log.info("joined the job as rank %d of %d (transport rank %d)", group.rank(), group.size(),
               ticket.transport_rank)
     return confirmed(world, group)
+
+
+def join_standalone(store: Any, timeout: float) -> World:
+    """A private World (one torch group's, see groups.factory.standalone_world) that joined
+    the running job met through ``store``: its default group is the grown one."""
+    world = World(job=launch_position())
+    join_running_job(world, store, timeout, None)
+    return world
 
 
 def _seconds(timeout: Any) -> float:

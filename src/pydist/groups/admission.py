@@ -33,7 +33,7 @@ import numpy as np
 
 from ..core.deadline import Deadline
 from ..core.errors import DistBackendError
-from ..store import PrefixStore, Store
+from ..store import Store
 from .world import World, group_digest
 
 JOB, JOINERS = "pydist/job", "pydist/joiners"
@@ -45,8 +45,9 @@ _log = logging.getLogger("pydist")
 
 
 def base_store(store: Store) -> Store:
-    """The store under a world's namespace (where the job's keys live)."""
-    return store.underlying_store if isinstance(store, PrefixStore) else store
+    """The store under a world's namespace (where the job's keys live): a PrefixStore's, or a
+    torch store's (pydist.torch._store.TorchStore.prefixed)."""
+    return getattr(store, "underlying_store", None) or store
 
 
 def found_job(base: Store, transport_namespace: str, size: int) -> None:

@@ -47,34 +47,38 @@ def default_transport(rank: int, size: int, store: Any, deadline: Deadline, even
 def join_native(world: World, rank: int, size: int, store: Any, timeout: float, backend_name: str,
                 owned_store: Store | None = None, store_host: int | None = None) -> None:
     """Make ``world`` rank ``rank`` of ``size``: its transport met through a new namespace of
-    ``store`` (a pydist Store; another, a torch group's prefixed store, is used as it is),
+    ``store`` (a pydist Store, or a torch group's: pydist.torch._store.TorchStore),
     its progress board, then a barrier of every rank over the transport. The store may live
     in one of the ranks (env://): without the barrier, that rank could return, finish and
     exit while a slower one still needs the store for its own setup. Releases what it made
     (and ``owned_store``) when it fails."""
-    prefixed = namespace(world, store)
+    scoped = namespace(world, store)
     deadline = Deadline.after(timeout)
     transport = progress = None
     try:
         factory = world.transport_factory or default_transport
-        transport = factory(rank, size, prefixed, deadline, world.states, False)
-        progress = ProgressBoard(prefixed, rank)  # writes its first record: before the barrier
+        transport = factory(rank, size, scoped, deadline, world.states, False)
+        progress = ProgressBoard(scoped, rank)  # writes its first record: before the barrier
         barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))  # group id 0: none
     except BaseException:
         for each in (progress, transport, owned_store):
             if each is not None:
                 each.close()
         raise
-    world.join(rank, size, backend_name, prefixed, owned_store, transport, progress, store_host)
-    if rank == 0 and isinstance(prefixed, PrefixStore):  # ranks may join this job later
+    world.join(rank, size, backend_name, scoped, owned_store, transport, progress, store_host)
+    if rank == 0:  # ranks may join this job later
         found_job(store, f"pydist/{world.generation}", size)
 
 
 def namespace(world: World, store: Any) -> Any:
-    """A new namespace of ``store`` for ``world``'s keys (a torch store, already one per torch
-    group, is used as it is)."""
-    generation = world.next_generation()
-    return PrefixStore(f"pydist/{generation}", store) if isinstance(store, Store) else store
+    """A new namespace of ``store`` (a pydist store or a torch group's, see
+    pydist.torch._store) for ``world``'s keys."""
+    return prefixed(store, f"pydist/{world.next_generation()}")
+
+
+def prefixed(store: Any, prefix: str) -> Any:
+    """The namespace ``prefix`` of ``store``."""
+    return PrefixStore(prefix, store) if isinstance(store, Store) else store.prefixed(prefix)
 
 
 def join_mpi(world: World, rank: int = -1, size: int = -1, transport_ranks: list[int] | None = None) -> None:
@@ -91,7 +95,7 @@ def join_mpi(world: World, rank: int = -1, size: int = -1, transport_ranks: list
 def joining_transport(world: World, ticket: Ticket, base: Store, deadline: Deadline) -> WorldTransport:
     """A joining rank's transport (listening; the job's ranks connect to it when they admit it)."""
     factory = world.transport_factory or default_transport
-    return factory(ticket.transport_rank, ticket.size, PrefixStore(ticket.namespace, base), deadline, world.states,
+    return factory(ticket.transport_rank, ticket.size, prefixed(base, ticket.namespace), deadline, world.states,
                    True)
 
 
@@ -104,7 +108,7 @@ def join_admitted(world: World, transport: WorldTransport, ticket: Ticket, decis
     if unreachable:
         raise DistNetworkError(f"rank joining as transport rank {ticket.transport_rank}: could not reach the "
                                f"job's ranks {unreachable} (transport ranks) after they admitted it")
-    store = PrefixStore(f"pydist/{world.next_generation(at_least=decision['generation'])}", base)
+    store = prefixed(base, f"pydist/{world.next_generation(at_least=decision['generation'])}")
     rank = members.index(ticket.transport_rank)
     world.join(rank, len(members), "pydist", store, owned_store, transport, ProgressBoard(store, rank),
                transport_ranks=members, started=ticket.size)
@@ -153,7 +157,7 @@ def make_group(world: World, global_ranks: list[int], group_id: int, name: str, 
     return world.add_group(group, default)
 
 
-def _job() -> tuple[int, int] | None:
+def launch_position() -> tuple[int, int] | None:
     """This process's rank and size in its whole job, from the launcher (RANK, WORLD_SIZE),
     for a private world (one torch group of the job); None when they are not set."""
     job_rank, job_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
@@ -162,9 +166,12 @@ def _job() -> tuple[int, int] | None:
 
 def standalone_world(store: Any, rank: int, size: int, timeout: float, name: str) -> World:
     """A private world of ``size`` ranks met through ``store``, with one default group named
-    ``name``; ``world.leave()`` releases it."""
-    world = World(job=_job())
-    join_native(world, rank, size, store, timeout, "pydist", store_host=0)
+    ``name``; ``world.leave()`` releases it. The store lives in rank 0 (torch's env://) unless
+    a launcher's agent serves it (TORCHELASTIC_USE_AGENT_STORE=True, as torch reads it): then
+    a shrink past rank 0 keeps it."""
+    world = World(job=launch_position())
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    join_native(world, rank, size, store, timeout, "pydist", store_host=None if agent_store else 0)
     group_id, _ = world.group_id(list(range(size)))
     make_group(world, list(range(size)), group_id, name, timeout, default=True)
     return world
@@ -174,7 +181,7 @@ def standalone_mpi_world(global_ranks: list[int] | None, rank: int, size: int, t
     """``standalone_world`` over MPI: ``global_ranks`` are the members' MPI world ranks (None
     or empty: the MPI world, whose rank and size must then be ``rank`` and ``size``)."""
     from ..engines.mpi import check_group_rank
-    world = World(job=_job())
+    world = World(job=launch_position())
     join_mpi(world, rank, size, check_group_rank(global_ranks, rank, size))
     group_id, _ = world.group_id(list(range(size)))
     make_group(world, list(range(size)), group_id, name, timeout, default=True)

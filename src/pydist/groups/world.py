@@ -16,10 +16,11 @@ Ranks: ``rank``/``size`` are this process's global rank and the world's size (re
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .state import GroupStates
@@ -205,6 +206,18 @@ def process_world() -> World:
 def use_world(world: World | None) -> None:
     """Make ``world`` this thread's World (None: back to the process's)."""
     _THREAD.world = world
+
+
+@contextlib.contextmanager
+def using_world(world: World) -> Iterator[World]:
+    """This thread's World is ``world`` inside the block (the public API runs on it), and
+    what it was before after the block."""
+    before = _THREAD.world
+    _THREAD.world = world
+    try:
+        yield world
+    finally:
+        _THREAD.world = before
 
 
 def local_host() -> str:

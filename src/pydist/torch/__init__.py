@@ -7,8 +7,11 @@ Then ``torch.distributed.init_process_group("pydist")``, every torch.distributed
 pydist's own DistributedDataParallel.
 """
 from .backend import Options, ProcessGroupPydist, create_process_group, register
+from .elastic import Elastic
+from .grow import admit_joiners
 from .shrink import shrink_group
 
 register()
 
-__all__ = ["Options", "ProcessGroupPydist", "create_process_group", "register", "shrink_group"]
+__all__ = ["Elastic", "Options", "ProcessGroupPydist", "admit_joiners", "create_process_group", "register",
+           "shrink_group"]

@@ -4,7 +4,8 @@ The transport waits on the store in short polls and tells a timeout (poll again)
 failures by pydist's DistStoreError; torch's stores raise torch.distributed.DistStoreError,
 which is not one. ``TorchStore`` forwards every call and raises pydist's class instead
 (the torch error as its cause), so a rank arriving late to a group's first shared-memory
-collective is waited for instead of failing the first poll.
+collective is waited for instead of failing the first poll. ``prefixed`` gives a namespace
+of it (torch's PrefixStore), as pydist's PrefixStore does for pydist's stores.
 """
 from __future__ import annotations
 
@@ -18,8 +19,18 @@ from ..core.errors import DistStoreError
 class TorchStore:
     """Wraps a torch store; every method call maps torch's DistStoreError to pydist's."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, underlying: TorchStore | None = None):
         self._store = store
+        self._underlying = underlying
+
+    def prefixed(self, prefix: str) -> TorchStore:
+        """A namespace of this store: every key ``k`` is ``prefix/k`` in it."""
+        return TorchStore(tdist.PrefixStore(prefix, self._store), underlying=self)
+
+    @property
+    def underlying_store(self) -> TorchStore | None:
+        """The store this namespace was made of (``prefixed``); None for one that was not."""
+        return self._underlying
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._store, name)

@@ -25,12 +25,14 @@ import torch.distributed as tdist
 
 import pydist
 
+from ..api.grow import join_standalone
 from ..core.ops import RedOpType, ReduceOp
 from ..core.settings import settings
 from ..groups.factory import standalone_mpi_world, standalone_world
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from ..groups.world import World
+from ._group_count import agree_group_count
 from ._profiling import (
     all_reduce_title,
     first_argument,
@@ -90,10 +92,18 @@ def register() -> None:
 def create_process_group(store, rank: int, size: int, timeout: timedelta, options: Any = None,
                          global_ranks: list[int] | None = None) -> ProcessGroupPydist:
     """A torch ProcessGroup over pydist: (prefix store, group rank, group size, timeout);
-    ``options``: see Options; ``global_ranks``: the members' world ranks (None: the world)."""
+    ``options``: see Options; ``global_ranks``: the members' world ranks (None: the world).
+    In a replacement (PYDIST_JOIN=1) the default group joins the running job (torch.grow)."""
     default_group = not global_ranks
     engine = _engine(options, default_group)
-    group = ProcessGroupPydist(store, rank, size, timeout, engine, global_ranks)
+    if default_group and engine == "pydist" and settings().join:  # a replacement joins the running job
+        world = join_standalone(TorchStore(store), timeout.total_seconds())
+        joined = world.default_group
+        assert joined is not None
+        group = ProcessGroupPydist(None, joined.rank(), joined.size(), timeout, engine, world=world)
+        agree_group_count(world)
+    else:
+        group = ProcessGroupPydist(store, rank, size, timeout, engine, global_ranks)
     if default_group:
         _default_engine[:] = [engine]
     return group

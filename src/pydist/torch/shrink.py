@@ -17,14 +17,14 @@ then be built on the result.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as tdist
 import torch.distributed.distributed_c10d as c10d
 
 from ..api.shrink import SHRINK_DEFAULT, shrink
-from .backend import BACKEND_NAME, ProcessGroupPydist
+from .backend import ProcessGroupPydist
+from .regroup import reregister
 
 _log = logging.getLogger("pydist")
 
@@ -39,29 +39,17 @@ def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: i
     is_default = target == c10d._get_default_group()
     name, desc = c10d._get_process_group_name(target), target.getGroupDesc()
     original_ranks = tdist.get_process_group_ranks(target)
-    backend_config = c10d._world.pg_backend_config.get(target, BACKEND_NAME)
     old_store = c10d._world.pg_map[target][1]
     world = target.pydist_world
     kept_before = world.transport_ranks or list(range(world.size))  # the transport ranks of target's ranks
     old_store_server = world.owned_store
-    shrunk = shrink(world, world.default_group, ranks_to_exclude, shrink_flags)  # type: ignore[arg-type]
+    shrink(world, world.default_group, ranks_to_exclude, shrink_flags)  # type: ignore[arg-type]
     remaining = [original_ranks[kept_before.index(t)] for t in world.transport_ranks or ()]
     new_store = world.owned_store if world.owned_store is not old_store_server else None
-    if is_default:
-        c10d._destroy_all_other_groups(exclude_group=target)
-    c10d._cleanup_process_group_global_state(target)
-    target.hand_over()  # its world now belongs to the shrunk group
-    created = ProcessGroupPydist(None, shrunk.rank(), shrunk.size(), timedelta(seconds=shrunk.timeout), target.engine,
-                                 world=world)
-    group_name = c10d._process_group_name(remaining, use_hashed_name=True)
-    created.setGroupName(group_name)
-    created.setGroupDesc("default:shrunken" if is_default else f"{desc or name}:shrunk")
     store = old_store if new_store is None else tdist.TCPStore(new_store.host, new_store.port,  # type: ignore[attr-defined]
                                                                is_master=False, wait_for_workers=False)
-    if is_default:
-        c10d._update_default_pg(created)
-    c10d._register_pg_in_world(pg=created, backend_name=BACKEND_NAME, store=store, group_name=group_name,
-                               backend_config=backend_config,
-                               rank_mapping={g: i for i, g in enumerate(remaining)})
+    group_name = c10d._process_group_name(remaining, use_hashed_name=True)
+    created = reregister(target, remaining, group_name, "default:shrunken" if is_default else f"{desc or name}:shrunk",
+                         store)
     _log.info("pydist.torch.shrink_group: %s -> %s, ranks %s", name, group_name, remaining)
     return created

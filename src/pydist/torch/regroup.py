@@ -1,0 +1,36 @@
+"""Registering a group that a shrink or a grow made of an existing one with torch.distributed,
+as torch registers the group its own shrink_group makes: the old torch group gives its world
+up to a new ProcessGroupPydist; a new default group replaces torch's default (the other
+groups destroyed, as torch does)."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed.distributed_c10d as c10d
+
+from .backend import BACKEND_NAME, ProcessGroupPydist
+
+
+def reregister(target: ProcessGroupPydist, ranks: list[int], group_name: str, desc: str,
+               store: Any) -> ProcessGroupPydist:
+    """A torch group over ``target``'s world, whose pydist default group changed: registered
+    under ``group_name`` with ``ranks`` (the torch global ranks of its members, in group rank
+    order) and ``store``, in ``target``'s place (the default group when ``target`` was)."""
+    is_default = target == c10d._get_default_group()
+    backend_config = c10d._world.pg_backend_config.get(target, BACKEND_NAME)
+    if is_default:
+        c10d._destroy_all_other_groups(exclude_group=target)
+    c10d._cleanup_process_group_global_state(target)
+    world = target.hand_over()  # its world now belongs to the new group
+    group = world.default_group
+    assert group is not None
+    created = ProcessGroupPydist(None, group.rank(), group.size(), timedelta(seconds=group.timeout), target.engine,
+                                 world=world)
+    created.setGroupName(group_name)
+    created.setGroupDesc(desc)
+    if is_default:
+        c10d._update_default_pg(created)
+    c10d._register_pg_in_world(pg=created, backend_name=BACKEND_NAME, store=store, group_name=group_name,
+                               backend_config=backend_config, rank_mapping={g: i for i, g in enumerate(ranks)})
+    return created
