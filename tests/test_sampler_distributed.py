@@ -243,3 +243,32 @@ def test_without_torch():
         expected = [torch_indices(length, replicas, rank, epoch, seed=seed, drop_last=drop_last)
                     for rank in range(replicas)]
         assert result["shares"] == expected, (length, replicas, seed, epoch, drop_last)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_world_that_shrinks_and_grows_mid_epoch_takes_every_sample_once(shuffle):
+    """3 ranks take 4 batches of 5, 2 ranks 3 more, then 4 ranks the rest of the epoch,
+    each pass starting where the job was: every sample once, padding aside."""
+    length, batch, taken, start = 103, 5, [], 0
+    for ranks, batches in ((3, 4), (2, 3), (4, None)):
+        samplers = [DistributedSampler(range(length), num_replicas=ranks, rank=r, shuffle=shuffle, seed=7)
+                    for r in range(ranks)]
+        for sampler in samplers:
+            sampler.set_epoch(2, start=start)
+        shares = [list(sampler) for sampler in samplers]
+        count = batches * batch if batches is not None else len(shares[0])
+        taken += [index for share in shares for index in share[:count]]
+        start += count * ranks
+    padding = len(taken) - length
+    assert 0 <= padding < 4 and sorted(set(taken)) == list(range(length))
+    assert len(taken) - len(set(taken)) == padding  # only the last pass's padding repeats
+
+
+def test_the_sampler_state_carries_epoch_and_start():
+    source = DistributedSampler(range(50), num_replicas=2, rank=0, seed=3)
+    source.set_epoch(4, start=20)
+    joiner = DistributedSampler(range(50), num_replicas=3, rank=2, seed=3)
+    joiner.load_state_dict(source.state_dict())
+    assert (joiner.epoch, joiner.start, len(joiner)) == (4, 20, 10)
+    with pytest.raises(ValueError, match=r"start: expected 0 <= start < len\(dataset\) \(50\), got 50"):
+        joiner.set_epoch(1, start=50)

@@ -111,6 +111,14 @@ class DistributedSampler:
 
     It is a plain iterable with ``__len__`` and ``set_epoch``, so it can be passed as
     ``torch.utils.data.DataLoader(dataset, sampler=...)``.
+
+    A job whose world changes mid-epoch (pydist.Elastic) goes on where it was:
+    ``set_epoch(epoch, start=s)`` makes this pass take the epoch's order from position ``s``
+    (the samples the whole job already took: ranks take interleaved positions, so what ``R``
+    ranks took in ``k`` batches of ``b`` is the first ``k*b*R``), split among the sampler's
+    ``num_replicas``: no sample is skipped or taken twice in the epoch (beyond torch's padding).
+    ``state_dict()``/``load_state_dict()`` carry ``epoch`` and ``start`` (pydist.Elastic heals
+    a replacement's sampler with them).
     """
 
     def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None,
@@ -129,20 +137,27 @@ class DistributedSampler:
         self.num_replicas = num_replicas
         self.rank = rank
         self.epoch = 0
+        self.start = 0
         self.drop_last = drop_last
-        if self.drop_last and len(self.dataset) % self.num_replicas != 0:
-            self.num_samples = math.ceil((len(self.dataset) - self.num_replicas) / self.num_replicas)
-        else:
-            self.num_samples = math.ceil(len(self.dataset) / self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
+        self._size_share()
         self.shuffle = shuffle
         self.seed = seed
+
+    def _size_share(self) -> None:
+        """``num_samples`` and ``total_size`` of the positions from ``start`` on."""
+        remaining = len(self.dataset) - self.start
+        if self.drop_last and remaining % self.num_replicas != 0:
+            self.num_samples = math.ceil((remaining - self.num_replicas) / self.num_replicas)
+        else:
+            self.num_samples = math.ceil(remaining / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
             indices = _shuffled_indices(len(self.dataset), self.seed + self.epoch)
         else:
             indices = list(range(len(self.dataset)))
+        indices = indices[self.start:]
         if not self.drop_last:
             padding_size = self.total_size - len(indices)
             if padding_size <= len(indices):
@@ -162,6 +177,19 @@ class DistributedSampler:
     def __len__(self) -> int:
         return self.num_samples
 
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch: with ``shuffle``, each epoch's order is seeded with ``seed + epoch``."""
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Set the epoch: with ``shuffle``, each epoch's order is seeded with ``seed + epoch``;
+        ``start``: the position in it this pass begins at (see the class note)."""
+        if not 0 <= start < max(1, len(self.dataset)):
+            raise ValueError(f"start: expected 0 <= start < len(dataset) ({len(self.dataset)}), got {start}")
         self.epoch = epoch
+        self.start = start
+        self._size_share()
+
+    def state_dict(self) -> dict[str, int]:
+        """The epoch and start position (see the class note)."""
+        return {"epoch": self.epoch, "start": self.start}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Take a ``state_dict()``: ``set_epoch(state["epoch"], start=state["start"])``."""
+        self.set_epoch(int(state["epoch"]), start=int(state["start"]))
