@@ -296,3 +296,21 @@ def test_elastic_recovery_resyncs_survivors_whose_progress_differs():
 
     results = run_threads(3, member)
     assert results[:2] == [(5, [0.0] * 10, 2)] * 2 and results[2] == "gone"
+
+
+def test_elastic_sync_recovers_from_a_rank_lost_during_the_admission():
+    """Rank 2 goes before the step boundary: the others fail inside sync (admit_joiners'
+    broadcast), which shrinks past it and reports the change; the loop goes on."""
+    def member(rank: int, size: int):
+        weights = np.zeros(10)
+        job = dist.Elastic({"weights": weights}, progress={"step": 0})
+        if rank == 2:
+            current().transport.close()
+            return "gone"
+        changed = job.sync()
+        ones = np.ones(1)
+        dist.all_reduce(ones)
+        return changed, dist.get_world_size(), float(ones[0])
+
+    results = run_threads(3, member)
+    assert results[:2] == [(True, 2, 2.0)] * 2 and results[2] == "gone"

@@ -67,15 +67,21 @@ class Elastic:
 
     def sync(self) -> bool:
         """A step boundary, called by every rank: admit and heal the ranks waiting to join (a
-        replacement: be healed). True when the world changed since the last call."""
+        replacement: be healed); a rank lost meanwhile is recovered from (``recover``). True
+        when the world changed since the last call."""
         changed, self._changed = self._changed, False
-        if self._to_heal:
-            self._to_heal = False
-            self._heal_newcomers(joined=[self._rank()])
-            return True
-        joined = self._admit()
-        if joined:
-            self._heal_newcomers(joined)
+        try:
+            if self._to_heal:
+                self._to_heal = False
+                self._heal_newcomers(joined=[self._rank()])
+                return True
+            joined = self._admit()
+            if joined:
+                self._heal_newcomers(joined)
+                return True
+        except DistError as error:  # a rank died during the admission or the healing
+            self.recover(error)
+            self._changed = False
             return True
         return changed
 
