@@ -51,20 +51,20 @@ def run(args, train, held_out, make_model, accuracy) -> None:
     steps_per_epoch = -(-len(train) // global_batch)
     ddp, after, members = None, None, []
     while job.progress["step"] < args.epochs * steps_per_epoch:
-        changed = job.sync()  # admits and heals replacements; a replacement is healed here
-        if changed or ddp is None:
-            ddp = pydist.DistributedDataParallel(model)
-            members = _launch_ranks()
-            after = after or ("sync" if changed else None)
         step = job.progress["step"]
-        epoch, k = divmod(step, steps_per_epoch)
-        shuffle.set_epoch(epoch)
-        order = np.fromiter(iter(shuffle), dtype=np.int64)
-        ranks = pydist.get_world_size()
-        part = np.array_split(order[k * global_batch:(k + 1) * global_batch], ranks)[pydist.get_rank()]
-        if launch_rank == args.kill_rank and step == args.kill_step and not joined:
-            os.kill(os.getpid(), signal.SIGKILL)
         try:
+            began = time.perf_counter()
+            if job.sync() or ddp is None:  # admitted and healed replacements (a replacement is
+                ddp = pydist.DistributedDataParallel(model)  # healed here), or recovered from a loss
+                members = _world_changed(args, job, members, step, began)
+                after = after or "sync"
+            epoch, k = divmod(step, steps_per_epoch)
+            shuffle.set_epoch(epoch)
+            order = np.fromiter(iter(shuffle), dtype=np.int64)
+            ranks = pydist.get_world_size()
+            part = np.array_split(order[k * global_batch:(k + 1) * global_batch], ranks)[pydist.get_rank()]
+            if launch_rank == args.kill_rank and step == args.kill_step and not joined:
+                os.kill(os.getpid(), signal.SIGKILL)
             optimizer.zero_grad()
             logits = ddp(x_all[part])
             loss = torch.nn.functional.cross_entropy(logits, y_all[part], reduction="sum") * ranks / global_batch
@@ -82,7 +82,9 @@ def run(args, train, held_out, make_model, accuracy) -> None:
             _event(args, event="evicted")
             raise SystemExit(f"launch rank {launch_rank}: {error}") from error
         except pydist.DistError as error:
-            members = _recover(args, job, error, step, members)
+            began = time.perf_counter()
+            job.recover(error)
+            members = _world_changed(args, job, members, step, began, error)
             after = "recover"
     if pydist.get_rank() == 0:
         survivors = _launch_ranks()
@@ -106,16 +108,17 @@ def _epoch_end(epoch: int, epochs: int, model, held_out, accuracy) -> None:
               f"({pydist.get_world_size()} ranks)", flush=True)
 
 
-def _recover(args, job: pydist.Elastic, error: pydist.DistError, step: int, members: list[int]) -> list[int]:
-    """Shrink past the dead ranks (rank 0's state for survivors that differ); report it. The
-    survivors' launch ranks."""
-    began = time.perf_counter()
-    job.recover(error)
-    survivors = _launch_ranks()
-    _event(args, event="recovered", world=pydist.get_world_size(), step=job.progress["step"])
-    if pydist.get_rank() == 0:
-        lost = [m for m in members if m not in survivors]
-        print(f"lost launch rank(s) {lost} at step {step} ({type(error).__name__}); recovered in "
-              f"{(time.perf_counter() - began) * 1e3:.0f} ms on {len(survivors)} ranks {survivors}, "
-              "same global batch", flush=True)
-    return survivors
+def _world_changed(args, job: pydist.Elastic, members: list[int], step: int, began: float,
+                   error: BaseException | None = None) -> list[int]:
+    """The launch ranks of the new world; rank 0 reports who was lost (recovered from: ``error``,
+    or inside ``job.sync()``) and who came back."""
+    now = _launch_ranks()
+    lost, back = [m for m in members if m not in now], [m for m in now if m not in members]
+    if lost:
+        _event(args, event="recovered", world=len(now), step=job.progress["step"], failed_step=step)
+    if pydist.get_rank() == 0 and members and (lost or back):
+        took = f"{(time.perf_counter() - began) * 1e3:.0f} ms"
+        what = (f"lost launch rank(s) {lost} at step {step} ({type(error).__name__ if error else 'in sync'}); "
+                f"recovered in {took}" if lost else f"took replacement(s) for launch rank(s) {back} in {took}")
+        print(f"{what} on {len(now)} ranks {now}, same global batch", flush=True)
+    return now
