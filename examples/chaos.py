@@ -57,6 +57,7 @@ class Job:
     """The chaos run: its EVENT lines as a queue, every other line kept (the last ones shown at the end)."""
 
     def __init__(self, args):
+        self.log = open(args.log, "w") if args.log else None  # noqa: SIM115 - open for the job's life
         self.proc = subprocess.Popen(_command(args, chaos=True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=_environment(args), start_new_session=True)
         self.events: queue.Queue = queue.Queue()
@@ -67,6 +68,9 @@ class Job:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            if self.log is not None:
+                self.log.write(line)
+                self.log.flush()
             if "EVENT " in line:
                 event = json.loads(line.split("EVENT ", 1)[1])
                 self.pids.add(event["pid"])
@@ -164,9 +168,11 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=0.2)
     parser.add_argument("--tcp", action="store_true", help="PYDIST_SHM=0: every byte over tcp")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log", help="write the job's whole output to this file")
     parser.add_argument("--failure-timeout", type=float, default=120.0,
                         help="seconds a failure may take to be back to full size before it counts as a hang")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("chaos.py: stopped (SIGTERM)"))  # the job goes too
     print(f"the run without failures ({args.epochs} epochs, {args.nproc} ranks) ...", flush=True)
     baseline = baseline_accuracy(args)
     print(f"  held-out accuracy {baseline:.1f} %", flush=True)

@@ -64,7 +64,7 @@ def _await_joiners(count: int) -> None:
     world = current()
     base = admission.base_store(world.store)
     while len(world.joiners_handled) + len(admission.ready_joiners(base, world.joiners_handled,
-                                                                    world.started)) < count:
+                                                                    world.started)[0]) < count:
         threading.Event().wait(0.01)
 
 
@@ -314,3 +314,18 @@ def test_elastic_sync_recovers_from_a_rank_lost_during_the_admission():
 
     results = run_threads(3, member)
     assert results[:2] == [(True, 2, 2.0)] * 2 and results[2] == "gone"
+
+
+def test_a_leader_that_joined_later_does_not_take_in_joiners_decided_before_it_came():
+    """Rank 0 may itself be a replacement (the first ranks were lost): it never handled the
+    joiners decided before it came, whose ready marks stay in the store. The decision tells
+    it; the chaos demo's members otherwise waited for a long-dead joiner and failed."""
+    from pydist.store import HashStore
+    base = HashStore()
+    for _ in range(3):  # transport ranks 4, 5, 6 of a job that started with 4 ranks
+        base.add(admission.JOINERS, 1)
+    admission.mark_ready(base, admission.Ticket(4, "pydist/1", 4))
+    admission.decide(base, [4], [], [0, 1, 2, 4], 2, 7)
+    admission.mark_ready(base, admission.Ticket(5, "pydist/1", 4))
+    assert admission.ready_joiners(base, set(), 4) == ([5], [4])
+    assert admission.ready_joiners(base, {4}, 4) == ([5], [])

@@ -47,8 +47,9 @@ def main() -> None:
     checksum = float(sum(p.double().sum() for p in model.parameters()))
     one = torch.ones(1)
     tdist.all_reduce(one, group=tdist.new_group(list(range(tdist.get_world_size()))))
-    print("RESULT " + json.dumps({"joined": joined, "sizes": sizes, "rank": tdist.get_rank(), "step": job.progress["step"],
-                                  "checksum": checksum, "new_group_sum": one.item()}), flush=True)
+    result = {"joined": joined, "sizes": sizes, "rank": tdist.get_rank(), "step": job.progress["step"],
+              "checksum": checksum, "new_group_sum": one.item()}
+    print("RESULT " + json.dumps(result), flush=True)
     tdist.destroy_process_group()
 
 

@@ -45,8 +45,11 @@ def admit_joiners(timeout: timedelta | float | None = None) -> list[int]:
     if world.backend_name != "pydist":
         raise ValueError(f"admit_joiners: the {world.backend_name!r} backend takes in no ranks (pydist's does)")
     base = admission.base_store(world.store)
-    message = admission.encode_joiners(
-        admission.ready_joiners(base, world.joiners_handled, world.started) if group.rank() == 0 else [])
+    ready: list[int] = []
+    if group.rank() == 0:
+        ready, decided_before = admission.ready_joiners(base, world.joiners_handled, world.started)
+        world.handled(decided_before)
+    message = admission.encode_joiners(ready)
     broadcast(message, src=0)
     joiners = admission.decode_joiners(message)
     if not joiners:

@@ -88,11 +88,18 @@ def await_decision(base: Store, ticket: Ticket, timeout: float) -> dict[str, Any
     return decision
 
 
-def ready_joiners(base: Store, handled: set[int], size: int) -> list[int]:
-    """The transport ranks of joiners marked ready and not yet handled (the leader's look)."""
+def ready_joiners(base: Store, handled: set[int], size: int) -> tuple[list[int], list[int]]:
+    """(the transport ranks of joiners marked ready and not yet decided, those among the ones
+    not in ``handled`` that were decided already): the leader's look. A leader that itself
+    joined later did not handle the joiners decided before it came: the decision tells."""
     count = base.add(JOINERS, 0)
-    waiting = [size + k for k in range(count) if size + k not in handled]
-    return [r for r in waiting if base.check([f"pydist/joiner/{r}"])][:MAX_AT_ONCE]
+    ready, decided = [], []
+    for rank in (size + k for k in range(count) if size + k not in handled):
+        if base.check([f"pydist/joiner/{rank}/decision"]):
+            decided.append(rank)
+        elif base.check([f"pydist/joiner/{rank}"]):
+            ready.append(rank)
+    return ready[:MAX_AT_ONCE], decided
 
 
 def encode_joiners(ranks: list[int]) -> np.ndarray:

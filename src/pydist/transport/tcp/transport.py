@@ -183,8 +183,8 @@ class TcpTransport(CallerReads, NetworkTransport):
     def connect(self, peers: list[int], deadline: Deadline) -> list[int]:
         """Connect to ``peers`` not connected yet (ranks that joined, or, on a joining rank,
         the job's ranks): this rank dials those above it, and takes the connections of those
-        below it (they dial it). A peer above that cannot be reached (its process is gone)
-        is left out; the peers left out are returned."""
+        below it (they dial it). A peer that cannot be reached (its process is gone) is left
+        out; the peers left out are returned."""
         peers = [p for p in peers if p != self.rank and p not in self._lanes]
         if not peers:
             return []
@@ -200,7 +200,11 @@ class TcpTransport(CallerReads, NetworkTransport):
                     continue
             else:
                 assert self._join is not None  # only a joining rank is dialled by lower ranks
-                sockets = self._join.take(peer, records[peer], deadline)
+                try:
+                    sockets = self._join.take(peer, records[peer], deadline)
+                except DistNetworkError:
+                    unreachable.append(peer)
+                    continue
             self._install(peer, records[peer], sockets)
         return unreachable
 
