@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import select
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..base import Events
 from ..framing import Kind, encode_frame
@@ -47,27 +48,39 @@ class Heartbeat:
         #: seconds between two looks at the peers (and the longest a connection goes without a
         #: frame from this rank: a BEAT then); None: no heartbeat
         self.beat = peer_timeout / 3 if peer_timeout > 0 else None
-        self._last_look = self._resumed = self._last_run = time.monotonic()
+        self._last_look = self._resumed = self._wait_began = time.monotonic()
+        self._in_wait = False
         self._stall = self._stall_end = 0.0  # the last stall longer than the timeout: length, end
         self._frame = memoryview(encode_frame(Kind.BEAT, 0, 0, 0))
 
-    def ran(self) -> None:
-        """I/O thread, each time its wait returns (at least every ``beat``): a gap longer than
-        the timeout since the last time was a stall of this process (see ``stalled``)."""
+    def timed_wait(self, wait_io: Callable[[float | None], Any]) -> Any:
+        """I/O thread: ``wait_io(beat)``, which returns within ``beat`` unless this process is
+        stalled (stopped, stuck): a wait longer than the timeout is recorded (see ``stalled``).
+        Only the wait counts: the thread may also block, alive, behind a caller reading sockets."""
+        self._wait_began = time.monotonic()
+        self._in_wait = True
+        try:
+            return wait_io(self.beat)
+        finally:
+            self._waited()
+
+    def _waited(self) -> None:
         now = time.monotonic()
-        if self.beat is not None and now - self._last_run > self.peer_timeout:
-            self._stall, self._stall_end = now - self._last_run, now
-        self._last_run = now
+        self._in_wait = False
+        if self.beat is not None and now - self._wait_began > self.peer_timeout:
+            self._stall, self._stall_end = now - self._wait_began, now
+        self._wait_began = now
 
     def stalled(self) -> float | None:
         """Seconds this process was stalled (stopped, stuck) for longer than the timeout, if it is
-        just out of such a stall (the I/O thread has not run since, or ran less than a timeout
-        ago): long enough for its peers to have declared it dead. None otherwise, or when off."""
+        just out of such a stall (the I/O thread is still in the wait the stall stretched, or left
+        it less than a timeout ago): long enough for its peers to have declared it dead. None
+        otherwise, or when off."""
         if self.beat is None:
             return None
         now = time.monotonic()
-        if now - self._last_run > self.peer_timeout:
-            return now - self._last_run
+        if self._in_wait and now - self._wait_began > self.peer_timeout:
+            return now - self._wait_began
         return self._stall if self._stall and now - self._stall_end < self.peer_timeout else None
 
     def tick(self) -> None:

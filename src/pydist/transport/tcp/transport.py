@@ -387,8 +387,7 @@ class TcpTransport(CallerReads, NetworkTransport):
     def _run(self) -> None:
         poller = self._poller
         while not self._stopping:
-            woken, readable, writable = poller.wait_io(self._heart.beat)
-            self._heart.ran()
+            woken, readable, writable = self._heart.timed_wait(poller.wait_io)
             if woken:
                 self._apply_pending()
             if readable:
