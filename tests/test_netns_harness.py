@@ -46,7 +46,8 @@ print(json.dumps(seen))
 # Sink (argv: addr "sink") counts bytes until EOF and answers the count; echo echoes.
 SERVER = r'''
 import socket, sys
-s = socket.socket(); s.bind((sys.argv[1], 5000)); s.listen(); print("ready", flush=True)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a last run's TIME_WAIT
+s.bind((sys.argv[1], 5000)); s.listen(); print("ready", flush=True)
 c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 buf, total = bytearray(1 << 20), 0
 while (n := c.recv_into(buf)):
