@@ -70,29 +70,25 @@ class Elastic:
         replacement: be healed); a rank lost meanwhile is recovered from (``recover``). True
         when the world changed since the last call."""
         changed, self._changed = self._changed, False
-        try:
-            if self._to_heal:
-                self._to_heal = False
-                self._heal_newcomers(joined=[self._rank()])
+        with using_world(self._world()):
+            try:
+                if self._to_heal:
+                    self._to_heal = False
+                    self._heal_newcomers(joined=[get_rank()])
+                    return True
+                joined = self._admit()
+                if joined:
+                    self._heal_newcomers(joined)
+                    return True
+            except DistError as error:  # a rank died during the admission or the healing
+                self.recover(error)
+                self._changed = False
                 return True
-            joined = self._admit()
-            if joined:
-                self._heal_newcomers(joined)
-                return True
-        except DistError as error:  # a rank died during the admission or the healing
-            self.recover(error)
-            self._changed = False
-            return True
         return changed
 
-    def _rank(self) -> int:
-        with using_world(self._world()):
-            return get_rank()
-
     def _heal_newcomers(self, joined: list[int]) -> None:
-        with using_world(self._world()):
-            members = [rank for rank in range(get_world_size()) if rank not in joined]
-            heal(self.state, self.progress, members, joined, self.stripes)
+        members = [rank for rank in range(get_world_size()) if rank not in joined]
+        heal(self.state, self.progress, members, joined, self.stripes)
 
     def recover(self, error: DistError) -> None:
         """After ``error`` (a DistError of a collective of the default group): shrink past the

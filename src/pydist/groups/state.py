@@ -89,6 +89,11 @@ class Carrier(Protocol):
     def cut_off(self, peer: int, error: BaseException) -> None: ...
 
 
+def _named_rank(error: BaseException) -> int | None:
+    """The rank a PeerFailedError names dead (None for any other error)."""
+    return getattr(error, "rank", None) if isinstance(error, PeerFailedError) else None
+
+
 class GroupState:
     """The lifecycle of group ``group`` (its id) on this rank; ``members``: its transport
     ranks, None while unknown (a peer's abort can arrive before this rank makes the group);
@@ -114,7 +119,7 @@ class GroupState:
         with self._lock:
             if self.aborted is None:
                 self.aborted = error
-            rank = getattr(error, "rank", None) if isinstance(error, PeerFailedError) else None
+            rank = _named_rank(error)
             if rank is not None:
                 self._named.setdefault(rank, error)
             self._move(ABORT, error)
@@ -236,7 +241,7 @@ class GroupStates:
         self._get_or_make(group).abort(error)
         if self.carrier is not None:
             self.carrier.failed_group(group, error)
-            rank = getattr(error, "rank", None) if isinstance(error, PeerFailedError) else None
+            rank = _named_rank(error)
             if rank is not None and rank == self.carrier.rank:  # the others declared this rank dead
                 self._declared_dead(error, rank)
             elif rank is not None:

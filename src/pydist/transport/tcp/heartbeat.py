@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..base import Events
 from ..framing import Kind, encode_frame
 from .connection import Connection
 
@@ -30,7 +29,6 @@ class Beating(Protocol):
     """What the heartbeat needs of its transport (TcpTransport)."""
 
     rank: int
-    events: Events
 
     @property
     def connections_now(self) -> list[Connection]: ...
@@ -69,7 +67,6 @@ class Heartbeat:
         self._in_wait = False
         if self.beat is not None and now - self._wait_began > self.peer_timeout:
             self._stall, self._stall_end = now - self._wait_began, now
-        self._wait_began = now
 
     def stalled(self) -> float | None:
         """Seconds this process was stalled (stopped, stuck) for longer than the timeout, if it is
