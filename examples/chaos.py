@@ -111,7 +111,7 @@ class Chaos:
         os.kill(victim, signal.SIGSTOP if freeze else signal.SIGKILL)
         shrunk: dict[int, float] = {}
         full: dict[int, float] = {}
-        redone, started, resumed = 0, None, False
+        redone, started, imported, resumed = 0, None, None, False
         until = failed_at + timeout
         while len(full) < self.size:
             event = self.job.next(until)
@@ -121,7 +121,7 @@ class Chaos:
             kind, pid = event["event"], event["pid"]
             if kind == "hello":
                 self.live[pid] = event["launch_rank"]
-                started = event["started"]
+                started, imported = event["started"], event["imported"]
             elif kind == "recovered":
                 redone = max(redone, event["failed_step"] + 1 - event["step"])
             elif kind == "step" and event["world"] == self.size - 1:  # recovered in a step or in a sync
@@ -135,7 +135,9 @@ class Chaos:
             os.kill(victim, signal.SIGCONT)
         record.update(back_to_full=len(full) == self.size, steps_redone=redone,
                       to_shrunk=max(shrunk.values()) - failed_at if len(shrunk) == self.size - 1 else None,
-                      start_to_full=max(full.values()) - started if len(full) == self.size and started else None)
+                      start_to_full=max(full.values()) - started if len(full) == self.size and started else None,
+                      imports=imported - started if started else None,
+                      imported_to_full=max(full.values()) - imported if len(full) == self.size and started else None)
         return record
 
 
@@ -153,7 +155,8 @@ def _distribution(name: str, values: list[float | None]) -> str:
     ms = sorted(v * 1e3 for v in values if v is not None)
     if not ms:
         return f"{name}: none"
-    return (f"{name}, ms: min {ms[0]:.0f}, median {statistics.median(ms):.0f}, p90 {ms[int(0.9 * (len(ms) - 1))]:.0f}, "
+    p90 = ms[round(0.9 * (len(ms) - 1))]
+    return (f"{name}, ms: min {ms[0]:.0f}, median {statistics.median(ms):.0f}, p90 {p90:.0f}, "
             f"max {ms[-1]:.0f} ({len(ms)})")
 
 
@@ -181,7 +184,7 @@ def main() -> None:
     job, records = Job(args), []
     chaos = Chaos(job, args.nproc, rng)
     print(f"{'#':>4} {'at s':>6} {'failure':8} {'rank':>4} {'-> shrunk ms':>12} {'start -> full ms':>16} "
-          f"{'redone':>6}", flush=True)
+          f"{'imports ms':>10} {'redone':>6}", flush=True)
     try:
         if not chaos.wait_full(time.time() + 180):
             sys.exit("the job did not start:\n" + "\n".join(job.lines[-20:]))
@@ -191,7 +194,8 @@ def main() -> None:
             record = chaos.fail_one(rng.random() < args.freeze_share, args.failure_timeout)
             records.append(record)
             print(f"{len(records):4d} {time.time() - began:6.0f} {record['kind']:8} {record['launch_rank']:4d} "
-                  f"{_ms(record['to_shrunk']):>12} {_ms(record['start_to_full']):>16} {record['steps_redone']:6d}",
+                  f"{_ms(record['to_shrunk']):>12} {_ms(record['start_to_full']):>16} "
+                  f"{_ms(record['imports']):>10} {record['steps_redone']:6d}",
                   flush=True)
             if not record["back_to_full"]:
                 print("the world did not come back to full size", flush=True)
@@ -208,7 +212,9 @@ def main() -> None:
           f"{sum(r['kind'] == 'SIGSTOP' for r in records)} SIGSTOP) in {args.minutes:g} min, {args.nproc} ranks, "
           f"{'tcp' if args.tcp else 'shm'}: back to full size after {full}; the job exited {job.proc.returncode}")
     for key, name in (("to_shrunk", "failure -> every survivor's first step on the shrunk world"),
-                      ("start_to_full", "replacement's start -> every rank's first step on the full world")):
+                      ("start_to_full", "replacement's start -> every rank's first step on the full world"),
+                      ("imports", "replacement's start -> its imports done (torch, sklearn, pydist)"),
+                      ("imported_to_full", "replacement's imports done -> every rank's first step on the full world")):
         print(_distribution(name, [r[key] for r in records]))
     print(f"steps redone per failure: {statistics.mean([r['steps_redone'] for r in records] or [0]):.2f} on average")
     print(f"held-out accuracy: {final} % with failures, {baseline:.1f} % without")

@@ -98,7 +98,7 @@ def trial(job: Job, live: dict[int, dict], size: int, freeze: bool, rng: random.
         elif kind == "hello" and event["joined"]:
             started = event["started"]
             live[pid] = event
-        elif kind == "step" and event["after"] == "recover" and event["world"] == size - 1:
+        elif kind == "step" and event["world"] == size - 1:  # recovered in a step or in sync()
             shrunk[pid] = event["t"]
             if freeze and not resumed and len(shrunk) == size - 1:
                 os.kill(victim, signal.SIGCONT)  # it wakes to find it was declared dead, and leaves
@@ -117,7 +117,7 @@ def _summary(name: str, seconds: list[float]) -> str:
     ms = sorted(round(s * 1000) for s in seconds if s is not None)
     if not ms:
         return f"{name}: none"
-    return (f"{name}, ms: min {ms[0]}, median {statistics.median(ms):.0f}, p90 {ms[int(0.9 * (len(ms) - 1))]}, "
+    return (f"{name}, ms: min {ms[0]}, median {statistics.median(ms):.0f}, p90 {ms[round(0.9 * (len(ms) - 1))]}, "
             f"max {ms[-1]} ({len(ms)} trials)")
 
 
