@@ -84,6 +84,8 @@ def test_a_stopped_process_is_named_by_every_survivor_and_learns_it_was_evicted(
             # named by the heartbeat (3 s), not the group's 60 s timeout; generous for a loaded machine
             assert report["raised"] - stopped < 30.0, report
         assert all("has not answered" in r["message"] for r in reports), [r["message"] for r in reports]
+        # the kernel's word (same host): stopped, not "stopped or stuck, or its host is gone"
+        assert all("its process is stopped (SIGSTOP" in r["message"] for r in reports), [r["message"] for r in reports]
         os.kill(ready[1]["pid"], signal.SIGCONT)
         woke = json.loads(procs[1].stdout.readline())
         assert woke["type"] == "EvictedError" and "rank 1" in woke["message"], woke
@@ -97,6 +99,22 @@ def test_a_busy_live_process_is_not_declared_dead():
     others wait in it: its heartbeat goes on (the pydist thread gets the GIL in turns), so
     nobody is declared dead and every all_reduce completes."""
     procs = _ranks(3, ["busy", "2.0"], {"PYDIST_PEER_TIMEOUT": "1", "PYDIST_SHM": "0"})
+    try:
+        [json.loads(p.stdout.readline()) for p in procs]
+        done = [json.loads(p.stdout.readline()) for p in procs]
+        assert [d.get("sum") for d in done] == [3.0, 3.0, 3.0], done
+        assert [p.wait(30) for p in procs] == [0, 0, 0]
+    finally:
+        _stop(procs)
+
+
+def test_a_starved_live_process_on_the_same_host_is_not_declared_dead():
+    """Rank 1 sits in a C call holding the GIL for twice the peer timeout before each
+    all_reduce: its pydist threads cannot run, so its heartbeat stops, as a live process's
+    does when a loaded machine gives it no CPU for that long (256 ranks on 2 cores). On the
+    same host the kernel says it runs (transport/tcp/liveness.py): it is waited for, and every
+    all_reduce completes."""
+    procs = _ranks(3, ["starved", "2.0"], {"PYDIST_PEER_TIMEOUT": "1", "PYDIST_SHM": "0"})
     try:
         [json.loads(p.stdout.readline()) for p in procs]
         done = [json.loads(p.stdout.readline()) for p in procs]

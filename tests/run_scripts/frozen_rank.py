@@ -1,7 +1,10 @@
 """A rank for tests/test_failure_heartbeat.py's frozen and busy peers: all_reduce in a loop,
 printing JSON lines (ready; then what it raised, when, and the ranks it knew dead; or done).
 ``loop``: until an error (the harness stops one rank with SIGSTOP, and resumes it later);
-``busy SECONDS``: 5 all_reduces, rank 1 spinning in Python for SECONDS before each."""
+``busy SECONDS``: 5 all_reduces, rank 1 spinning in Python for SECONDS before each;
+``starved SECONDS``: the same, rank 1 in a C call that holds the GIL (its pydist threads
+cannot run: a process starved of CPU on a loaded machine looks the same to its peers)."""
+import ctypes
 import json
 import os
 import sys
@@ -22,9 +25,11 @@ def main() -> None:
     buf = np.ones(1024, np.float32)
     report(ready=time.time())
     try:
-        if sys.argv[1] == "busy":
+        if sys.argv[1] in ("busy", "starved"):
             for _ in range(5):
-                if dist.get_rank() == 1:
+                if dist.get_rank() == 1 and sys.argv[1] == "starved":
+                    ctypes.PyDLL(None).usleep(int(float(sys.argv[2]) * 1e6))  # PyDLL: the GIL stays held
+                elif dist.get_rank() == 1:
                     end = time.monotonic() + float(sys.argv[2])
                     while time.monotonic() < end:  # pure Python: the pydist threads get the GIL in turns
                         sum(range(1000))

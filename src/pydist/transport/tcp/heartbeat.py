@@ -4,7 +4,8 @@ Every ``beat`` seconds (a third of the timeout) the tcp I/O thread sends a BEAT 
 connection (each lane of each peer) it sent nothing on for that long, and declares dead a peer
 it heard nothing from on a connection for the whole timeout. The BEAT comes from that thread,
 which runs whatever the caller does: a process that cannot send it is stopped (SIGSTOP), stuck
-outside Python, or gone with its host or network. A peer whose data this rank stopped reading
+outside Python, or gone with its host or network; on this rank's own host the kernel tells
+(see .liveness): a silent process that runs is only slow, and is waited for. A peer whose data this rank stopped reading
 (too much of it held, see ..flow) is alive by that very data and is not looked at; nor is one
 whose bytes wait unread on its socket (a reader is late, the peer spoke). A rank whose own I/O
 thread did not run for a while (its process stopped or starved, or the whole machine) does not
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 from ..framing import Kind, encode_frame
 from .connection import Connection
+from .liveness import verdict
 
 
 class Beating(Protocol):
@@ -35,6 +37,7 @@ class Beating(Protocol):
     @property
     def closed(self) -> bool: ...
     def evict(self, conn: Connection, reason: str) -> None: ...
+    records: dict[int, Any]  # mesh.PeerRecord of each rank
 
 
 class Heartbeat:
@@ -94,12 +97,19 @@ class Heartbeat:
                 continue
             silent = now - max(conn.last_heard, self._resumed)
             if silent > self.peer_timeout and conn.reading and not _unread(conn):
-                transport.evict(conn, f"rank {conn.peer} on {conn.host} has not answered rank {transport.rank} for "
-                                      f"{now - conn.last_heard:.1f} s (PYDIST_PEER_TIMEOUT {self.peer_timeout:g} s): "
-                                      "its process is stopped or stuck, or its host or the network between them "
-                                      "is gone")
-            elif now - conn.last_sent >= beat:
+                process = verdict(transport.records[conn.peer].process, transport.records[transport.rank].process)
+                if process != "alive":  # on this host, a live process is slow, never dead (see liveness)
+                    transport.evict(conn, f"rank {conn.peer} on {conn.host} has not answered rank {transport.rank} "
+                                          f"for {now - conn.last_heard:.1f} s (PYDIST_PEER_TIMEOUT "
+                                          f"{self.peer_timeout:g} s): {_WHY[process]}")
+                    continue
+            if now - conn.last_sent >= beat:
                 conn.send([self._frame], None)
+
+
+_WHY = {"stopped": "its process is stopped (SIGSTOP, or a debugger holds it)",
+        "gone": "its process is gone",
+        None: "its process is stopped or stuck, or its host or the network between them is gone"}
 
 
 def _unread(conn: Connection) -> bool:

@@ -31,6 +31,7 @@ from ...net.interfaces import interface_of
 from ...net.tls import Contexts, contexts
 from ...store._base import StoreTimeoutError
 from .hello import Acceptor, Connector, Refused, fields_of, hello_frame, rank_of, read_frame
+from .liveness import process_identity
 from .mesh_tls import REQUIRES_TLS, client_side, mismatch, peer_uses_tls, refused_by, secured, server_side
 from .tls_socket import TlsSocket
 
@@ -46,6 +47,7 @@ class PeerRecord:
     host_id: str
     iface: str = ""  # the interface holding ``address`` on the peer's host
     lanes: list = field(default_factory=list)  # [address, port, iface] of each further lane
+    process: str = ""  # liveness.process_identity(): what /proc says about it on its own host
 
     def lane(self, k: int) -> PeerRecord:
         """The record as lane ``k`` reaches it (lane 0: this one)."""
@@ -314,7 +316,8 @@ def own_record(rank: int, hostname: str, host_id: str, addresses: list[str],
     lane 0's first, as ``open_listeners`` got them)."""
     ports = [listener.getsockname()[1] for listener in listeners]
     further = [[a, port, interface_of(a)] for a, port in zip(addresses[1:], ports[1:])]
-    return PeerRecord(rank, addresses[0], ports[0], hostname, host_id, interface_of(addresses[0]), further)
+    return PeerRecord(rank, addresses[0], ports[0], hostname, host_id, interface_of(addresses[0]), further,
+                      process_identity())
 
 
 def dial(mine: PeerRecord, theirs: PeerRecord, token: str, deadline: Deadline, peer_timeout: float,
