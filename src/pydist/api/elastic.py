@@ -1,7 +1,7 @@
 """``Elastic``: a training loop that loses ranks and takes replacements in, in a few lines.
 
-    pydist.init_process_group()       # a replacement (PYDIST_JOIN=1) joins the running job here
-    model, optimizer = ..., ...
+    model, optimizer = ..., ...       # what takes time first: once a replacement is admitted,
+    pydist.init_process_group()       # the others wait for it (PYDIST_JOIN=1: it joins here)
     job = pydist.Elastic({"model": model, "optimizer": optimizer}, progress={"step": 0})
     while job.progress["step"] < total_steps:
         if job.sync():                 # a step boundary: the world changed (rebuild DDP on it)
