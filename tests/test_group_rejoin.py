@@ -329,3 +329,26 @@ def test_a_leader_that_joined_later_does_not_take_in_joiners_decided_before_it_c
     admission.mark_ready(base, admission.Ticket(5, "pydist/1", 4))
     assert admission.ready_joiners(base, set(), 4) == ([5], [4])
     assert admission.ready_joiners(base, {4}, 4) == ([5], [])
+
+
+def test_after_recovering_in_a_step_the_next_sync_runs_no_admission():
+    """A rank that recovered in a step (``recover``) and one that recovered inside ``sync``
+    (it failed in the admission's broadcast, which others had passed: a tree broadcast over
+    tcp) must go on with the same collectives: the next ``sync`` of the first reports the
+    change without admitting anyone. Rank 1 here stands for the second kind (its sync is done)."""
+    def member(rank: int, size: int):
+        job = dist.Elastic({"weights": np.zeros(10)}, progress={"step": 0})
+        if rank == 2:
+            current().transport.close()
+            return "gone"
+        try:
+            dist.all_reduce(np.ones(1))
+        except dist.DistError as error:
+            job.recover(error)
+        changed = job.sync() if rank == 0 else True
+        check = np.ones(1)
+        dist.all_reduce(check)
+        return changed, dist.get_world_size(), float(check[0])
+
+    results = run_threads(3, member)
+    assert results[:2] == [(True, 2, 2.0)] * 2 and results[2] == "gone"

@@ -84,7 +84,11 @@ def trial(job: Job, live: dict[int, dict], size: int, freeze: bool, rng: random.
     """One failure and its recovery; the times, or why the trial failed."""
     victim = rng.choice(sorted(live))
     failed_at = time.time()
-    os.kill(victim, signal.SIGSTOP if freeze else signal.SIGKILL)
+    try:
+        os.kill(victim, signal.SIGSTOP if freeze else signal.SIGKILL)
+    except ProcessLookupError:
+        raise SystemExit(f"worker {live[victim]} exited before the trial; the job's last lines:\n"
+                         + "".join(job.log[-30:])) from None
     until = failed_at + timeout
     shrunk, full, started, wrong, resumed = {}, {}, None, [], False
     while len(full) < size:
@@ -149,7 +153,7 @@ def main() -> None:
             result = trial(job, live, args.size, args.freeze, rng, args.trial_timeout)
             results.append(result)
             if result["hang"]:
-                print(f"trial {number}: HANG {result}", flush=True)
+                print(f"trial {number}: HANG {result}\nthe job's last lines:\n" + "".join(job.log[-30:]), flush=True)
                 break
             time.sleep(rng.uniform(0.1, 0.5))
     finally:

@@ -76,6 +76,8 @@ class Elastic:
                     self._to_heal = False
                     self._heal_newcomers(joined=[get_rank()])
                     return True
+                if changed:  # recovered in a step: report it and admit nobody now, as a rank
+                    return True  # that recovered inside sync does (both go on with the same collectives)
                 joined = self._admit()
                 if joined:
                     self._heal_newcomers(joined)
@@ -84,7 +86,7 @@ class Elastic:
                 self.recover(error)
                 self._changed = False
                 return True
-        return changed
+        return False
 
     def _heal_newcomers(self, joined: list[int]) -> None:
         members = [rank for rank in range(get_world_size()) if rank not in joined]
