@@ -113,6 +113,11 @@ class Settings:
         "PYDIST_STRIPE_BYTES", 1 << 20, _count(0), "bytes, >= 0",
         "A collective's message at least this large is split over one connection per interface "
         "when PYDIST_SOCKET_IFNAME names several (smaller ones use the first); 0: never split.")
+    tcp_connect: str = _setting(
+        "PYDIST_TCP_CONNECT", "auto", _choice("auto", "eager", "lazy", lower=True), "auto / eager / lazy",
+        "When TCP connections are made: eager (every pair at init, a full mesh), lazy (a pair when "
+        "it first exchanges a message; ranks of one host with shared memory still at init) or auto "
+        "(lazy from 64 ranks).")
     tcp_reader: str = _setting(
         "PYDIST_TCP_READER", "caller", _choice("caller", "io", lower=True), "caller / io",
         "Who reads a TCP peer's socket for a blocked receive: caller (its own thread, no hand-off; "

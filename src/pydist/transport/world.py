@@ -92,6 +92,9 @@ class WorldTransport:
             if local_entry is not None and len(self.local) > 1 and not joining:
                 self.host_local = local_entry.build(site)
                 self._local_set = set(self.local)
+                # a local peer's death is learnt from its socket: connected now, even when the
+                # network's connections are made on first use (PYDIST_TCP_CONNECT)
+                self.network.connect([r for r in self.local if r != rank], deadline)
 
     def _peer_lost(self, peer: int, error: BaseException) -> None:
         """The network transport lost ``peer``: a same-host peer's host-local transport first

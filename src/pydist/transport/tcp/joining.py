@@ -12,11 +12,23 @@ import logging
 import selectors
 import socket
 import threading
+from collections.abc import Callable
 
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
-from ...net.tls import Contexts
-from .mesh import Connection, PeerRecord, accept_from, lane_count, lane_token
+from ...net.auth import token_of
+from ...net.tls import Contexts, contexts
+from .mesh import (
+    Connection,
+    PeerRecord,
+    accept_from,
+    lane_count,
+    lane_token,
+    open_listeners,
+    own_record,
+    publish,
+    read_records,
+)
 
 log = logging.getLogger("pydist.transport")
 #: seconds between two looks at whether the listener is closing
@@ -24,12 +36,18 @@ POLL_SECONDS = 0.2
 
 
 class JoinListener:
-    """Accepts the connections of ranks below ``record.rank`` on each of this rank's
-    listeners until closed; ``take(peer, theirs, deadline)`` hands over one peer's."""
+    """Accepts the connections of ranks below ``record.rank`` (or of any rank in ``expected``)
+    on each of this rank's listeners until closed; ``take(peer, theirs, deadline)`` hands
+    over one peer's, or, with ``deliver``, each peer's go to ``deliver(peer, connections)``
+    once all ``lanes_of(peer)`` of its lanes are in (lazy connections, see lazy.py)."""
 
     def __init__(self, record: PeerRecord, listeners: list[socket.socket], token: str, peer_timeout: float,
-                 auth_token: bytes | None, tls: Contexts | None):
+                 auth_token: bytes | None, tls: Contexts | None, expected: set[int] | None = None,
+                 deliver: Callable[[int, list[Connection]], None] | None = None,
+                 lanes_of: Callable[[int], int] = lambda peer: 1):
         self.record = record
+        self._expected = set(range(record.rank)) if expected is None else expected
+        self._deliver, self._lanes_of = deliver, lanes_of
         self._listeners = listeners
         self._token, self._peer_timeout, self._auth_token, self._tls = token, peer_timeout, auth_token, tls
         self._arrived: dict[tuple[int, int], Connection] = {}  # (peer, lane) -> its connection
@@ -49,7 +67,7 @@ class JoinListener:
     def _accept_one(self, listener: socket.socket, lane: int) -> None:
         """One connection on ``lane``'s listener, handshaken (a stray or a failure is logged)."""
         try:
-            accepted = accept_from(listener, set(range(self.record.rank)), self.record.rank,
+            accepted = accept_from(listener, self._expected, self.record.rank,
                                    lane_token(self._token, lane), Deadline.after(10), self._auth_token, self._tls,
                                    None, self._peer_timeout, one=True)
         except (OSError, DistNetworkError) as error:
@@ -61,6 +79,9 @@ class JoinListener:
                 if stale is not None:
                     stale.close()  # a retry of a connection whose first try stalled
                 self._arrived[(peer, lane)] = connection
+                wanted = [(peer, k) for k in range(self._lanes_of(peer))]
+                if self._deliver is not None and all(w in self._arrived for w in wanted):
+                    self._deliver(peer, [self._arrived.pop(w) for w in wanted])
             self._changed.notify_all()
 
     def take(self, peer: int, theirs: PeerRecord, deadline: Deadline) -> list[Connection]:
@@ -85,3 +106,15 @@ class JoinListener:
             for connection in self._arrived.values():
                 connection.close()
             self._arrived.clear()
+
+
+def listen_to_join(store, rank: int, address: str, hostname: str, host_id: str, lanes: list[str], deadline: Deadline,
+                   peer_timeout: float) -> tuple[str, JoinListener]:
+    """A joining rank: listen on every lane, publish its record, accept the job's ranks as they
+    come; (the world token, the listener)."""
+    _, token = read_records(store, [], deadline)
+    listeners = open_listeners(address, lanes, 64)
+    record = own_record(rank, hostname, host_id, [address, *lanes], listeners)
+    joined = JoinListener(record, listeners, token, peer_timeout, token_of(store), contexts())
+    publish(store, record)
+    return token, joined

@@ -335,6 +335,21 @@ def dial(mine: PeerRecord, theirs: PeerRecord, token: str, deadline: Deadline, p
     return connections
 
 
+def listen_and_publish(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
+           lanes: list[str]) -> tuple[list[socket.socket], dict[int, PeerRecord], str]:
+    """Listen on every lane and publish this rank's record; (the listeners, every rank's record,
+    the world token): connections come later (lazy.py)."""
+    listeners = open_listeners(address, lanes, min(max(size, 16), 4096))
+    try:
+        record = own_record(rank, hostname, host_id, [address, *lanes], listeners)
+        records, token = publish_and_collect(store, rank, size, record, deadline)
+    except BaseException:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners, records, token
+
+
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
                lanes: list[str] | None = None, peer_timeout: float = 0.0,
                ) -> tuple[dict[int, list[Connection]], dict[int, PeerRecord], str]:

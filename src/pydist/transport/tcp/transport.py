@@ -24,20 +24,22 @@ from collections.abc import Callable
 
 from ...core import deadline as _deadline
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError, DistNetworkError, PeerFailedError
+from ...core.errors import DistBackendError, PeerFailedError
 from ...core.settings import Settings
 from ...net.auth import token_of
 from ...net.tls import contexts
 from ..abort import abort_payload, aborted_by
-from ..base import Events, MessageKey, NetworkTransport, Request
+from ..base import Events, MessageKey, NetworkTransport, Request, completed_request
 from ..framing import FramingError, Kind, encode_frame, encode_header
 from ..identity import lane_addresses
 from ..matching import Matcher
 from .caller_reads import CallerReads
 from .connection import Connection
 from .heartbeat import Heartbeat
-from .joining import JoinListener
-from .mesh import PeerRecord, build_mesh, dial, open_listeners, own_record, publish, read_records
+from .joining import JoinListener, listen_to_join
+from .lazy import Dialer, lazy, meet_on_first_use
+from .mesh import build_mesh, listen_and_publish
+from .peers import Peers
 from .poller import Poller
 from .stripes import bounds, join, part_key
 
@@ -49,7 +51,7 @@ LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before clos
 UNSENT_TRIM = 32
 
 
-class TcpTransport(CallerReads, NetworkTransport):
+class TcpTransport(CallerReads, Peers, NetworkTransport):
     """The tcp transport of one rank: sockets to all peers and their I/O thread."""
 
     def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
@@ -72,10 +74,16 @@ class TcpTransport(CallerReads, NetworkTransport):
         self._store = store  # where the job's records are: ranks joining later are met through it
         lanes = lane_addresses(address, settings) if lanes is None else lanes
         self._join: JoinListener | None = None
+        self._dialer: Dialer | None = None
+        sockets: dict = {}
+        listeners: list = []
         if joining:
-            sockets: dict = {}
-            self.token, self._join = self._listen_to_join(store, rank, address, hostname, host_id, lanes, deadline)
+            self.token, self._join = listen_to_join(store, rank, address, hostname, host_id, lanes, deadline,
+                                                    self.peer_timeout)
             self.records = {rank: self._join.record}
+        elif lazy(settings.tcp_connect, size):
+            listeners, self.records, self.token = listen_and_publish(store, rank, size, address, hostname, host_id,
+                                                                     deadline, lanes)
         else:
             sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
                                                            lanes, settings.peer_timeout)
@@ -102,16 +110,23 @@ class TcpTransport(CallerReads, NetworkTransport):
         self._unsent_lock = threading.Lock()
         self._stopping = False
         self._closed = False
+        self._extra: dict[int, list[Connection]] = {}  # crossed dials' connections, read only (see lazy)
+        self._install_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-io-{rank}", daemon=True)
         self._thread.start()
+        if listeners:  # connections on first use: accept from now on
+            self._dialer, self._join = meet_on_first_use(self, listeners, token_of(store), contexts())
 
     # -- NetworkTransport ------------------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to itself over tcp")
+        lanes = self._lanes.get(peer) or self._dial(peer)
+        if isinstance(lanes, BaseException):
+            return completed_request(peer, data, lanes)
         request = Request(peer, data)
         request.drive = self.driver(data.nbytes)  # its waiter reads arrivals meanwhile (they may be what it waits for)
-        lanes, parts = self._lanes[peer], self._parts_of(peer, data.nbytes, call)
+        parts = self._parts_of(peer, data.nbytes, call)
         if parts:
             join(request, [self._send_on(lanes[k], data[a:b], part_key(key, k), call)
                            for k, (a, b) in enumerate(parts)])
@@ -155,6 +170,10 @@ class TcpTransport(CallerReads, NetworkTransport):
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         """A collective's message of PYDIST_STRIPE_BYTES or more from a peer with several lanes
         arrives in parts, one per lane (as ``isend`` sends it); others whole on lane 0."""
+        if peer is not None and peer not in self._lanes:
+            failed = self._dial(peer)  # a receive dials too: a peer that is gone is named now
+            if isinstance(failed, BaseException):
+                return completed_request(peer, data, failed)
         request = Request(peer, data, call)
         request.drive = self.driver(data.nbytes)
         cuts = self._parts_of(peer, data.nbytes, call)
@@ -168,57 +187,6 @@ class TcpTransport(CallerReads, NetworkTransport):
         else:
             self.matcher.post(request, peer, key)
         return request
-
-    # -- ranks joining a running job --------------------------------------------------------
-    def _listen_to_join(self, store, rank: int, address: str, hostname: str, host_id: str, lanes: list[str],
-                        deadline: Deadline) -> tuple[str, JoinListener]:
-        """Listen on every lane, publish this rank's record, accept the job's ranks as they come."""
-        _, token = read_records(store, [], deadline)
-        listeners = open_listeners(address, lanes, 64)
-        record = own_record(rank, hostname, host_id, [address, *lanes], listeners)
-        joined = JoinListener(record, listeners, token, self.peer_timeout, token_of(store), contexts())
-        publish(store, record)
-        return token, joined
-
-    def connect(self, peers: list[int], deadline: Deadline) -> list[int]:
-        """Connect to ``peers`` not connected yet (ranks that joined, or, on a joining rank,
-        the job's ranks): this rank dials those above it, and takes the connections of those
-        below it (they dial it). A peer that cannot be reached (its process is gone) is left
-        out; the peers left out are returned."""
-        peers = [p for p in peers if p != self.rank and p not in self._lanes]
-        if not peers:
-            return []
-        records, _ = read_records(self._store, peers, deadline)
-        auth, tls, unreachable = token_of(self._store), contexts(), []
-        for peer in peers:
-            if peer > self.rank:
-                try:
-                    sockets = dial(self.records[self.rank], records[peer], self.token, deadline, self.peer_timeout,
-                                   auth, tls, patient=False)
-                except (OSError, DistNetworkError):
-                    unreachable.append(peer)
-                    continue
-            else:
-                assert self._join is not None  # only a joining rank is dialled by lower ranks
-                try:
-                    sockets = self._join.take(peer, records[peer], deadline)
-                except DistNetworkError:
-                    unreachable.append(peer)
-                    continue
-            self._install(peer, records[peer], sockets)
-        return unreachable
-
-    def _install(self, peer: int, record: PeerRecord, sockets: list) -> None:
-        """Start using ``peer``'s connections (copies of the tables: the I/O thread reads them unlocked)."""
-        connections = [Connection(self, peer, sock, record.lane(k).label) for k, sock in enumerate(sockets)]
-        self.records = {**self.records, peer: record}
-        self.hosts = {**self.hosts, peer: record.host_id}
-        self._by_fd = {**self._by_fd, **{conn.fd: conn for conn in connections}}
-        self._every = self._every + connections
-        self._lanes = {**self._lanes, peer: connections}
-        self.size = max(self.size, peer + 1)
-        for conn in connections:
-            self._arm(conn)
 
     def _forget_parts(self, request: Request) -> None:
         self._parts.pop(request, None)
@@ -254,7 +222,7 @@ class TcpTransport(CallerReads, NetworkTransport):
         payload = abort_payload(error, known_dead)
         frame = memoryview(encode_frame(Kind.ABORT, group, 0, 0, payload))
         for peer in peers:
-            if peer != self.rank:
+            if peer in self._lanes:  # an unconnected peer (lazy) waits on nothing from this rank
                 self._lanes[peer][0].send([frame], None)
 
     def close(self) -> None:
@@ -375,7 +343,7 @@ class TcpTransport(CallerReads, NetworkTransport):
         this rank leave instead of hearing over a surviving lane that it is itself the one gone."""
         conn.fail(cause, error)
         self._arm(conn)  # failed: unregistered
-        for sibling in self._lanes[conn.peer] if not self._closed else []:
+        for sibling in self._lanes[conn.peer] + self._extra.get(conn.peer, []) if not self._closed else []:
             if sibling.error is None:
                 sibling.fail(cause, conn.error)  # before the hang-up, which a reader may see first
                 self._arm(sibling)
