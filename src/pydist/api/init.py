@@ -6,6 +6,7 @@ import atexit
 from datetime import timedelta
 from typing import Any
 
+from ..core import init_marks
 from ..core.settings import settings
 from ..groups.factory import join_mpi, join_native, make_group
 from ..groups.process_group import ProcessGroup
@@ -26,6 +27,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     (a ``rank``/``world_size`` that differs raises ValueError naming both); ``init_method``
     and ``store`` are not used, as by torch's MPI backend (MPI's launcher did the rendezvous).
     """
+    init_marks.mark(init_marks.INIT_START)
     world = current()
     if world.default_group is not None:
         raise ValueError("trying to initialize the default process group twice!")
@@ -45,6 +47,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             raise ValueError(f"world_size: must be positive when store is given, got {world_size}")
         elif rank < 0:
             raise ValueError(f"rank: must be non-negative when store is given, got {rank}")
+        init_marks.mark(init_marks.STORE_READY)
         if not 0 <= rank < world_size:
             if owned is not None:
                 owned.close()
@@ -57,6 +60,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     ranks = list(range(world.size))
     group_id, _name = world.group_id(ranks)
     make_group(world, ranks, group_id, group_name or "default_pg", seconds, default=True)
+    init_marks.mark(init_marks.INIT_DONE)
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:

@@ -7,6 +7,7 @@
                  [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist,pydist-tls,pydist-1nic]
                  [--transport auto|tcp] [--timeout 1800] [--json] [--plot out.png]
                  [--netns HOSTSxRANKS [--link RATE] [--nics N]]
+    pydist-bench --scale N[,N...] [--scale-shm] [--iters 20] [--timeout 1800] [--json]
 
 Prints one row per size: bytes, element count, time in µs (median over timed iterations
 of the slowest rank's time), algbw and busbw in GB/s, then per ``--compare`` backend its
@@ -18,6 +19,7 @@ Started inside an already launched job (RANK/WORLD_SIZE, PMI_RANK/PMI_SIZE or
 OMPI_COMM_WORLD_RANK/SIZE set: pydist-run, torchrun, mpiexec), it starts no workers: every
 process is one rank and rank 0 prints the table (see :mod:`.injob`). ``--netns 2x2`` runs
 it as a job of 2 hosts x 2 ranks in network namespaces on this machine (see :mod:`.netns_job`).
+``--scale 8,16`` starts 8, then 16 ranks and reports what their init costs (see :mod:`.scale`).
 """
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
-from contextlib import closing
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
 
-from . import comms, injob, netns_job
+from . import comms, injob, netns_job, scale
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .launch import BackendFailed, run_backend
 from .ops import DTYPES, OPS
@@ -117,7 +119,28 @@ def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
     parser.add_argument("--link", metavar="RATE", help="with --netns: shape every host's link (tc units: 1gbit)")
     parser.add_argument("--nics", type=_arg(_positive), default=1,
                         help="with --netns: interfaces per host, each on its own network; pydist stripes over all")
+    parser.add_argument("--scale", type=_arg(scale.parse_scale), metavar="N[,N...]",
+                        help="start N ranks on this host (for each N given) and report what init costs (import, "
+                        "store/rendezvous, connections), memory, descriptors, the store's requests and a small "
+                        "all_reduce (--iters calls); see docs/scale.md")
+    parser.add_argument("--scale-shm", action="store_true",
+                        help="with --scale: let the ranks use shared memory (default: PYDIST_SHM=0, as if each "
+                        "rank were a host)")
     return parser
+
+
+def _scale(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> int:
+    """``--scale``: refuse the options it does not take, then run it (see :mod:`.scale`)."""
+    others = [flag for flag, given in (("--netns", args.netns), ("--compare", args.compare),
+                                       ("--plot", args.plot), ("--nproc", hasattr(args, "nproc"))) if given]
+    if others:
+        parser.error(f"--scale starts its own ranks and times only all_reduce: not with {', '.join(others)}")
+    try:
+        with _signals_interrupt():
+            return scale.main(args, argv)
+    except KeyboardInterrupt:
+        print("pydist-bench: interrupted", file=sys.stderr)
+        return 130
 
 
 def _run_one(result: BackendResult, position: str, args: argparse.Namespace, config: dict,
@@ -137,13 +160,22 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _measure_all(results: list[BackendResult], args: argparse.Namespace, config: dict, progress: StatusLine) -> int:
-    """Run every available backend in turn; 0, or 1 if the main one failed (its error printed).
-    SIGTERM and SIGINT raise KeyboardInterrupt meanwhile (SIGINT too, as pydist-run and torchrun
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT raise KeyboardInterrupt meanwhile (SIGINT too, as pydist-run and torchrun
     do: a shell starts background jobs with it ignored), so the workers are stopped on the way out."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {signum: signal.signal(signum, _interrupt) for signum in _STOP_SIGNALS} if main_thread else {}
     try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _measure_all(results: list[BackendResult], args: argparse.Namespace, config: dict, progress: StatusLine) -> int:
+    """Run every available backend in turn; 0, or 1 if the main one failed (its error printed)."""
+    with _signals_interrupt():
         for index, result in enumerate(results):
             if result.status != "ok":
                 continue
@@ -156,9 +188,6 @@ def _measure_all(results: list[BackendResult], args: argparse.Namespace, config:
                     print(f"pydist-bench: error: {result.label} failed: {error}", file=sys.stderr)
                     return 1
         return 0
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _in_job_tls(compare: list[str], scratch: str) -> dict[str, str]:
@@ -178,9 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(f"pydist-bench (rank {job.rank})" if job else "pydist-bench")
     args = parser.parse_args(argv)
     if job:
-        if args.netns:
-            parser.error("--netns starts a job of its own: not inside a launched job")
+        if args.netns or args.scale:
+            parser.error(f"{'--netns' if args.netns else '--scale'} starts a job of its own: not inside a launched job")
         return injob.main(args, argv, parser, job)
+    if args.scale:
+        return _scale(args, argv, parser)
+    if args.scale_shm:
+        parser.error("--scale-shm goes with --scale")
     if args.link and not args.netns:
         parser.error("--link shapes the links of a --netns job: give --netns too")
     if args.nics != 1 and not args.netns:

@@ -7,7 +7,8 @@ It raises :class:`BackendFailed` when a rank reports an error, a process exits b
 ``done`` or the deadline passes — with the tail of the workers' stderr in the message. On
 any exit (including KeyboardInterrupt) every process still running is terminated, then
 killed: the processes it started, and the MPI ranks' reported pids if mpiexec had to be
-stopped.
+stopped. :class:`Workers` (start processes) and :func:`stream` (their events until ``done``)
+serve ``pydist-bench --scale`` too (see :mod:`.scale`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 
 from .backends import BackendSpec, mpiexec_path
 from .worker import LAUNCHER_ENV, PREFIX
@@ -52,26 +53,34 @@ def _commands(spec: BackendSpec, nproc: int, config: dict,
     worker = [sys.executable, "-m", "pydist.bench.worker", spec.key, json.dumps(config)]
     if spec.launcher == "mpiexec":
         return [([mpiexec_path() or "mpiexec", "-n", str(nproc), *worker], {**_base_env(spec, config), **extra})]
-    port = str(_free_port())
-    return [(worker, {**_base_env(spec, config), **extra, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                      "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
-                      "LOCAL_WORLD_SIZE": str(nproc)})
-            for rank in range(nproc)]
+    port = _free_port()
+    return [(worker, {**_base_env(spec, config), **extra, **rank_env(rank, nproc, port)}) for rank in range(nproc)]
 
 
-class _Workers:
-    """The started processes, the read end of their shared stdout pipe, their stderr file."""
+def rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """The env:// variables of rank ``rank`` of ``nproc`` on this host, the store at 127.0.0.1:``port``."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(nproc),
+            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc)}
 
-    def __init__(self, spec: BackendSpec, nproc: int, config: dict) -> None:
+
+Command = tuple[list[str], dict[str, str]]
+
+
+class Workers:
+    """The started processes, the read end of their shared stdout pipe, their stderr file.
+    ``commands``: each process's (argv, environment), taken one at a time just before that
+    process starts (a generator may stamp the time into it); ``scratch``: a directory
+    removed with the workers."""
+
+    def __init__(self, commands: Iterable[Command], scratch: tempfile.TemporaryDirectory | None = None) -> None:
         self.stderr = tempfile.TemporaryFile()
-        self.scratch = tempfile.TemporaryDirectory(prefix="pydist-bench-") if spec.extra_env else None
+        self.scratch = scratch
         self.procs: list[subprocess.Popen] = []
         self.rank_pids: set[int] = set()
         read_fd, write_fd = os.pipe()
         self.read_fd, self.buffer = read_fd, b""
         try:
-            extra = spec.extra_env(self.scratch.name) if spec.extra_env and self.scratch else {}
-            for argv, env in _commands(spec, nproc, config, extra):
+            for argv, env in commands:
                 self.procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=write_fd,
                                                    stderr=self.stderr))
         except BaseException:
@@ -126,9 +135,27 @@ class _Workers:
             self.scratch.cleanup()
 
 
+def _start(spec: BackendSpec, nproc: int, config: dict) -> Workers:
+    """``spec``'s workers on ``config``, with their scratch directory if the backend needs one."""
+    scratch = tempfile.TemporaryDirectory(prefix="pydist-bench-") if spec.extra_env else None
+    try:
+        extra = spec.extra_env(scratch.name) if spec.extra_env and scratch else {}
+        commands = _commands(spec, nproc, config, extra)
+    except BaseException:
+        if scratch is not None:
+            scratch.cleanup()
+        raise
+    return Workers(commands, scratch)
+
+
 def run_backend(spec: BackendSpec, nproc: int, config: dict, timeout: float) -> Generator[dict, None, None]:
     """Run ``spec``'s workers on ``config``; yield rank 0's start/row events (see module note)."""
-    workers = _Workers(spec, nproc, config)
+    yield from stream(_start(spec, nproc, config), timeout)
+
+
+def stream(workers: Workers, timeout: float) -> Generator[dict, None, None]:
+    """The workers' events other than ``pid``, until one says ``done``; raises BackendFailed on
+    an ``error`` event, an early exit or ``timeout`` seconds; stops the workers on any exit."""
     deadline, done = time.monotonic() + timeout, False
     try:
         while not done:

@@ -37,7 +37,7 @@ def _gone(pid: int) -> bool:
         return isinstance(error, ProcessLookupError)
 
 
-def _exit_when_orphaned(interval: float = 0.5) -> None:
+def exit_when_orphaned(interval: float = 0.5) -> None:
     """Exit (status 3) once the parent process or the launcher (``$LAUNCHER_ENV``: the CLI,
     which is not the parent under mpiexec) is gone."""
     parent = os.getppid()
@@ -51,11 +51,17 @@ def _exit_when_orphaned(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="bench-orphan-watchdog", daemon=True).start()
 
 
+def report_failure(rank: object, error: BaseException) -> None:
+    """Print the traceback to stderr and send the launcher an ``error`` event."""
+    traceback.print_exc()
+    emit({"event": "error", "rank": rank, "message": f"{type(error).__name__}: {error}"[:_MAX_MESSAGE]})
+
+
 def main(argv: list[str]) -> int:
     from .backends import BACKENDS
     from .timing import run_plan
     name, config = argv[0], json.loads(argv[1])
-    _exit_when_orphaned()
+    exit_when_orphaned()
     rank = os.environ.get("RANK") or os.environ.get("PMI_RANK") or "?"  # until the group says
     try:
         comm = BACKENDS[name].connect(config["timeout"])
@@ -66,8 +72,7 @@ def main(argv: list[str]) -> int:
             emit({"event": "done"})
         comm.close()
     except BaseException as error:  # noqa: BLE001 - reported to the launcher, then exit 1
-        traceback.print_exc()
-        emit({"event": "error", "rank": rank, "message": f"{type(error).__name__}: {error}"[:_MAX_MESSAGE]})
+        report_failure(rank, error)
         return 1
     return 0
 

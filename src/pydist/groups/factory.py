@@ -17,6 +17,7 @@ from typing import Any
 
 from ..algorithms.barrier_dissemination import barrier
 from ..algorithms.comm import Comm
+from ..core import init_marks
 from ..core.deadline import Deadline
 from ..core.errors import DistNetworkError
 from ..core.settings import settings
@@ -58,6 +59,7 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
     try:
         factory = world.transport_factory or default_transport
         transport = factory(rank, size, scoped, deadline, world.states, False)
+        init_marks.mark(init_marks.TRANSPORT_READY)
         progress = ProgressBoard(scoped, rank)  # writes its first record: before the barrier
         barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))  # group id 0: none
     except BaseException:

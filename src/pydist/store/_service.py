@@ -31,6 +31,7 @@ import itertools
 import logging
 import math
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import DistStoreError
@@ -125,6 +126,23 @@ class _Waiter:
         self.done = False
 
 
+@dataclass
+class ServiceStats:
+    """What a service has handled since it started (pydist-bench --scale reads it): requests
+    by name, each counted once when it arrives (a parked one is not counted again when it is
+    re-run); connections open now, the most open at once, and opened in all."""
+
+    requests: dict[str, int] = field(default_factory=dict)
+    connections: int = 0
+    peak_connections: int = 0
+    opened: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy as plain data (the counts as they are now)."""
+        return {"requests": dict(self.requests), "connections": self.connections,
+                "peak_connections": self.peak_connections, "opened": self.opened}
+
+
 class StoreService:
     """One store's state and every connection to it; single-threaded, never raises on
     bad input (the offending connection is reported through ``take_dropped``)."""
@@ -132,6 +150,7 @@ class StoreService:
     def __init__(self, auth_token: bytes | None = None) -> None:
         self.auth_token = auth_token
         self.state = KVState()
+        self.stats = ServiceStats()
         self._conns: dict[int, _Conn] = {}
         self._parked: dict[str, dict[_Waiter, None]] = {}
         self._timers: list[tuple[float, int, _Waiter]] = []
@@ -144,6 +163,10 @@ class StoreService:
     def open(self, cid: int) -> None:
         """A new connection; its first bytes will say which protocol it speaks."""
         self._conns[cid] = _Conn(cid)
+        stats = self.stats
+        stats.connections += 1
+        stats.opened += 1
+        stats.peak_connections = max(stats.peak_connections, stats.connections)
 
     def receive(self, cid: int, data: bytes, now: float) -> None:
         """Bytes from connection ``cid``; answers what they complete."""
@@ -169,6 +192,7 @@ class StoreService:
         self._dropped.pop(cid, None)
         if conn is None:
             return None
+        self.stats.connections -= 1
         if conn.waiter is not None:
             self._unpark(conn.waiter)
         if conn.opening is not None:
@@ -290,6 +314,7 @@ class StoreService:
                 return
             if msg is None:
                 return
+            self.stats.requests[msg.name] = self.stats.requests.get(msg.name, 0) + 1
             if msg.name == codec.cancel_op:
                 if conn.waiter is not None:
                     self._unpark(conn.waiter)

@@ -123,6 +123,10 @@ class Server:
         self._thread.join(10.0)  # real time: a bound on a thread told to stop, not a timeout
         self._wake_w.close()
 
+    def stats(self) -> dict[str, Any]:
+        """The service's counts (requests by name, connections), as of now (see ServiceStats)."""
+        return self._service.stats.snapshot()
+
     def _run(self) -> None:
         try:
             while not self._stopping:

@@ -113,6 +113,11 @@ class TCPStore(Store):
         """The local IP address of this client's connection to the server."""
         return self._client_address
 
+    def server_stats(self) -> dict[str, Any] | None:
+        """The counts of the server this master runs (requests by name, connections open,
+        peak and opened; see ``_service.ServiceStats``), or None for a client only."""
+        return self._server.stats() if self._server is not None else None
+
     def _where(self) -> str:
         return f"TCPStore {self._host}:{self._port}"
 

@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
 from ...core import deadline as _deadline
+from ...core import init_marks
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
 from ...net.addresses import host_port, listen
@@ -101,6 +102,7 @@ def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
                                 f"(their processes did not start, died, or cannot reach the store): {error}",
                                 error.keys) from error
     values = store.multi_get(keys)
+    init_marks.mark(init_marks.RECORDS_EXCHANGED)
     token = values[0].decode()
     return {r: PeerRecord(**json.loads(v)) for r, v in enumerate(values[1:])}, token
 
