@@ -72,6 +72,17 @@ def test_processes_tcp_only(size, reader):
     assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("size, shm", [(5, "0"), (8, "0"), (4, "1")])
+def test_processes_with_connections_on_first_use(size, shm):
+    """PYDIST_TCP_CONNECT=lazy (transport/tcp/lazy.py): pairs connect when they first exchange a
+    message; every collective still right, over tcp only, and with shared memory (two ranks
+    per host: the local pair connected at init, the others on first use)."""
+    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM": shm, "PYDIST_TCP_CONNECT": "lazy"}
+    hosts = {r: {"PYDIST_HOST_ID": f"host{r // 2}"} for r in range(size)} if shm == "1" else None
+    assert failures(run_processes(size, run_suite, init="env", env=env, rank_env=hosts, timeout=300)) == []
+
+
 def test_the_suite_detects_wrong_results(monkeypatch):
     """A broken algorithm must make the suite report failures (the checks are live)."""
     from pydist.engines.native import ALGORITHMS

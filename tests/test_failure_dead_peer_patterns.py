@@ -36,6 +36,11 @@ PATTERNS = [
     ("hierarchical, 2 hosts x 2: a host's leader (network stage)", HIERARCHICAL, 2, None, TWO_BY_TWO),
     ("hierarchical, 2 hosts x 2: a leader's host peer (shared-memory stage)", HIERARCHICAL, 1, None, TWO_BY_TWO),
     ("hierarchical broadcast, 2 hosts x 2: the root", ("broadcast",), 0, 0, TWO_BY_TWO),
+    ("every kind, 4 hosts, connections on first use", robust_ranks.KINDS, 1, None,
+     {**FOUR_HOSTS, "PYDIST_TCP_CONNECT": "lazy"}),
+    ("broadcast root, tcp, connections on first use", ("broadcast",), 0, 0, {**TCP, "PYDIST_TCP_CONNECT": "lazy"}),
+    ("hierarchical, 2 hosts x 2, connections on first use", HIERARCHICAL, 2, None,
+     {**TWO_BY_TWO, "PYDIST_TCP_CONNECT": "lazy"}),
     ("rails, 2 hosts x 2: a rank carrying a slice", HIERARCHICAL, 3, None,
      {**TWO_BY_TWO, "PYDIST_ALGO_ALL_REDUCE": "rails", "PYDIST_ALGO_BROADCAST": "rails"}),
 ]

@@ -67,12 +67,16 @@ def test_auto_connects_lazily_from_64_ranks():
 
 def test_no_connection_until_a_pair_first_exchanges_a_message(world):
     assert [sorted(t._lanes) for t in world] == [[], [], [], []]
+    # the directory (rank 0 read every record, the others only it): every host, one record
+    assert all(t.hosts == {r: f"host{r}" for r in range(4)} for t in world)
+    assert [sorted(t.records) for t in world] == [[0, 1, 2, 3], [1], [2], [3]]
     sent, got = np.arange(1000, dtype=np.int64), np.zeros(1000, np.int64)
     receive = world[2].irecv(0, _bytes(got), KEY)
     send = world[0].isend(2, _bytes(sent), KEY)
     assert send.wait(30) and receive.wait(30) and send.error is None and receive.error is None
     assert np.array_equal(got, sent)
     assert [sorted(t._lanes) for t in world] == [[2], [], [0], []]
+    assert sorted(world[2].records) == [0, 2]  # read when rank 0 dialled it
 
 
 def test_both_ends_dialling_at_once_keep_each_ones_messages_in_order(world):

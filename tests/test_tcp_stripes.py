@@ -161,9 +161,9 @@ def test_every_lane_runs_tls_when_the_mesh_does(monkeypatch, tmp_path):
     monkeypatch.setenv("PYDIST_STRIPE_BYTES", str(64 << 10))
     transports = open_pair((["127.0.0.1"], ["127.0.0.1"]))
     try:
+        exchange(transports, 3 << 20, CALL)  # first: with lazy connections the pair connects here
         assert all(isinstance(c.sock, TlsSocket) for t in transports for c in t.connections())
         assert len(transports[0].connections()) == 2
-        exchange(transports, 3 << 20, CALL)
     finally:
         close(transports)
 

@@ -46,11 +46,11 @@ def dial_seconds(peer_timeout: float) -> float:
 class Dialer:
     """Dials peers for one transport, once each (concurrent callers for a peer wait for one dial)."""
 
-    def __init__(self, records: Callable[[], dict[int, PeerRecord]], rank: int, token: str, peer_timeout: float,
+    def __init__(self, record: Callable[[int], PeerRecord], rank: int, token: str, peer_timeout: float,
                  auth_token: bytes | None, tls: Contexts | None,
                  install: Callable[[int, PeerRecord, list[Connection]], None],
                  installed: Callable[[int], list | None]):
-        self._records, self._rank, self._token = records, rank, token
+        self._record, self._rank, self._token = record, rank, token
         self._peer_timeout, self._auth_token, self._tls = peer_timeout, auth_token, tls
         self._install, self._installed = install, installed
         self._locks: dict[int, threading.Lock] = {}
@@ -73,14 +73,13 @@ class Dialer:
         return lanes
 
     def _dial(self, peer: int) -> None:
-        records = self._records()
-        theirs = records[peer]
+        mine, theirs = self._record(self._rank), self._record(peer)
         try:
-            sockets = dial(records[self._rank], theirs, self._token, Deadline.after(dial_seconds(self._peer_timeout)),
+            sockets = dial(mine, theirs, self._token, Deadline.after(dial_seconds(self._peer_timeout)),
                            self._peer_timeout, self._auth_token, self._tls, patient=False)
         except (OSError, DistNetworkError) as error:
             why = {"stopped": "its process is stopped", "alive": "its process runs but did not answer"}.get(
-                verdict(theirs.process, records[self._rank].process) or "", "its process is gone, or its host or "
+                verdict(theirs.process, mine.process) or "", "its process is gone, or its host or "
                                                                            "the network between them")
             raise PeerFailedError(f"rank {self._rank} could not connect to rank {peer} on {theirs.label}: {why} "
                                   f"({error})", rank=peer, host=theirs.hostname) from error
@@ -90,11 +89,11 @@ class Dialer:
 def meet_on_first_use(transport: Any, listeners: list[socket.socket], auth_token: bytes | None,
                       tls: Contexts | None) -> tuple[Dialer, JoinListener]:
     """``transport``'s (TcpTransport's) dialer, and its acceptor of any rank on ``listeners``."""
-    records, rank = transport.records, transport.rank
-    dialer = Dialer(lambda: transport.records, rank, transport.token, transport.peer_timeout, auth_token, tls,
+    record, rank = transport.record, transport.rank
+    dialer = Dialer(record, rank, transport.token, transport.peer_timeout, auth_token, tls,
                     transport._install, lambda peer: transport._lanes.get(peer))
-    acceptor = JoinListener(records[rank], listeners, transport.token, transport.peer_timeout, auth_token, tls,
-                            set(records) - {rank},
-                            lambda peer, sockets: transport._install(peer, records[peer], sockets),
-                            lambda peer: lane_count(records[rank], records[peer]))
+    acceptor = JoinListener(record(rank), listeners, transport.token, transport.peer_timeout, auth_token, tls,
+                            set(transport.hosts) - {rank},
+                            lambda peer, sockets: transport._install(peer, record(peer), sockets),
+                            lambda peer: lane_count(record(rank), record(peer)))
     return dialer, acceptor

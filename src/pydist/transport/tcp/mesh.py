@@ -87,6 +87,10 @@ def _tune(sock: socket.socket, seconds: float) -> socket.socket:
     return sock
 
 
+#: the store key of lazy connections' directory of ranks (publish_and_meet)
+DIRECTORY = "tcp/directory"
+
+
 def publish_and_collect(store, rank: int, size: int, record: PeerRecord,
                         deadline: Deadline) -> tuple[dict[int, PeerRecord], str]:
     """Publish this rank's record and return every rank's record and the world token."""
@@ -338,18 +342,44 @@ def dial(mine: PeerRecord, theirs: PeerRecord, token: str, deadline: Deadline, p
 
 
 def listen_and_publish(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
-           lanes: list[str]) -> tuple[list[socket.socket], dict[int, PeerRecord], str]:
-    """Listen on every lane and publish this rank's record; (the listeners, every rank's record,
-    the world token): connections come later (lazy.py)."""
+                       lanes: list[str]) -> tuple[list[socket.socket], dict[int, PeerRecord], dict[int, str], str]:
+    """Listen on every lane and meet through the directory (``publish_and_meet``): (the
+    listeners, the records known, every rank's host identity, the world token); connections
+    come later (lazy.py)."""
     listeners = open_listeners(address, lanes, min(max(size, 16), 4096))
     try:
         record = own_record(rank, hostname, host_id, [address, *lanes], listeners)
-        records, token = publish_and_collect(store, rank, size, record, deadline)
+        return (listeners, *publish_and_meet(store, rank, size, record, deadline))
     except BaseException:
         for listener in listeners:
             listener.close()
         raise
-    return listeners, records, token
+
+
+def publish_and_meet(store, rank: int, size: int, record: PeerRecord,
+                     deadline: Deadline) -> tuple[dict[int, PeerRecord], dict[int, str], str]:
+    """Rendezvous in O(N) store work: every rank publishes its record; rank 0 reads them all and
+    publishes the directory (each rank's host identity, each distinct one once); the others
+    read only that (a peer's record is read when it is dialled). (The records known: all on
+    rank 0, its own elsewhere; every rank's host identity; the world token.)"""
+    if rank == 0:
+        records, token = publish_and_collect(store, rank, size, record, deadline)
+        distinct = list(dict.fromkeys(r.host_id for r in records.values()))
+        index = {host: k for k, host in enumerate(distinct)}
+        store.set(DIRECTORY, json.dumps({"hosts": distinct, "of": [index[records[r].host_id] for r in range(size)]}))
+        return records, {r: records[r].host_id for r in range(size)}, token
+    store.set(f"tcp/{rank}", json.dumps(record.__dict__))
+    try:
+        store.wait([DIRECTORY], _remaining_timedelta(deadline))
+    except StoreTimeoutError as error:
+        missing = [r for r in range(size) if not store.check([f"tcp/{r}"])]
+        raise StoreTimeoutError(f"rank {rank}: rank 0 did not publish the directory of ranks: ranks {missing} never "
+                                f"registered their address in the store (their processes did not start, died, or "
+                                f"cannot reach the store): {error}", error.keys) from error
+    token, directory = (value.decode() for value in store.multi_get(["tcp/token", DIRECTORY]))
+    init_marks.mark(init_marks.RECORDS_EXCHANGED)
+    found = json.loads(directory)
+    return {rank: record}, {r: found["hosts"][k] for r, k in enumerate(found["of"])}, token
 
 
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,

@@ -54,6 +54,17 @@ class Peers:
             self.peer_lost(peer, error)
             return error
 
+    def record(self, peer: int) -> PeerRecord:
+        """``peer``'s record, read from the store the first time (lazy connections know only
+        their own at init, see mesh.publish_and_meet)."""
+        known = self.records.get(peer)
+        if known is None:
+            records, _ = read_records(self._store, [peer], Deadline.after(60))
+            known = records[peer]
+            with self._install_lock:
+                self.records = {**self.records, peer: known}
+        return known
+
     def connect(self, peers: list[int], deadline: Deadline) -> list[int]:
         """Connect to ``peers`` not connected yet (ranks that joined, or, on a joining rank,
         the job's ranks; with lazy connections, the ranks of this host at init): this rank

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ...core import deadline as _deadline
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError, PeerFailedError
+from ...core.errors import DistBackendError, DistError, PeerFailedError
 from ...core.settings import Settings
 from ...net.auth import token_of
 from ...net.tls import contexts
@@ -77,17 +77,18 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
         self._dialer: Dialer | None = None
         sockets: dict = {}
         listeners: list = []
+        hosts: dict[int, str] = {}
         if joining:
             self.token, self._join = listen_to_join(store, rank, address, hostname, host_id, lanes, deadline,
                                                     self.peer_timeout)
             self.records = {rank: self._join.record}
         elif lazy(settings.tcp_connect, size):
-            listeners, self.records, self.token = listen_and_publish(store, rank, size, address, hostname, host_id,
-                                                                     deadline, lanes)
+            listeners, self.records, hosts, self.token = listen_and_publish(store, rank, size, address, hostname,
+                                                                            host_id, deadline, lanes)
         else:
             sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
                                                            lanes, settings.peer_timeout)
-        self.hosts = {peer: record.host_id for peer, record in self.records.items()}
+        self.hosts = hosts if listeners else {peer: record.host_id for peer, record in self.records.items()}
         #: each peer's connections, lane 0 (every message under PYDIST_STRIPE_BYTES) first
         self._lanes = {peer: [Connection(self, peer, sock, self.records[peer].lane(k).label)
                               for k, sock in enumerate(socks)] for peer, socks in sockets.items()}
@@ -196,8 +197,11 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
         return list(self._every)
 
     def lanes(self, peer: int) -> list[Connection]:
-        """The connections to ``peer``, lane 0 first."""
-        return list(self._lanes[peer])
+        """The connections to ``peer``, lane 0 first (dialled now with lazy connections)."""
+        lanes = self._lanes.get(peer) or self._dial(peer)
+        if isinstance(lanes, BaseException):
+            raise lanes
+        return list(lanes)
 
     def _read(self, conn: Connection) -> None:
         """Read what ``conn`` has (the reading thread); a broken peer is failed."""
@@ -213,7 +217,10 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
             self.matcher.cancel(part, DistBackendError("receive cancelled"))
 
     def peer_host(self, peer: int) -> str:
-        return self.records[peer].label
+        try:
+            return self.record(peer).label
+        except DistError:  # the store is gone (lazy connections read a record when it is needed)
+            return f"host {self.hosts.get(peer, 'unknown')}"
 
     def endpoint(self) -> str:
         return self.records[self.rank].where
