@@ -90,7 +90,7 @@ def trial(job: Job, live: dict[int, dict], size: int, freeze: bool, rng: random.
         raise SystemExit(f"worker {live[victim]} exited before the trial; the job's last lines:\n"
                          + "".join(job.log[-30:])) from None
     until = failed_at + timeout
-    shrunk, full, started, wrong, resumed = {}, {}, None, [], False
+    shrunk, full, started, joined, wrong, resumed = {}, {}, None, None, [], False
     while len(full) < size:
         event = job.next(until)
         if event is None:
@@ -100,7 +100,7 @@ def trial(job: Job, live: dict[int, dict], size: int, freeze: bool, rng: random.
         if kind == "wrong":
             wrong.append(event)
         elif kind == "hello" and event["joined"]:
-            started = event["started"]
+            started, joined = event["started"], event["t"]
             live[pid] = event
         elif kind == "step" and event["world"] == size - 1:  # recovered in a step or in sync()
             shrunk[pid] = event["t"]
@@ -114,7 +114,8 @@ def trial(job: Job, live: dict[int, dict], size: int, freeze: bool, rng: random.
         os.kill(victim, signal.SIGCONT)
     return {"hang": False, "victim": live.get(victim), "wrong": wrong,
             "failure_to_shrunk": max(shrunk.values()) - failed_at if len(shrunk) == size - 1 else None,
-            "start_to_full": max(full.values()) - started if started is not None else None}
+            "start_to_full": max(full.values()) - started if started is not None else None,
+            "start_to_joined": joined - started if started is not None else None}
 
 
 def _summary(name: str, seconds: list[float]) -> str:
@@ -171,6 +172,8 @@ def main() -> None:
                    [r["failure_to_shrunk"] for r in done]))
     print(_summary("replacement's Python start -> every rank's first step on the full world, state healed",
                    [r["start_to_full"] for r in done]))
+    print(_summary("  of which: its Python start -> admitted (imports, init_process_group joined)",
+                   [r["start_to_joined"] for r in done]))
 
 
 if __name__ == "__main__":

@@ -34,10 +34,14 @@ def main() -> None:
     weights = np.zeros(int(state_mb * (1 << 20)) // 4, np.float32)
     job = dist.Elastic({"weights": weights}, progress={"step": 0})
     after = None
+    size = dist.get_world_size()
     while True:
         try:
+            began = time.time()
             if job.sync():
                 after = after or "sync"
+                if dist.get_world_size() < size:
+                    say(event="lost", began=began, caught=None)
                 check = np.array([weights[0], -weights[0], float(job.progress["step"]), -job.progress["step"]])
                 dist.all_reduce(check, op=dist.ReduceOp.MAX)
                 if check[0] != -check[1] or check[2] != -check[3]:
@@ -56,8 +60,10 @@ def main() -> None:
             say(event="evicted")
             os._exit(3)
         except dist.DistError as error:
+            caught = time.time()
             job.recover(error)
             after = "recover"
+            say(event="lost", began=None, caught=caught)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ default group, torch DDP).
 (api.heal: the state and ``progress`` of rank 0 and up to ``stripes`` members); on a
 replacement, the first ``sync()`` is where it receives them. ``recover(error)`` shrinks the
 default group past the ranks ``error`` names dead; when the survivors' progress differs (one
-finished the step the others failed in), every survivor takes rank 0's state and progress. Both return
+finished the step the others failed in), those that differ from rank 0 take the state and
+progress of those that match it (striped over up to ``stripes`` of them). Both return
 whether the world changed, so that what depends on the group (DDP) is rebuilt.
 """
 from __future__ import annotations
@@ -33,9 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import DistError
-from ..core.ops import ReduceOp
 from ..groups.world import World, current, using_world
-from .collectives import all_reduce
+from .collectives import all_gather_into_tensor
 from .groups import get_rank, get_world_size
 from .grow import admit_joiners
 from .heal import heal
@@ -94,7 +94,8 @@ class Elastic:
 
     def recover(self, error: DistError) -> None:
         """After ``error`` (a DistError of a collective of the default group): shrink past the
-        ranks it names dead; survivors whose progress differs take rank 0's state and progress."""
+        ranks it names dead; survivors whose progress differs from rank 0's take the state and
+        progress of those that match it."""
         dead = sorted(error.dead_ranks)
         evicted = self._world().states.evicted_by
         if evicted is not None:  # the others declared this rank dead (it was stopped): it is out
@@ -103,14 +104,16 @@ class Elastic:
             raise error
         self._shrink(dead)
         with using_world(self._world()):
-            if not self._agreed():
-                heal(self.state, self.progress, [0], list(range(1, get_world_size())), 1)
+            behind = self._differing()
+            if behind:
+                ahead = [rank for rank in range(get_world_size()) if rank not in behind]
+                heal(self.state, self.progress, ahead, behind, self.stripes)
         self._changed = True
 
-    def _agreed(self) -> bool:
-        """Every survivor is at the same progress (the usual case: the failure came before
-        any of them finished the step), so their states agree and none needs rank 0's."""
+    def _differing(self) -> list[int]:
+        """The survivors whose progress differs from rank 0's (usually none: the failure came
+        before any of them finished the step); they take the state of those that match it."""
         digest = zlib.crc32(pickle.dumps(sorted(self.progress.items(), key=lambda item: str(item[0]))))
-        extremes = np.array([digest, -digest], np.int64)
-        all_reduce(extremes, op=ReduceOp.MAX)
-        return bool(extremes[0] == -extremes[1])
+        digests = np.zeros(get_world_size(), np.int64)
+        all_gather_into_tensor(digests, np.array([digest], np.int64))
+        return [rank for rank in range(get_world_size()) if digests[rank] != digests[0]]
