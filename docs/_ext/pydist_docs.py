@@ -71,7 +71,9 @@ def settings_list() -> str:
 
 
 def _option_row(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
-    names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.metavar or action.dest}`"
+    spellings = [n for n in action.option_strings if n.replace("_", "-") == n or n.replace("_", "-") not in
+                 action.option_strings]  # --nproc_per_node: the page says once that underscores work too
+    names = ", ".join(f"`{name}`" for name in spellings) or f"`{action.metavar or action.dest}`"
     if action.nargs != 0 and action.option_strings:
         names += f" `{action.metavar or action.dest.upper()}`"
     text = parser._get_formatter()._expand_help(action) if action.help else ""  # argparse's own %(default)s
@@ -84,7 +86,7 @@ def cli_reference(target: str) -> str:
     """Usage and options of the parser that ``module:function`` builds, as markdown."""
     module_name, function = target.split(":")
     parser = getattr(importlib.import_module(module_name), function)()
-    usage = parser.format_usage().removeprefix("usage: ").strip()
+    usage = re.sub(r"\n\s+", "\n    ", parser.format_usage().removeprefix("usage: ").strip())  # narrow screens
     rows = ["| argument | meaning |", "|---|---|"]
     rows += [_option_row(parser, action) for action in parser._actions if action.help != argparse.SUPPRESS]
     return "\n".join([f"```text\n{usage}\n```", "", parser.description or "", "", *rows])
