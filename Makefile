@@ -50,7 +50,8 @@ torch-suite: test-venv
 torch-suite-as-gloo: test-venv
 	WORLD_SIZE=2 $(PY) -m pytest tests/torch_suite/torch_distributed_suite_as_gloo.py -q $(PYTEST_ARGS)
 
-# The site (docs/, Sphinx + furo + MyST; docs/ABOUT-THE-SITE.md says why) into build/docs/html.
+# The site (docs/, Sphinx + furo + MyST; docs/about-the-site.md says why) into build/docs/html.
+# -E: read every page again (generated parts change without their page changing).
 # -W: every warning fails the build (broken cross-references and links inside the site included);
 # docs/_ext/pydist_docs.py fails it for a public name without a docstring.
 $(VENV)/.installed-docs: $(VENV)/.installed
@@ -58,7 +59,7 @@ $(VENV)/.installed-docs: $(VENV)/.installed
 	touch $@
 
 docs: $(VENV)/.installed-docs
-	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs build/docs/html
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs build/docs/html
 
 lint: test-venv
 	$(VENV)/bin/ruff check src tests
