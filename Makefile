@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 MPI := mpi4py mpich
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast soak torch-suite torch-suite-as-gloo lint bench venv test-venv clean
+.PHONY: demo test test-fast soak torch-suite torch-suite-as-gloo lint bench venv test-venv docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,17 @@ torch-suite: test-venv
 
 torch-suite-as-gloo: test-venv
 	WORLD_SIZE=2 $(PY) -m pytest tests/torch_suite/torch_distributed_suite_as_gloo.py -q $(PYTEST_ARGS)
+
+# The site (docs/, Sphinx + furo + MyST; docs/about-the-site.md says why) into build/docs/html.
+# -E: read every page again (generated parts change without their page changing).
+# -W: every warning fails the build (broken cross-references and links inside the site included);
+# docs/_ext/pydist_docs.py fails it for a public name without a docstring.
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PIP) install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs build/docs/html
 
 lint: test-venv
 	$(VENV)/bin/ruff check src tests

@@ -61,10 +61,12 @@ def is_nccl_available() -> bool:
 
 
 def is_ucc_available() -> bool:
+    """False: pydist has no UCC backend."""
     return False
 
 
 def is_xccl_available() -> bool:
+    """False: pydist has no XCCL backend."""
     return False
 
 

@@ -102,10 +102,12 @@ def timeout_seconds(timeout: Any) -> float:
 
 
 def is_initialized() -> bool:
+    """True between init_process_group and destroy_process_group."""
     return current().default_group is not None
 
 
 def is_available() -> bool:
+    """True: pydist is always available (torch.distributed's query)."""
     return True
 
 
@@ -122,6 +124,7 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
 
 
 def get_backend(group: ProcessGroup | None = None) -> Backend:
+    """The backend name of ``group`` (default: the world); ValueError outside the group."""
     target = resolve_group(group)
     if target is None:
         raise ValueError("Invalid process group specified")
@@ -207,6 +210,7 @@ def new_subgroups(group_size: int | None = None, group: ProcessGroup | None = No
 
 
 def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
+    """The global ranks of ``group``'s members, in group-rank order; ValueError for a non-member."""
     target = resolve_group(group)
     if target is None:
         raise ValueError("group: this rank is not a member (NON_GROUP_MEMBER has no ranks)")
@@ -214,6 +218,7 @@ def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
 
 
 def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
+    """The rank in ``group`` of ``global_rank``; ValueError if it is not a member."""
     target = resolve_group(group)
     index = None if target is None else target.group_rank_of(global_rank)
     if index is None:
@@ -222,6 +227,7 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
 
 
 def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+    """The global rank of ``group``'s rank ``group_rank``; ValueError if out of range."""
     target = resolve_group(group)
     if target is None or not 0 <= group_rank < target.size():
         raise ValueError(f"Group rank {group_rank} is not part of group {group}")

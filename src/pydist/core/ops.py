@@ -14,6 +14,8 @@ import numpy as np
 
 
 class RedOpType(enum.IntEnum):
+    """The reduction kinds, numbered as torch numbers them."""
+
     SUM = 0
     AVG = 1
     PRODUCT = 2
@@ -59,6 +61,8 @@ class ReduceOp:
 
 
 class reduce_op:  # noqa: N801 - torch's deprecated alias
+    """torch's deprecated spelling of ReduceOp: SUM, PRODUCT, MIN and MAX only."""
+
     SUM = RedOpType.SUM
     PRODUCT = RedOpType.PRODUCT
     MIN = RedOpType.MIN

@@ -4,7 +4,7 @@
 parsed. ``settings()`` parses all of them, once per distinct environment, and is called where
 a value takes effect (a group or transport being made, a tool starting), so that a variable set
 after fork, or by a test before init, counts. A bad value raises ValueError naming the
-variable, what it expects and what it was given. README's settings table is ``markdown()``.
+variable, what it expects and what it was given. The site's settings table is ``markdown()``.
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _algorithm(collective: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The PYDIST_* variables in force, parsed (the field order is README's table order)."""
+    """The PYDIST_* variables in force, parsed (the field order is the settings table's order)."""
 
     shm: bool = _setting(
         "PYDIST_SHM", True, _flag, "0 / 1",
@@ -224,7 +224,7 @@ def settings() -> Settings:
 
 
 def markdown() -> str:
-    """The settings as README's markdown table."""
+    """The settings as a markdown table (docs/reference/settings.md shows it)."""
     rows = ["| variable | default | valid values | meaning |", "|---|---|---|---|"]
     for field in FIELDS:
         default = field.default

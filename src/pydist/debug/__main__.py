@@ -14,13 +14,18 @@ import sys
 from .analyze import as_json, main_text
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (the docs' CLI reference is made from it)."""
     parser = argparse.ArgumentParser(prog="python -m pydist.debug",
                                      description="Analyze pydist flight-recorder traces (PYDIST_TRACE_DIR).")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="a directory of pydist_trace_rank*.json files, or trace files")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.json:
             print(json.dumps(as_json(args.paths), indent=1))

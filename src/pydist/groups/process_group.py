@@ -57,15 +57,19 @@ class ProcessGroup:
 
     # -- torch's ProcessGroup API ---------------------------------------------------------
     def rank(self) -> int:
+        """This rank's rank in the group (its group rank)."""
         return self._rank
 
     def size(self) -> int:
+        """The number of ranks in the group."""
         return len(self._ranks)
 
     def name(self) -> str:
+        """The engine's name: "pydist" or "mpi"."""
         return self._engine.name
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's spelling
+        """The engine's name, as torch's ``ProcessGroup.getBackendName``."""
         return self._engine.name
 
     @property
@@ -80,6 +84,7 @@ class ProcessGroup:
 
     @property
     def timeout(self) -> float:
+        """The group's default operation timeout, in seconds."""
         return self._timeout
 
     @property
@@ -89,9 +94,11 @@ class ProcessGroup:
 
     @property
     def engine(self) -> Engine:
+        """The engine that runs the group's operations (native or MPI)."""
         return self._engine
 
     def group_rank_of(self, global_rank: int) -> int | None:
+        """The group rank of ``global_rank``; None if it is not a member."""
         try:
             return self._ranks.index(global_rank)
         except ValueError:

@@ -89,12 +89,15 @@ class Work:
         return self._gate.acquire(timeout=-1 if seconds is None else seconds)
 
     def is_completed(self) -> bool:
+        """True once the operation has finished, with a result or an error; never waits."""
         return self._done
 
     def is_success(self) -> bool:
+        """True once the operation has finished without an error."""
         return self._done and self._error is None
 
     def exception(self) -> BaseException | None:
+        """The error the operation failed with; None while it runs or if it succeeded."""
         return self._error
 
     def result(self) -> list[Any]:
@@ -103,6 +106,7 @@ class Work:
         return self._outputs
 
     def get_future(self) -> concurrent.futures.Future:
+        """A Future completed with the output tensors, or with the error, when the operation ends."""
         with _STATE:
             if self._future is None:
                 self._future = concurrent.futures.Future()

@@ -16,7 +16,7 @@ sent (so the nonces, and for the transports the ranks and job, are bound). Proof
 compared with ``hmac.compare_digest``. A replayed message 3 fails (message 2 carries a
 fresh nonce_s), a reflected proof fails (the role is MACed), and a server answers with a
 proof only to a client that proved first, so an unauthenticated peer gets no MAC at all.
-What is not protected: see the README's threat model (no encryption, no per-message
+What is not protected: see the threat model in docs/guide/networks.md (no encryption, no per-message
 integrity after the handshake, no DoS protection).
 
 This module holds the token rules and the proofs; the store (``store/_auth_opening.py``) and

@@ -97,10 +97,12 @@ class TCPStore(Store):
 
     @property
     def host(self) -> str:
+        """The address of the store's server."""
         return self._host
 
     @property
     def port(self) -> int:
+        """The port of the store's server (the one taken when 0 was asked for)."""
         return self._port
 
     @property

@@ -175,18 +175,23 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     # -- identity -------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's names
+        """"pydist", as torch asks a backend."""
         return BACKEND_NAME
 
     def setGroupName(self, name: str) -> None:  # noqa: N802
+        """Record the name torch gives the group."""
         self._name = name
 
     def getGroupName(self) -> str:  # noqa: N802
+        """The name torch gave the group."""
         return self._name
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        """Record the description torch gives the group."""
         self._desc = desc
 
     def getGroupDesc(self) -> str:  # noqa: N802
+        """The description torch gave the group."""
         return self._desc
 
     def __repr__(self) -> str:

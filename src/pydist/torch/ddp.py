@@ -17,6 +17,7 @@
   ``comm_stats()``; ``state_dict()`` keys carry torch's ``module.`` prefix.
 
 Differences from torch, all deliberate:
+
 - Buckets follow reverse registration order from the first iteration with the small bucket
   first (torch starts in registration order and rebuilds once in observed gradient order
   after the first iteration; pydist does not rebuild). A first bucket is small whatever
@@ -164,6 +165,7 @@ class DistributedDataParallel(torch.nn.Module):
         return output
 
     def will_sync_module_buffers(self) -> bool:
+        """True when the next forward broadcasts buffers from rank 0 (torch's name)."""
         return self.require_forward_param_sync and self.broadcast_buffers and bool(self._module_buffers())
 
     def _sync_buffers(self) -> None:
