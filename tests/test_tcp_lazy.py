@@ -22,16 +22,17 @@ from pydist.transport.tcp.transport import TcpTransport
 KEY = MessageKey(group=7, seq=1, tag=0)
 
 
-def open_world(size: int) -> list[TcpTransport]:
-    """``size`` lazy tcp transports in this process (rank r: host ``host<r>``, no shared memory)."""
+def open_world(size: int, lanes: list[str] | None = None, stripe_bytes: int = 1 << 20) -> list[TcpTransport]:
+    """``size`` lazy tcp transports in this process (rank r: host ``host<r>``, no shared
+    memory; ``lanes``: each rank's further addresses, one connection per pair on each)."""
     store, made, errors = HashStore(), [None] * size, []
-    lazily = dataclasses.replace(settings(), tcp_connect="lazy", peer_timeout=0.0)
+    lazily = dataclasses.replace(settings(), tcp_connect="lazy", peer_timeout=0.0, stripe_bytes=stripe_bytes)
 
     def build(rank: int) -> None:
         try:
             matcher = wired_matcher(lazily.max_unexpected_bytes)
             made[rank] = TcpTransport(rank, size, store, Deadline.after(30), "127.0.0.1", "localhost",
-                                      f"host{rank}", matcher, matcher.events, lazily)
+                                      f"host{rank}", matcher, matcher.events, lazily, lanes=lanes)
         except BaseException as error:  # reported below
             errors.append(error)
 
@@ -105,3 +106,19 @@ def test_a_peer_gone_before_anyone_dialled_it_is_named_at_first_use(world):
     assert "could not connect to rank 3" in str(receive.error)
     send = world[1].isend(3, _bytes(got), KEY)
     assert send.wait(30) and isinstance(send.error, PeerFailedError) and send.error.rank == 3
+
+
+def test_a_receive_posted_before_the_pair_connects_takes_a_striped_message():
+    """Two lanes: a collective's large message goes in one part per lane. The receiver posts
+    first, unconnected: it cuts the receive as the sender will cut the message (by the lanes
+    both records offer), not whole."""
+    transports = open_world(2, lanes=["127.0.0.1"], stripe_bytes=64 << 10)
+    try:
+        sent = np.random.default_rng(3).integers(0, 255, 1 << 20, dtype=np.uint8)
+        got = np.zeros_like(sent)
+        receive = transports[1].irecv(0, _bytes(got), KEY, 0x5EED)  # call set: a collective's message
+        send = transports[0].isend(1, _bytes(sent), KEY, 0x5EED)
+        assert send.wait(30) and receive.wait(30) and send.error is None and receive.error is None
+        assert np.array_equal(got, sent) and len(transports[0].lanes(1)) == 2
+    finally:
+        _together([t.close for t in transports])

@@ -38,7 +38,7 @@ from .connection import Connection
 from .heartbeat import Heartbeat
 from .joining import JoinListener, listen_to_join
 from .lazy import Dialer, lazy, meet_on_first_use
-from .mesh import build_mesh, listen_and_publish
+from .mesh import build_mesh, lane_count, listen_and_publish
 from .peers import Peers
 from .poller import Poller
 from .stripes import bounds, join, part_key
@@ -139,8 +139,11 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
         """How a message goes to or comes from ``peer``: (start, stop) of each lane's part, or
         [] to go whole on lane 0. Both ends decide alike: a collective's message (``call``
         set: both know its size) of PYDIST_STRIPE_BYTES or more, to a peer with several lanes."""
-        lanes = len(self._lanes.get(peer, ())) if peer is not None else 0
-        return bounds(nbytes, lanes) if call and lanes > 1 and nbytes >= self._stripe_bytes else []
+        if peer is None or not call or nbytes < self._stripe_bytes:
+            return []
+        connected = self._lanes.get(peer)  # not yet (lazy): the lanes both records offer
+        lanes = len(connected) if connected else lane_count(self.record(self.rank), self.record(peer))
+        return bounds(nbytes, lanes) if lanes > 1 else []
 
     def _send_on(self, conn: Connection, data: memoryview, key: MessageKey, call: int,
                  request: Request | None = None) -> Request:
@@ -171,10 +174,8 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
     def irecv(self, peer: int | None, data: memoryview, key: MessageKey, call: int = 0) -> Request:
         """A collective's message of PYDIST_STRIPE_BYTES or more from a peer with several lanes
         arrives in parts, one per lane (as ``isend`` sends it); others whole on lane 0."""
-        if peer is not None and peer not in self._lanes:
-            failed = self._dial(peer)  # a receive dials too: a peer that is gone is named now
-            if isinstance(failed, BaseException):
-                return completed_request(peer, data, failed)
+        if peer is not None and peer not in self._lanes and self._dialer is not None:
+            self._dialer.soon(peer)  # a live sender dials first; a peer that is gone is named soon
         request = Request(peer, data, call)
         request.drive = self.driver(data.nbytes)
         cuts = self._parts_of(peer, data.nbytes, call)
