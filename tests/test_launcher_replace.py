@@ -55,3 +55,15 @@ def test_past_the_replacements_allowed_the_others_go_on():
     results = _results(done.stdout)
     assert [r["joined"] for r in results] == [False, False]
     assert all(r["steps"][-1] == [2, 2.0] and len(r["steps"]) == 12 for r in results)
+
+
+def test_a_replacement_the_job_ended_without_is_not_left_waiting():
+    """The survivors finish their 12 tiny steps before the replacement is ready to join: it
+    learns that the job ended (its rank 0 left) instead of waiting for an admission that will
+    never come, and the launcher exits 0 without starting another."""
+    done = _launch("--on-failure", "replace", steps=12, wait_full=False)
+    assert done.returncode == 0, done.stderr
+    results = _results(done.stdout)
+    assert [r["joined"] for r in results] == [False, False]
+    assert "the job ended before admitting it" in done.stderr, done.stderr
+    assert "replacement 2 of" not in done.stderr, done.stderr

@@ -13,6 +13,7 @@ first (or fail).
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -75,12 +76,18 @@ def admit_joiners(timeout: timedelta | float | None = None) -> list[int]:
 
 def join_running_job(world: World, store: Store, timeout: float, owned_store: Store | None) -> ProcessGroup:
     """This process joins the job whose ranks meet through ``store``: it waits until they
-    admit it (their next ``admit_joiners``), then has its default group (see the module note)."""
+    admit it (their next ``admit_joiners``), then has its default group (see the module note).
+    When the job ends first (its rank 0 left), the process has nothing to do: it says so on
+    stderr and exits with status 0 (SystemExit), so that its launcher counts no failure."""
     ticket = admission.take_ticket(store, timeout)
     transport = joining_transport(world, ticket, store, Deadline.after(timeout))
     try:
         admission.mark_ready(store, ticket)
-        decision = admission.await_decision(store, ticket, timeout)
+        try:
+            decision = admission.await_decision(store, ticket, timeout)
+        except admission.JobEnded as ended:
+            print(f"pydist: {ended}; this process has nothing to do and exits", file=sys.stderr, flush=True)
+            raise SystemExit(0) from None
         group = join_admitted(world, transport, ticket, decision, store, timeout, owned_store)
     except BaseException:
         if world.transport is None:  # not joined: the transport is this function's to close

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core import init_marks
 from ..core.settings import settings
-from ..groups.factory import join_mpi, join_native, make_group
+from ..groups.factory import join_mpi, join_native, leave, make_group
 from ..groups.process_group import ProcessGroup
 from ..groups.world import current, process_world
 from ..rendezvous import rendezvous
@@ -74,7 +74,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         group.destroy(timeout=group.timeout)
         world.remove_group(group)
         return
-    world.leave()
+    leave(world)
 
 
 @atexit.register

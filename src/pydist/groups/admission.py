@@ -8,7 +8,9 @@ to every rank) holds, outside every world namespace:
 - ``pydist/joiners``: a counter; the k-th rank to join takes transport rank ``size + k - 1``
   (transport ranks are never reused: a dead rank's number stays its own);
 - ``pydist/joiner/<transport rank>``: a joiner's "I am listening" mark, then
-  ``.../decision``: what the ranks in the job decided about it.
+  ``.../decision``: what the ranks in the job decided about it;
+- ``pydist/job/ended``: set when the job's rank 0 leaves (destroy_process_group): nobody
+  admits joiners any more, and one waiting for a decision stops waiting.
 
 A **joiner** (``join``) builds its transport in joining mode (listening, its record
 published), marks itself ready and waits for a decision. The ranks in the job call
@@ -32,11 +34,13 @@ from typing import Any
 import numpy as np
 
 from ..core.deadline import Deadline
-from ..core.errors import DistBackendError
+from ..core.errors import DistBackendError, DistStoreError
 from ..store import Store
 from .world import World, group_digest
 
-JOB, JOINERS = "pydist/job", "pydist/joiners"
+JOB, JOINERS, ENDED = "pydist/job", "pydist/joiners", "pydist/job/ended"
+#: seconds between a waiting joiner's looks at whether the job ended
+ENDED_POLL_SECONDS = 0.5
 #: seconds the members give a ready joiner to take their connections, and it them
 CONNECT_SECONDS = 30.0
 #: joiners admitted at one boundary, at most (the broadcast's fixed size)
@@ -77,10 +81,29 @@ def mark_ready(base: Store, ticket: Ticket) -> None:
     base.set(f"pydist/joiner/{ticket.transport_rank}", b"ready")
 
 
+class JobEnded(DistBackendError):
+    """The job's rank 0 left before admitting this joiner: nobody will (see await_decision)."""
+
+
+def end_job(base: Store) -> None:
+    """The job's rank 0 leaves: no joiner will be admitted any more (see await_decision)."""
+    base.set(ENDED, b"1")
+
+
 def await_decision(base: Store, ticket: Ticket, timeout: float) -> dict[str, Any]:
-    """The members' decision about this joiner (DistBackendError when refused)."""
+    """The members' decision about this joiner (DistBackendError when refused; JobEnded when
+    the job ended first)."""
     key = f"pydist/joiner/{ticket.transport_rank}/decision"
-    base.wait([key], timedelta(seconds=timeout))
+    deadline = Deadline.after(timeout)
+    while not base.check([key]):
+        if base.check([ENDED]):
+            raise JobEnded(f"rank joining as transport rank {ticket.transport_rank}: the job ended before "
+                           "admitting it (its rank 0 left the job)")
+        try:
+            base.wait([key], timedelta(seconds=min(ENDED_POLL_SECONDS, max(deadline.remaining() or 0.0, 0.001))))
+        except DistStoreError:  # this slice passed (the store's timeout error); the deadline says when to stop
+            if deadline.expired():
+                raise
     decision = json.loads(base.get(key))
     if not decision["admitted"]:
         raise DistBackendError(f"rank joining as transport rank {ticket.transport_rank}: the job's ranks did not "

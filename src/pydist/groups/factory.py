@@ -19,11 +19,11 @@ from ..algorithms.barrier_dissemination import barrier
 from ..algorithms.comm import Comm
 from ..core import init_marks
 from ..core.deadline import Deadline
-from ..core.errors import DistNetworkError
+from ..core.errors import DistError, DistNetworkError
 from ..core.settings import settings
 from ..store import PrefixStore, Store
 from ..transport.world import WorldTransport
-from .admission import Ticket, base_store, found_job
+from .admission import Ticket, base_store, end_job, found_job
 from .process_group import ProcessGroup
 from .progress import ProgressBoard
 from .state import GroupStates
@@ -188,3 +188,14 @@ def standalone_mpi_world(global_ranks: list[int] | None, rank: int, size: int, t
     group_id, _ = world.group_id(list(range(size)))
     make_group(world, list(range(size)), group_id, name, timeout, default=True)
     return world
+
+
+def leave(world: World) -> None:
+    """``world.leave()``; the job's rank 0 first tells the joiners still waiting that the job
+    ended (nobody will admit them: see admission.await_decision)."""
+    if world.rank == 0 and world.backend_name == "pydist" and world.store is not None:
+        try:
+            end_job(base_store(world.store))
+        except (DistError, OSError):  # best effort: the store may be gone with its host
+            pass
+    world.leave()

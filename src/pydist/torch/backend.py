@@ -28,7 +28,7 @@ import pydist
 from ..api.grow import join_standalone
 from ..core.ops import RedOpType, ReduceOp
 from ..core.settings import settings
-from ..groups.factory import standalone_mpi_world, standalone_world
+from ..groups.factory import leave, standalone_mpi_world, standalone_world
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from ..groups.world import World
@@ -328,7 +328,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def shutdown(self) -> None:
         """Release pydist's world of this group, its transport included (torch's destroy_process_group)."""
         if self._world is not None:
-            self._world.leave()
+            leave(self._world)
             self._world = self._group = None
 
     abort = shutdown
