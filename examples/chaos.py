@@ -108,7 +108,12 @@ class Chaos:
         victim = self.rng.choice(sorted(self.live))
         record = {"kind": "SIGSTOP" if freeze else "SIGKILL", "launch_rank": self.live.pop(victim)}
         failed_at = time.time()
-        os.kill(victim, signal.SIGSTOP if freeze else signal.SIGKILL)
+        try:
+            os.kill(victim, signal.SIGSTOP if freeze else signal.SIGKILL)
+        except ProcessLookupError:  # it exited on its own: a failure of the run, not one made here
+            self.ended = True
+            return {**record, "back_to_full": False, "steps_redone": 0, "to_shrunk": None, "start_to_full": None,
+                    "imports": None, "imported_to_full": None, "exited": True}
         shrunk: dict[int, float] = {}
         full: dict[int, float] = {}
         redone, started, imported, resumed = 0, None, None, False
@@ -197,6 +202,10 @@ def main() -> None:
                   f"{_ms(record['to_shrunk']):>12} {_ms(record['start_to_full']):>16} "
                   f"{_ms(record['imports']):>10} {record['steps_redone']:6d}",
                   flush=True)
+            if record.get("exited"):
+                print(f"launch rank {record['launch_rank']} exited on its own before this failure (see the log)",
+                      flush=True)
+                break
             if not record["back_to_full"]:
                 print("the world did not come back to full size", flush=True)
                 break

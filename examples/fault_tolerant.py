@@ -65,15 +65,16 @@ def run(args, train, held_out, make_model, accuracy) -> None:
     shuffle = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=0)  # the global order
     x_all, y_all = train.tensors
     steps_per_epoch = -(-len(train) // global_batch)
-    ddp, after, members = None, None, []
+    ddp, after, members, recovered = None, None, [], None  # recovered: (when, error, step) of a recover
     while job.progress["step"] < args.epochs * steps_per_epoch:
         step = job.progress["step"]
         try:
             began = time.perf_counter()
             if job.sync() or ddp is None:  # admitted and healed replacements (a replacement is
                 ddp = pydist.DistributedDataParallel(model)  # healed here), or recovered from a loss
-                members = _world_changed(args, job, members, step, began)
-                after = after or "sync"
+                since, error, failed_step = recovered or (began, None, step)
+                members = _world_changed(args, job, members, failed_step, since, error)
+                after, recovered = after or "sync", None
             epoch, k = divmod(step, steps_per_epoch)
             shuffle.set_epoch(epoch)
             order = np.fromiter(iter(shuffle), dtype=np.int64)
@@ -98,10 +99,9 @@ def run(args, train, held_out, make_model, accuracy) -> None:
             _event(args, event="evicted")
             raise SystemExit(f"launch rank {launch_rank}: {error}") from error
         except pydist.DistError as error:
-            began = time.perf_counter()
-            job.recover(error)
-            members = _world_changed(args, job, members, step, began, error)
-            after = "recover"
+            recovered = (time.perf_counter(), error, step)
+            job.recover(error)  # no collective until the next sync(), which reports the change: every
+            after = "recover"  # survivor, whether it recovered here or inside sync(), runs the same ones
     if pydist.get_rank() == 0:
         survivors = _launch_ranks()
         print(f"finished on {len(survivors)} ranks (launch ranks {survivors}): held-out accuracy "
