@@ -10,7 +10,8 @@
             ...one step on ddp...
             job.progress["step"] += 1
         except pydist.DistError as error:
-            job.recover(error)         # shrink past the dead; the step is done again
+            job.recover(error)         # shrink past the dead; the step is done again (no
+                                       # collective until the next sync(): it reports the change)
 
 ``state`` may hold pydist's DistributedSampler: a replacement gets its epoch and start, and
 ``sampler.set_epoch(epoch, start=...)`` resumes an epoch on a changed world with no sample
