@@ -352,3 +352,24 @@ def test_after_recovering_in_a_step_the_next_sync_runs_no_admission():
 
     results = run_threads(3, member)
     assert results[:2] == [(True, 2, 2.0)] * 2 and results[2] == "gone"
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["finished", "its group failed"])
+def test_only_a_healthy_rank_0_leaving_ends_the_job_for_joiners(fails):
+    """destroy_process_group on rank 0 tells waiting joiners the job ended, unless rank 0 is
+    leaving a job that goes on without it (its group failed, or it was evicted: the chaos
+    run's resumed rank 0 ended the job for its own replacement)."""
+    def member(rank: int, size: int):
+        base = admission.base_store(current().store)
+        if fails and rank == 1:
+            current().transport.close()
+            return "gone"
+        try:
+            dist.all_reduce(np.ones(1))
+        except dist.DistError:
+            pass
+        dist.destroy_process_group()
+        return base.check([admission.ENDED])
+
+    results = run_threads(2, member)
+    assert results == ([False, "gone"] if fails else [True, True])

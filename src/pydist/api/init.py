@@ -80,8 +80,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
 @atexit.register
 def _destroy_at_exit() -> None:
     """Destroy the process's groups at interpreter exit (best effort: the process is ending)."""
-    if process_world().default_group is not None:
+    world = process_world()
+    if world.default_group is not None:
         try:
-            destroy_process_group()
+            leave(world, finished=False)  # a crash or an eviction, as likely as the end: no "job ended"
         except Exception:  # noqa: BLE001 - nothing can be reported any more
             pass

@@ -190,10 +190,15 @@ def standalone_mpi_world(global_ranks: list[int] | None, rank: int, size: int, t
     return world
 
 
-def leave(world: World) -> None:
-    """``world.leave()``; the job's rank 0 first tells the joiners still waiting that the job
-    ended (nobody will admit them: see admission.await_decision)."""
-    if world.rank == 0 and world.backend_name == "pydist" and world.store is not None:
+def leave(world: World, finished: bool = True) -> None:
+    """``world.leave()``; when the job ``finished`` (destroy_process_group called, not at
+    exit), its rank 0, healthy, first tells the joiners still waiting that the job ended
+    (nobody will admit them: see admission.await_decision). A rank 0 that was evicted, or
+    whose group failed, is leaving a job that goes on without it."""
+    group = world.default_group
+    healthy = (group is not None and world.states.evicted_by is None and group.state.failed is None
+               and group.state.aborted is None and not group.state.dead)
+    if finished and healthy and world.rank == 0 and world.backend_name == "pydist" and world.store is not None:
         try:
             end_job(base_store(world.store))
         except (DistError, OSError):  # best effort: the store may be gone with its host
