@@ -37,6 +37,11 @@ LAZY_FROM = 64
 DIAL_LATER_SECONDS = 0.25
 
 
+#: why a dial failed, by what /proc says of the peer (liveness.verdict; other hosts: "gone")
+_WHY = {"stopped": "its process is stopped", "alive": "its process runs but did not answer",
+        "gone": "its process is gone, or its host or the network between them is"}
+
+
 def lazy(setting: str, size: int) -> bool:
     """Whether a world of ``size`` ranks connects on first use under PYDIST_TCP_CONNECT=``setting``."""
     return setting == "lazy" or (setting == "auto" and size >= LAZY_FROM)
@@ -103,9 +108,7 @@ class Dialer:
             sockets = dial(mine, theirs, self._token, Deadline.after(dial_seconds(self._peer_timeout)),
                            self._peer_timeout, self._auth_token, self._tls, patient=False)
         except (OSError, DistNetworkError) as error:
-            why = {"stopped": "its process is stopped", "alive": "its process runs but did not answer"}.get(
-                verdict(theirs.process, mine.process) or "", "its process is gone, or its host or "
-                                                                           "the network between them")
+            why = _WHY[verdict(theirs.process, mine.process) or "gone"]
             raise PeerFailedError(f"rank {self._rank} could not connect to rank {peer} on {theirs.label}: {why} "
                                   f"({error})", rank=peer, host=theirs.hostname) from error
         self._install(peer, theirs, sockets)
