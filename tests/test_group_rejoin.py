@@ -279,19 +279,26 @@ def test_elastic_recovers_from_a_lost_rank_and_takes_its_replacement_in():
     assert all(r[3] >= 1 for r in finished)
 
 
+def _rank_2_leaves_the_others_recover(rank: int, job) -> bool:
+    """Rank 2 leaves (True there); the others fail an all_reduce and ``job.recover`` from it."""
+    if rank == 2:
+        current().transport.close()
+        return True
+    try:
+        dist.all_reduce(np.ones(1))
+    except dist.DistError as error:
+        job.recover(error)
+    return False
+
+
 def test_elastic_recovery_resyncs_survivors_whose_progress_differs():
     """Rank 1 finished the step the others failed in (its progress and weights are ahead):
     after recover, every survivor holds rank 0's."""
     def member(rank: int, size: int):
         weights = np.full(10, float(rank == 1))
         job = dist.Elastic({"weights": weights}, progress={"step": 5 + (rank == 1)})
-        if rank == 2:
-            current().transport.close()
+        if _rank_2_leaves_the_others_recover(rank, job):
             return "gone"
-        try:
-            dist.all_reduce(np.ones(1))
-        except dist.DistError as error:
-            job.recover(error)
         return job.progress["step"], weights.tolist(), dist.get_world_size()
 
     results = run_threads(3, member)
@@ -338,13 +345,8 @@ def test_after_recovering_in_a_step_the_next_sync_runs_no_admission():
     change without admitting anyone. Rank 1 here stands for the second kind (its sync is done)."""
     def member(rank: int, size: int):
         job = dist.Elastic({"weights": np.zeros(10)}, progress={"step": 0})
-        if rank == 2:
-            current().transport.close()
+        if _rank_2_leaves_the_others_recover(rank, job):
             return "gone"
-        try:
-            dist.all_reduce(np.ones(1))
-        except dist.DistError as error:
-            job.recover(error)
         changed = job.sync() if rank == 0 else True
         check = np.ones(1)
         dist.all_reduce(check)

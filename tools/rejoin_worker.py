@@ -4,6 +4,8 @@ loop on pydist.Elastic with STATE_MB of state, printing JSON events on stdout:
 - ``hello``: pid, launch rank, whether it joined, when its Python started;
 - ``step``: the first step finished after the world changed (its size, the time), after a
   recovery (``after: "recover"``) or an admission (``after: "sync"``);
+- ``lost``: a rank lost was recovered from, in a step (``caught``: when the error came) or
+  inside sync (``began``: when that sync began), for a look at where recovery time goes;
 - ``wrong``: an all_reduce or a healed state that does not check out.
 
 Every step: sync, an all_reduce of ones (its sum must be the world size), the weights moved by
