@@ -194,10 +194,11 @@ def leave(world: World, finished: bool = True) -> None:
     """``world.leave()``; when the job ``finished`` (destroy_process_group called, not at
     exit), its rank 0, healthy, first tells the joiners still waiting that the job ended
     (nobody will admit them: see admission.await_decision). A rank 0 that was evicted, or
-    whose group failed, is leaving a job that goes on without it."""
+    whose group failed, is leaving a job that goes on without it; peers that left before it
+    (known dead now) are the usual end of a job, not a failure."""
     group = world.default_group
     healthy = (group is not None and world.states.evicted_by is None and group.state.failed is None
-               and group.state.aborted is None and not group.state.dead)
+               and group.state.aborted is None)
     if finished and healthy and world.rank == 0 and world.backend_name == "pydist" and world.store is not None:
         try:
             end_job(base_store(world.store))
