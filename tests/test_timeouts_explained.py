@@ -242,13 +242,26 @@ def test_progress_is_published_once_settled_or_once_a_second_while_it_changes():
     assert publication_due(version=5, seen=5, published=5, since_publication=PUBLISH_INTERVAL)  # heartbeat
 
 
+def test_a_large_worlds_boards_stay_within_the_stores_budget():
+    """10,000 ranks each publishing once a second (and at every settled change) would send the
+    store's one thread more than it answers: the pace stretches with the world."""
+    from pydist.groups.progress import PUBLISH_INTERVAL, STORE_SETS_PER_SECOND, Pace, publication_due
+    small, large = Pace(8), Pace(10_000)
+    assert (small.interval, small.stale) == (PUBLISH_INTERVAL, 2 * PUBLISH_INTERVAL)
+    assert publication_due(version=6, seen=6, published=5, since_publication=0.1, pace=small)  # as before
+    assert not publication_due(version=6, seen=6, published=5, since_publication=0.1, pace=large)
+    assert publication_due(version=6, seen=6, published=5, since_publication=large.gap, pace=large)
+    assert not publication_due(version=5, seen=5, published=5, since_publication=PUBLISH_INTERVAL, pace=large)
+    assert 10_000 / large.gap <= STORE_SETS_PER_SECOND and large.stale == 2 * large.interval
+
+
 def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
     """Rank 2 could not publish for 7 s (cut off from the store): its record may be stale, so
     it is given apart, with its age; rank 1's fresh record names it as behind."""
     import json
     import time as clock
 
-    from pydist.groups.progress import ProgressBoard
+    from pydist.groups.progress import Pace, ProgressBoard
 
     class Store:
         def set(self, key, value):
@@ -259,7 +272,7 @@ def test_a_rank_not_heard_from_lately_is_named_with_the_age_of_its_record():
             return [json.dumps({"5": [3, "all_reduce"], "at": now - age}).encode() for age in (0.3, 7.0)]
 
     board = ProgressBoard.__new__(ProgressBoard)  # no publishing thread: only explain is under test
-    board._store, board._rank, board._latest = Store(), 0, {}
+    board._store, board._rank, board._latest, board.pace = Store(), 0, {}, Pace(2)
     text = board._ask(5, 4, [1, 2])
     assert "ranks that never reached it: 1 (last started all_reduce, seq 3); not heard from lately (cut off " \
            "from the store, or stopped): 2 (last started all_reduce, seq 3, 7." in text, text

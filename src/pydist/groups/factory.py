@@ -60,7 +60,7 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
         factory = world.transport_factory or default_transport
         transport = factory(rank, size, scoped, deadline, world.states, False)
         init_marks.mark(init_marks.TRANSPORT_READY)
-        progress = ProgressBoard(scoped, rank)  # writes its first record: before the barrier
+        progress = ProgressBoard(scoped, rank, size)  # writes its first record: before the barrier
         barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))  # group id 0: none
     except BaseException:
         for each in (progress, transport, owned_store):
@@ -112,7 +112,7 @@ def join_admitted(world: World, transport: WorldTransport, ticket: Ticket, decis
                                f"job's ranks {unreachable} (transport ranks) after they admitted it")
     store = prefixed(base, f"pydist/{world.next_generation(at_least=decision['generation'])}")
     rank = members.index(ticket.transport_rank)
-    world.join(rank, len(members), "pydist", store, owned_store, transport, ProgressBoard(store, rank),
+    world.join(rank, len(members), "pydist", store, owned_store, transport, ProgressBoard(store, rank, len(members)),
                transport_ranks=members, started=ticket.size)
     return make_group(world, list(range(len(members))), decision["group_id"], _group_name(decision["group_id"]),
                       timeout, "default:grown", default=True)
@@ -131,7 +131,7 @@ def rebuild_default(world: World, members: list[int], group_id: int, timeout: fl
     assert world.store is not None  # a native world keeps its store
     store = namespace(world, owned_store or base_store(world.store))
     me = members.index(world.transport_rank(world.rank))
-    world.renumber(members, store, ProgressBoard(store, me), owned_store, store_host)
+    world.renumber(members, store, ProgressBoard(store, me, len(members)), owned_store, store_host)
     return make_group(world, list(range(len(members))), group_id, _group_name(group_id), timeout, desc, default=True)
 
 

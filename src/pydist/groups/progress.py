@@ -5,9 +5,11 @@ Each rank's :class:`ProgressBoard` records (sequence number, name) of the latest
 started on each group — a dict assignment per operation — and a ``pydist-progress`` thread
 writes the record, with its wall-clock time, to the store key ``progress/<rank>``: once a
 second, and at once (within ``SETTLE_SECONDS``) when the record has stopped changing, so a
-rank waiting inside an operation is seen there ~0.2 s after it started it. At a timeout,
+rank waiting inside an operation is seen there ~0.2 s after it started it. In a large world
+both slow down (``Pace``) so that all ranks together send the store at most
+STORE_SETS_PER_SECOND: its one server thread answers ~8,000 requests a second. At a timeout,
 :meth:`ProgressBoard.explain` reads every member's record and names those behind; a record
-older than STALE_SECONDS (its rank cut off from the store keeps it) is given apart, with its
+older than ``Pace.stale`` (its rank cut off from the store keeps it) is given apart, with its
 age.
 """
 from __future__ import annotations
@@ -22,31 +24,48 @@ from ..core import deadline as _deadline
 PUBLISH_INTERVAL = 1.0
 #: Seconds without a change after which a changed record is published (the thread's tick).
 SETTLE_SECONDS = 0.1
+#: What the boards of one world send the store at most, all ranks together (sets per second).
+STORE_SETS_PER_SECOND = 2000
 #: Seconds a timed-out operation spends at most asking the store which ranks are behind
 #: (10 % of the timeout when that is less), so the error comes at the deadline.
 EXPLAIN_BUDGET = 2.0
-#: A record older than this is given with its age: its rank has not been heard from (a
-#: partition, a stopped process), so it may have moved on since.
-STALE_SECONDS = 2 * PUBLISH_INTERVAL
 #: Seconds close() waits for a publication in flight (a store that does not answer must not
 #: hold up destroy_process_group; the thread is a daemon and ends when the store closes).
 CLOSE_WAIT = 0.5
 
 
-def publication_due(version: int, seen: int, published: int, since_publication: float) -> bool:
+class Pace:
+    """How often each rank of a ``size``-rank world publishes: at least ``gap`` seconds
+    between two publications (so all ranks together stay within STORE_SETS_PER_SECOND; below
+    STORE_SETS_PER_SECOND * SETTLE_SECONDS ranks the gap is under a tick and changes nothing),
+    an unchanged record every ``interval`` (PUBLISH_INTERVAL, or twice the gap past 1,000
+    ranks); ``stale``: the age after which a reader gives a record as not heard from lately."""
+
+    def __init__(self, size: int = 1):
+        self.gap = size / STORE_SETS_PER_SECOND
+        self.interval = max(PUBLISH_INTERVAL, 2 * self.gap)
+        self.stale = 2 * self.interval
+
+
+def publication_due(version: int, seen: int, published: int, since_publication: float,
+                    pace: Pace | None = None) -> bool:
     """At a tick: publish record ``version`` (``seen`` at the previous tick, ``published``
     last written ``since_publication`` seconds ago)? Yes if it changed and has settled (no
-    change since the last tick), and once every PUBLISH_INTERVAL in any case (the record's
-    time then tells readers the rank is still heard from)."""
-    return since_publication >= PUBLISH_INTERVAL or (version != published and version == seen)
+    change since the last tick) and ``pace.gap`` has passed, and once every ``pace.interval``
+    in any case (the record's time then tells readers the rank is still heard from);
+    ``pace``: Pace() when not given (a small world)."""
+    pace = pace or Pace()
+    return since_publication >= pace.interval or (version != published and version == seen
+                                                  and since_publication >= pace.gap)
 
 
 class ProgressBoard:
     """This rank's latest operation per group, and the other ranks' as published."""
 
-    def __init__(self, store, rank: int):
+    def __init__(self, store, rank: int, size: int = 1):
         self._store = store
         self._rank = rank
+        self.pace = Pace(size)
         self._latest: dict[int, tuple[int, str]] = {}  # by group id (JSON writes the keys as strings)
         self._version = 0  # bumped by every started()
         self._stop = threading.Event()
@@ -70,7 +89,7 @@ class ProgressBoard:
         while not self._stop.wait(SETTLE_SECONDS):  # real time: a publication rate, not a timeout
             since += SETTLE_SECONDS
             version = self._version
-            if publication_due(version, seen, published, since):
+            if publication_due(version, seen, published, since, self.pace):
                 try:
                     self._publish()
                 except Exception:  # the store is gone (shutdown, failure): the op errors say why
@@ -109,7 +128,7 @@ class ProgressBoard:
             entry = record.get(str(group_id))
             last = "no operation on this group yet" if entry is None else f"last started {entry[1]}, seq {entry[0]}"
             age = now - record.get("at", now)
-            if age >= STALE_SECONDS:  # it may have moved on since: not claimed to be behind
+            if age >= self.pace.stale:  # it may have moved on since: not claimed to be behind
                 unheard.append(f"{rank} ({last}, {age:.1f} s ago)")
             elif entry is None or entry[0] < seq:
                 behind.append(f"{rank} ({last})")
