@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 MPI := mpi4py mpich
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast soak torch-suite torch-suite-as-gloo lint bench venv test-venv docs clean
+.PHONY: demo test test-fast soak torch-suite torch-suite-as-gloo lint bench venv test-venv docs gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ lint: test-venv
 bench: test-venv
 	$(VENV)/bin/pydist-bench --op all_reduce --nproc 2 --sizes 4:256M --compare gloo,mpi
 	$(VENV)/bin/pydist-bench --op all_reduce --nproc 4 --sizes 4:256M --compare gloo,mpi
+
+# On a machine with a CUDA GPU: every test marked gpu, from the source tree, no venv (tools/gpu_check.sh).
+gpu-check:
+	sh tools/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -138,6 +138,11 @@ class Settings:
     backend: str = _setting(
         "PYDIST_BACKEND", "pydist", _choice("pydist", "mpi", lower=True), "pydist / mpi",
         "Engine of the torch plugin's groups when pg_options does not name one.")
+    cuda: str = _setting(
+        "PYDIST_CUDA", "pydist", _choice("pydist", "gloo", "nccl", lower=True), "pydist / gloo / nccl",
+        "Backend of the torch plugin's groups for CUDA tensors when neither the backend string "
+        "(\"cpu:pydist,cuda:gloo\") nor pg_options names one: gloo or nccl (a torch backend the "
+        "group makes beside pydist), or pydist (refused until pydist stages CUDA tensors itself).")
     host_id: str | None = _setting(
         "PYDIST_HOST_ID", None, _text, "any text",
         "Host identity: ranks with equal ones share memory (default: host name, boot id, "

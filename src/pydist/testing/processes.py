@@ -40,13 +40,14 @@ def _init(rank: int, world_size: int, init: str, address: str, pg_timeout: float
     """init_process_group the way ``init`` says; returns the module whose destroy_process_group ends it."""
     import pydist
     timeout = timedelta(seconds=pg_timeout)
-    if init in ("env", "torch", "gloo"):
+    if init in ("env", "torch", "gloo") or init.startswith("torch:"):
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=address, RANK=str(rank), WORLD_SIZE=str(world_size))
-        if init in ("torch", "gloo"):  # torch.distributed on pydist's plugin, or on torch's gloo
+        if init != "env":  # torch.distributed on pydist's plugin, or on torch's gloo, or a backend string
             import torch.distributed as tdist
 
             import pydist.torch  # noqa: F401
-            tdist.init_process_group("pydist" if init == "torch" else "gloo", timeout=timeout)
+            backend = {"torch": "pydist", "gloo": "gloo"}.get(init, init.removeprefix("torch:"))
+            tdist.init_process_group(backend, timeout=timeout)
             return tdist
         pydist.init_process_group("pydist", timeout=timeout)
     elif init == "store":
@@ -76,13 +77,14 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
     """Run ``fn(rank, world_size, *args, **kwargs)`` (importable, picklable) in ``world_size``
     processes after init_process_group by ``init``: "env", "tcp", "file" or "store" (pydist's),
     or "torch" (torch.distributed.init_process_group("pydist") through the plugin), or "gloo"
-    (torch.distributed on torch's gloo, to compare with);
+    (torch.distributed on torch's gloo, to compare with), or "torch:<backend string>"
+    (init_process_group("cpu:pydist,cuda:gloo") for "torch:cpu:pydist,cuda:gloo");
     ``env`` is added to each process's environment first, then ``rank_env[rank]`` (e.g.
     PYDIST_HOST_ID, so that one machine poses as several hosts); ``host``: the address of the
     store (MASTER_ADDR), e.g. "::1" for IPv6."""
     port = free_port(host)
     tmpdir = None
-    if init in ("env", "torch", "gloo", "store"):
+    if init in ("env", "torch", "gloo", "store") or init.startswith("torch:"):
         address = str(port)
     elif init == "tcp":
         address = f"tcp://{host_port(host, port)}"

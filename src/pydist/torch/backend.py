@@ -10,15 +10,19 @@ only by torch's rendezvous; a new_group without pg_options follows the default g
 a TCPStore hosted by rank 0). Every method maps
 torch's call (tensor lists, option objects) onto pydist's operations with ``async_op=True``
 and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping pydist's Work), so
-torch's own async handling, DDP's bucketing and ``wait()`` work unchanged. CUDA tensors are
-rejected with a clear error. torch's functional collectives (DTensor, FSDP2) reach this
+torch's own async handling, DDP's bucketing and ``wait()`` work unchanged. Tensors on another
+device (CUDA) go to the torch backend the group made for it ("cpu:pydist,cuda:gloo",
+``Options(cuda=...)``, PYDIST_CUDA: see devices), else are refused with a clear error at the
+call. torch's functional collectives (DTensor, FSDP2) reach this
 backend through the same methods. While torch's profiler runs, each operation records an
 event "pydist:<op>" named as gloo names its own (see _profiling).
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as tdist
@@ -44,21 +48,30 @@ from ._profiling import (
     single_input,
 )
 from ._store import TorchStore
+from .devices import backend_string_map, device_of, forward, make_backend, other_devices, tensors_in
 from .work import PydistWork
 
 BACKEND_NAME = "pydist"
 ENGINES = ("pydist", "mpi")
-_default_engine: list[str] = []  # the engine of the latest default group, followed by its new_groups
+CUDA_CHOICES = ("pydist", "gloo", "nccl")
+STAGED_P2P = ("send", "recv", "recv_anysource")  # pydist runs these through host memory rather than gloo
+Method = TypeVar("Method", bound=Callable[..., Any])
+_default: dict[str, str] = {}  # the latest default group's engine and cuda choice, followed by its new_groups
 
 
 class Options:
-    """torch's ``pg_options`` for the "pydist" backend: ``engine`` is "pydist" (native) or "mpi"."""
+    """torch's ``pg_options`` for the "pydist" backend: ``engine`` is "pydist" (native) or "mpi";
+    ``cuda`` the backend of CUDA tensors where the backend string names none: "gloo" or "nccl"
+    (a torch backend the group makes beside pydist) or "pydist"; None: PYDIST_CUDA."""
 
-    def __init__(self, engine: str = "pydist"):
+    def __init__(self, engine: str = "pydist", cuda: str | None = None):
         self.engine = _check_engine(engine, "Options(engine)")
+        if cuda is not None and (not isinstance(cuda, str) or cuda.lower() not in CUDA_CHOICES):
+            raise ValueError(f"Options(cuda): expected one of {', '.join(CUDA_CHOICES)} or None, got {cuda!r}")
+        self.cuda = cuda.lower() if cuda is not None else None
 
     def __repr__(self) -> str:
-        return f"pydist.torch.Options({self.engine!r})"
+        return f"pydist.torch.Options({self.engine!r}, cuda={self.cuda!r})"
 
 
 def _check_engine(name: Any, what: str) -> str:
@@ -76,9 +89,19 @@ def _engine(options: Any, default_group: bool) -> str:
         return _check_engine(options, "pg_options")
     if options is not None:
         raise TypeError(f"pg_options: expected pydist.torch.Options or a backend name, got {type(options).__name__}")
-    if not default_group and _default_engine:
-        return _default_engine[0]
+    if not default_group and "engine" in _default:
+        return _default["engine"]
     return settings().backend
+
+
+def _cuda_choice(options: Any, default_group: bool) -> str:
+    """The backend of a group's CUDA tensors where its backend string names none: its
+    ``pg_options``, else (a new_group) the default group's, else PYDIST_CUDA."""
+    if isinstance(options, Options) and options.cuda is not None:
+        return options.cuda
+    if not default_group and "cuda" in _default:
+        return _default["cuda"]
+    return settings().cuda
 
 
 def register() -> None:
@@ -96,7 +119,12 @@ def create_process_group(store, rank: int, size: int, timeout: timedelta, option
     In a replacement (PYDIST_JOIN=1) the default group joins the running job (torch.grow)."""
     default_group = not global_ranks
     engine = _engine(options, default_group)
+    cuda = _cuda_choice(options, default_group)
+    devices = other_devices(backend_string_map(), cuda)
     if default_group and engine == "pydist" and settings().join:  # a replacement joins the running job
+        if devices:
+            raise ValueError(f"init_process_group: a replacement rank (PYDIST_JOIN=1) runs on pydist only; "
+                             f"its group cannot make {devices} beside it")
         world = join_standalone(TorchStore(store), timeout.total_seconds())
         joined = world.default_group
         assert joined is not None
@@ -104,8 +132,11 @@ def create_process_group(store, rank: int, size: int, timeout: timedelta, option
         agree_group_count(world)
     else:
         group = ProcessGroupPydist(store, rank, size, timeout, engine, global_ranks)
+        group_store = getattr(store, "underlying_store", store)  # torch's "cpu/" prefix off: make_backend adds its own
+        for device, name in devices.items():
+            group.attach(device, make_backend(name, device, group_store, rank, size, timeout))
     if default_group:
-        _default_engine[:] = [engine]
+        _default.update(engine=engine, cuda=cuda)
     return group
 
 
@@ -123,6 +154,16 @@ def _op(reduce_op: Any) -> ReduceOp:
         factor = reduce_op.factor
         op.factor = factor.item() if hasattr(factor, "item") else float(factor)
     return op
+
+
+def routed(method: Method) -> Method:
+    """Run the call on the group's torch backend for its tensors' device when they are not on
+    the CPU (see ProcessGroupPydist.route), else on pydist."""
+    @functools.wraps(method)
+    def run(self, *args: Any) -> Any:
+        backend = self.route(method.__name__, args)
+        return method(self, *args) if backend is None else forward(backend, method.__name__, args)
+    return run  # type: ignore[return-value]
 
 
 def _member_work(work: Work | None) -> Work:
@@ -151,6 +192,31 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         self.engine = engine
         self._name = ""
         self._desc = ""
+        self.device_backends: dict[str, Any] = {}  # device type -> the torch backend running its tensors
+
+    def attach(self, device: str, backend: Any) -> None:
+        """Run ``device``'s tensors on ``backend`` (a torch backend of the same members),
+        registered as torch registers a group's backends."""
+        kind = getattr(tdist.ProcessGroup.BackendType, backend.name().upper(), tdist.ProcessGroup.BackendType.CUSTOM)
+        self._register_backend(torch.device(device), kind, backend)
+        self.device_backends[device] = backend
+
+    def route(self, operation: str, args: tuple) -> Any:
+        """The torch backend that runs this call's tensors, or None for pydist (CPU tensors, and
+        point-to-point where the device's backend is gloo: staged through host memory);
+        ValueError when they mix devices or sit on a device the group has no backend for."""
+        device = device_of(operation, tensors_in(args))
+        if device == "cpu":
+            return None
+        if operation in STAGED_P2P and self.device_backends.get(device) is not None \
+                and self.device_backends[device].name() == "gloo":
+            return None
+        if device not in self.device_backends:
+            how = ("init_process_group(\"cpu:pydist,cuda:gloo\") or \"cpu:pydist,cuda:nccl\", or PYDIST_CUDA=gloo, "
+                   "makes one; or move them with .cpu()" if device == "cuda" else "move them with .cpu()")
+            raise ValueError(f"{operation}: a tensor on {device}; this group runs CPU tensors on pydist and has no "
+                             f"backend for {device} tensors ({how})")
+        return self.device_backends[device]
 
     @property
     def pydist_group(self) -> ProcessGroup:
@@ -201,11 +267,13 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def _run(self, work, outputs: list) -> PydistWork:
         return PydistWork(work, outputs)
 
+    @routed
     @profiled(all_reduce_title, first_argument)
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
         return self._run(pydist.all_reduce(tensors[0], op=op, group=self._group, async_op=True), tensors)
 
+    @routed
     @profiled("all_reduce", first_argument)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         """One all_reduce of the tensors flattened together, then copied back."""
@@ -214,29 +282,34 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         work = pydist.all_reduce(flat, op=op, group=self._group, async_op=True)
         return PydistWork(work, tensors, after=lambda: _unflatten(flat, tensors))
 
+    @routed
     @profiled("broadcast", first_argument)
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         root = opts.rootRank if opts is not None else 0
         return self._run(pydist.broadcast(tensors[0], group=self._group, group_src=root, async_op=True), tensors)
 
+    @routed
     @profiled("reduce", first_argument)
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         work = pydist.reduce(tensors[0], op=_op(opts.reduceOp), group=self._group, group_dst=opts.rootRank,
                              async_op=True)
         return self._run(work, tensors)
 
+    @routed
     @profiled("all_gather", second_argument)
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts=None) -> tdist.Work:
         work = pydist.all_gather(output_tensors[0], input_tensors[0], group=self._group, async_op=True)
         return self._run(work, output_tensors)
 
+    @routed
     @profiled("all_gather", single_input)
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         return self._run(pydist.all_gather_into_tensor(output, input, group=self._group, async_op=True), [output])
 
     all_gather_single = _allgather_base
 
+    @routed
     @profiled("all_gather", second_argument)
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts=None) -> tdist.Work:
@@ -246,6 +319,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for j, inp in enumerate(input_list)]
         return PydistWork.all_of(works, output_lists)
 
+    @routed
     @profiled("all_gather", second_argument)
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
@@ -253,6 +327,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 
+    @routed
     @profiled("reduce_scatter", first_input_list)
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts=None) -> tdist.Work:
@@ -260,6 +335,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                                      async_op=True)
         return self._run(work, outputs)
 
+    @routed
     @profiled("reduce_scatter", single_input)
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
@@ -268,6 +344,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
+    @routed
     @profiled("reduce_scatter", second_argument)
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
@@ -276,6 +353,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 
+    @routed
     @profiled("all_to_all", single_input)
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts=None) -> tdist.Work:
@@ -285,12 +363,14 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @routed
     @profiled("all_to_all", second_argument)
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts=None) -> tdist.Work:
         return self._run(pydist.all_to_all(output_tensors, input_tensors, group=self._group, async_op=True),
                          output_tensors)
 
+    @routed
     @profiled("gather", second_argument)
     def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts=None) -> tdist.Work:
@@ -299,6 +379,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         work = pydist.gather(input_tensors[0], outs, group=self._group, group_dst=root, async_op=True)
         return self._run(work, output_lists)
 
+    @routed
     @profiled("scatter", scattered)
     def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts=None) -> tdist.Work:
@@ -311,18 +392,24 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def barrier(self, opts=None) -> tdist.Work:
         return self._run(pydist.barrier(group=self._group, async_op=True), [])
 
-    # -- point-to-point -------------------------------------------------------------------
+    # -- point-to-point: on pydist, through host memory for another device's tensors where
+    # that device's backend is gloo (gloo aborts the process on a CUDA send or recv) -------
+    @routed
     @profiled("send", first_argument)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> tdist.Work:
-        return self._run(pydist.isend(tensors[0], group=self._group, group_dst=dst, tag=tag), tensors)
+        return self._run(pydist.isend(_on_host(tensors[0]), group=self._group, group_dst=dst, tag=tag), tensors)
 
+    @routed
     @profiled("recv", first_argument)
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> tdist.Work:
-        return self._run(pydist.irecv(tensors[0], group=self._group, group_src=src, tag=tag), tensors)
+        host, after = _received_on_host(tensors[0])
+        return PydistWork(pydist.irecv(host, group=self._group, group_src=src, tag=tag), tensors, after)
 
+    @routed
     @profiled("recvAnySource", first_argument)
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> tdist.Work:
-        return self._run(pydist.irecv(tensors[0], group=self._group, tag=tag), tensors)
+        host, after = _received_on_host(tensors[0])
+        return PydistWork(pydist.irecv(host, group=self._group, tag=tag), tensors, after)
 
     # -- lifetime -------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -332,6 +419,20 @@ class ProcessGroupPydist(tdist.ProcessGroup):
             self._world = self._group = None
 
     abort = shutdown
+
+
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself on the CPU, else a host copy made after the work queued before it."""
+    return tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+
+
+def _received_on_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """Where a receive lands (the tensor itself on the CPU, else a host buffer) and what copies
+    it into the tensor when the receive completes."""
+    if tensor.device.type == "cpu":
+        return tensor, None
+    host = torch.empty_like(tensor, device="cpu")
+    return host, lambda: tensor.copy_(host)
 
 
 def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
