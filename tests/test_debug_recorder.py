@@ -110,10 +110,10 @@ def _expected_calls(rank: int, size: int) -> list[tuple]:
     ]
 
 
-#: the engine's algorithm per op: ranks sharing memory, and one rank per host
+#: the engine's algorithm per op: ranks sharing memory, and one rank per host (3: Bruck all_gather)
 SHM = "shm"
 NETWORK = {"broadcast": "binomial", "all_reduce": "recursive_doubling", "reduce": "binomial",
-           "all_gather": "ring", "all_gather_into_tensor": "ring", "gather": "linear", "gather_object": "linear",
+           "all_gather": "bruck", "all_gather_into_tensor": "bruck", "gather": "linear", "gather_object": "linear",
            "scatter": "linear", "reduce_scatter": "ring", "reduce_scatter_tensor": "ring", "all_to_all": "pairwise",
            "all_to_all_single": "pairwise", "barrier": "dissemination"}
 

@@ -2,8 +2,9 @@
 
 1. On each host, its ranks' parts are gathered at its leader (lowest group rank) through
    the host's arena (gather_shm), into one block per host.
-2. The leaders exchange the hosts' blocks over the network (the ring all_gather among
-   hosts, blocks of different sizes allowed: hosts with different rank counts).
+2. The leaders exchange the hosts' blocks over the network (the all_gather among hosts the
+   engine picks by output size and host count, Bruck or the ring: ``stages.inter``; blocks
+   of different sizes allowed: hosts with different rank counts).
 3. On each host, the leader broadcasts every block through the arena (broadcast_shm).
 The blocks live end to end, host after host: when the outputs are views of one tensor in
 that order (all_gather_into_tensor with each host's ranks consecutive, as launchers number
@@ -16,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from ._partition import PACKED_SCRATCH, end_to_end, packed_by_host
-from .allgather_ring import ring_allgather
 from .broadcast_shm import broadcast as host_broadcast
 from .comm import Comm
 from .gather_shm import gather as host_gather
@@ -39,7 +39,8 @@ def all_gather(comm: Comm, outputs: list[np.ndarray], input: np.ndarray, segment
     else:
         parts[comm.rank][...] = input
     if leaders is not None:
-        ring_allgather(leaders, host_blocks, segment_bytes)
+        assert stages.inter is not None  # the engine sets the host stage's algorithm
+        stages.inter(leaders, host_blocks, segment_bytes)
     if local.arena is not None:
         host_broadcast(local, packed, mine[0])
     if not in_place:

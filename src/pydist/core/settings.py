@@ -19,7 +19,7 @@ ALGORITHM_CHOICES: dict[str, tuple[str, ...]] = {
     "all_reduce": ("shm", "hierarchical", "rails", "recursive_doubling", "ring"),
     "broadcast": ("shm", "hierarchical", "rails", "binomial"),
     "reduce": ("shm", "hierarchical", "binomial"),
-    "all_gather": ("shm", "hierarchical", "ring"),
+    "all_gather": ("shm", "hierarchical", "bruck", "ring"),
     "reduce_scatter": ("shm", "hierarchical", "ring"),
     "all_to_all": ("shm", "pairwise"),
     "gather": ("shm", "linear"),

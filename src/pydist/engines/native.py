@@ -12,7 +12,9 @@ e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
 - network algorithms: all_reduce ``recursive_doubling`` up to SMALL_ALL_REDUCE_BYTES (or
   fewer elements than ranks) and the segmented ``ring`` above (``network_all_reduce``, also
   the choice among the hosts' leaders in ``hierarchical``); ``binomial`` trees for
-  broadcast and reduce; ``ring`` all_gather and reduce_scatter; ``pairwise`` all_to_all;
+  broadcast and reduce; all_gather ``bruck`` up to SMALL_ALL_GATHER_BYTES of output among
+  more than two ranks, the ``ring`` above (``network_all_gather``, also among the hosts'
+  leaders); ``ring`` reduce_scatter; ``pairwise`` all_to_all;
   ``linear`` gather and scatter; ``dissemination`` barrier.
 
 AVG and PREMUL_SUM run as sums with a step before or after (core.ops: prescale, postscale).
@@ -24,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..algorithms import (
+    allgather_bruck,
     allgather_hierarchical,
     allgather_ring,
     allgather_shm,
@@ -71,6 +74,12 @@ from .base import Engine, OpContext
 #: (veth, 1 Gbit/s), where the ring's smaller byte count matters sooner.
 SMALL_ALL_REDUCE_BYTES = 64 * 1024
 
+#: all_gather among network peers: Bruck (log2(p) rounds) up to this much output per rank,
+#: the ring (p-1 rounds, pipelined by segment) above. Both send (p-1)/p of the output; Bruck
+#: wins while rounds cost latency (many ranks or hosts, small blocks), the ring once segment
+#: pipelining over the neighbour link matters. See docs/algorithms.md for the measurement.
+SMALL_ALL_GATHER_BYTES = 64 * 1024
+
 #: calls whose algorithm a group's engine remembers (then it forgets them all and starts again)
 CHOICES_KEPT = 1024
 
@@ -84,7 +93,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
     "reduce": {"shm": reduce_shm.reduce, "hierarchical": reduce_hierarchical.reduce,
                "binomial": reduce_binomial.reduce},
     "all_gather": {"shm": allgather_shm.all_gather, "hierarchical": allgather_hierarchical.all_gather,
-                   "ring": allgather_ring.all_gather},
+                   "bruck": allgather_bruck.all_gather, "ring": allgather_ring.all_gather},
     "reduce_scatter": {"shm": reduce_scatter_shm.reduce_scatter,
                        "hierarchical": reduce_scatter_hierarchical.reduce_scatter,
                        "ring": reduce_scatter_ring.reduce_scatter},
@@ -98,7 +107,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
 #: across hosts) only when forced: on this 2-core machine it used 24 % more CPU and was
 #: slower (docs/algorithms.md, "Several ranks per host").
 HIERARCHICAL = ("hierarchical", "rails")
-NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial", "all_gather": "ring", "reduce_scatter": "ring",
+NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial", "reduce_scatter": "ring",
                    "all_to_all": "pairwise", "gather": "linear", "scatter": "linear", "barrier": "dissemination"}
 
 
@@ -106,6 +115,15 @@ def network_all_reduce(nbytes: int, count: int, peers: int) -> str:
     """The all_reduce algorithm among ``peers`` network ranks for a buffer of ``nbytes``
     holding ``count`` elements (fewer elements than peers: the ring has nothing to split)."""
     return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < peers else "ring"
+
+
+def network_all_gather(nbytes: int, peers: int) -> str:
+    """The all_gather algorithm among ``peers`` network ranks whose output is ``nbytes``."""
+    return "bruck" if nbytes <= SMALL_ALL_GATHER_BYTES and peers > 2 else "ring"
+
+
+#: the host stage of the hierarchical all_gather, by network_all_gather's name
+HOST_STAGE_ALL_GATHER = {"bruck": allgather_bruck.bruck_allgather, "ring": allgather_ring.ring_allgather}
 
 
 class NativeEngine(Engine):
@@ -176,6 +194,8 @@ class NativeEngine(Engine):
             return "shm"
         if "hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.hosts) < self.size:
             return "hierarchical"
+        if collective == "all_gather":
+            return network_all_gather(nbytes, self.size)
         if collective != "all_reduce":
             return NETWORK_DEFAULT[collective]
         return network_all_reduce(nbytes, count, self.size)
@@ -249,6 +269,8 @@ class NativeEngine(Engine):
             nbytes, count = sizes
             per_rail = len(self.local) if algorithm == "rails" else 1
             inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes // per_rail, count // per_rail, len(hosts))]
+        elif collective == "all_gather":
+            inter = HOST_STAGE_ALL_GATHER[network_all_gather(sizes[0], len(hosts))]
         return Hierarchy(local, leaders, hosts, host, rail, inter)
 
     def _layout(self, root: int | None) -> tuple[list[list[int]], int, list[int], list[int] | None]:
@@ -312,7 +334,8 @@ class NativeEngine(Engine):
         return algorithm
 
     def all_gather(self, ctx: OpContext, outputs: list[np.ndarray], input: np.ndarray) -> str:
-        return self._run(ctx, "all_gather", outputs, input, self.segment_bytes)
+        nbytes = sum(out.nbytes for out in outputs)
+        return self._run(ctx, "all_gather", outputs, input, self.segment_bytes, sizes=(nbytes, 0))
 
     def gather(self, ctx: OpContext, input: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> str:
         return self._run(ctx, "gather", input, outputs, root)
