@@ -110,11 +110,12 @@ def _expected_calls(rank: int, size: int) -> list[tuple]:
     ]
 
 
-#: the engine's algorithm per op: ranks sharing memory, and one rank per host (3: Bruck all_gather)
+#: the engine's algorithm per op: ranks sharing memory, and one rank per host (3 ranks, small)
 SHM = "shm"
 NETWORK = {"broadcast": "binomial", "all_reduce": "recursive_doubling", "reduce": "binomial",
            "all_gather": "bruck", "all_gather_into_tensor": "bruck", "gather": "linear", "gather_object": "linear",
-           "scatter": "linear", "reduce_scatter": "ring", "reduce_scatter_tensor": "ring", "all_to_all": "pairwise",
+           "scatter": "linear", "reduce_scatter": "recursive_doubling",
+           "reduce_scatter_tensor": "recursive_doubling", "all_to_all": "pairwise",
            "all_to_all_single": "pairwise", "barrier": "dissemination"}
 
 

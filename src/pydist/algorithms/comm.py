@@ -65,7 +65,7 @@ class Hierarchy(NamedTuple):
     hosts: list[list[int]]  # every host's group ranks, host h's leader first
     host: int  # this rank's host
     rail: Comm | None  # the rails algorithms: the ranks at this rank's place on every host
-    inter: Callable[..., None] | None  # all_reduce, all_gather: the network algorithm among leaders or along rails
+    inter: Callable[..., None] | None  # all_reduce, all_gather, reduce_scatter: the leaders' (rails') stage
 
     def led_by(self, rank: int) -> int:
         """The host whose leader is group rank ``rank`` (a root leads its own host)."""

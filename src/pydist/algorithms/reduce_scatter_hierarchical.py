@@ -2,8 +2,10 @@
 
 1. On each host, every rank's whole input (its blocks for every rank, host after host) is
    reduced at the host's leader (lowest group rank) through the host's arena (reduce_shm).
-2. The leaders reduce-scatter over the network by host (the ring reduce-scatter among
-   hosts, blocks of different sizes allowed): host h's leader ends with host h's blocks.
+2. The leaders reduce-scatter over the network by host (the reduce-scatter among hosts the
+   engine picks by input size and host count, recursive doubling or the ring:
+   ``stages.inter``; blocks of different sizes allowed): host h's leader ends with host h's
+   blocks.
 3. On each host, the leader scatters them to its ranks through the arena (scatter_shm).
 Inputs are left unchanged: the leader reduces into a copy; other ranks read their inputs in
 place when they lie end to end in that order (reduce_scatter_tensor with each host's ranks
@@ -18,7 +20,6 @@ import numpy as np
 from ..core.ops import ReduceOp
 from ._partition import PACKED_SCRATCH, end_to_end, packed_by_host
 from .comm import Comm
-from .reduce_scatter_ring import ring_reduce_scatter
 from .reduce_shm import reduce as host_reduce
 from .scatter_shm import scatter as host_scatter
 
@@ -42,7 +43,8 @@ def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op:
     if local.arena is not None:
         host_reduce(local, packed, mine[0], op)
     if leaders is not None:
-        ring_reduce_scatter(leaders, host_blocks, op, segment_bytes)
+        assert stages.inter is not None  # the engine sets the host stage's algorithm
+        stages.inter(leaders, host_blocks, op, segment_bytes)
     if local.arena is not None:
         host_scatter(local, output, [parts[g] for g in mine] if comm.rank == mine[0] else None, mine[0])
     else:

@@ -20,7 +20,7 @@ ALGORITHM_CHOICES: dict[str, tuple[str, ...]] = {
     "broadcast": ("shm", "hierarchical", "rails", "binomial"),
     "reduce": ("shm", "hierarchical", "binomial"),
     "all_gather": ("shm", "hierarchical", "bruck", "ring"),
-    "reduce_scatter": ("shm", "hierarchical", "ring"),
+    "reduce_scatter": ("shm", "hierarchical", "recursive_doubling", "ring"),
     "all_to_all": ("shm", "pairwise"),
     "gather": ("shm", "linear"),
     "scatter": ("shm", "linear"),

@@ -14,7 +14,9 @@ e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
   the choice among the hosts' leaders in ``hierarchical``); ``binomial`` trees for
   broadcast and reduce; all_gather ``bruck`` up to SMALL_ALL_GATHER_BYTES of output among
   more than two ranks, the ``ring`` above (``network_all_gather``, also among the hosts'
-  leaders); ``ring`` reduce_scatter; ``pairwise`` all_to_all;
+  leaders); reduce_scatter ``recursive_doubling`` (an all_reduce of the whole input) up to
+  SMALL_ALL_REDUCE_BYTES of input among more than two ranks, the ``ring`` above
+  (``network_reduce_scatter``, also among the hosts' leaders); ``pairwise`` all_to_all;
   ``linear`` gather and scatter; ``dissemination`` barrier.
 
 AVG and PREMUL_SUM run as sums with a step before or after (core.ops: prescale, postscale).
@@ -48,6 +50,7 @@ from ..algorithms import (
     reduce_binomial,
     reduce_hierarchical,
     reduce_scatter_hierarchical,
+    reduce_scatter_recursive_doubling,
     reduce_scatter_ring,
     reduce_scatter_shm,
     reduce_shm,
@@ -96,6 +99,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
                    "bruck": allgather_bruck.all_gather, "ring": allgather_ring.all_gather},
     "reduce_scatter": {"shm": reduce_scatter_shm.reduce_scatter,
                        "hierarchical": reduce_scatter_hierarchical.reduce_scatter,
+                       "recursive_doubling": reduce_scatter_recursive_doubling.reduce_scatter,
                        "ring": reduce_scatter_ring.reduce_scatter},
     "all_to_all": {"shm": alltoall_shm.all_to_all, "pairwise": alltoall_pairwise.all_to_all},
     "gather": {"shm": gather_shm.gather, "linear": gather_linear.gather},
@@ -107,7 +111,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
 #: across hosts) only when forced: on this 2-core machine it used 24 % more CPU and was
 #: slower (docs/algorithms.md, "Several ranks per host").
 HIERARCHICAL = ("hierarchical", "rails")
-NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial", "reduce_scatter": "ring",
+NETWORK_DEFAULT = {"broadcast": "binomial", "reduce": "binomial",
                    "all_to_all": "pairwise", "gather": "linear", "scatter": "linear", "barrier": "dissemination"}
 
 
@@ -122,8 +126,16 @@ def network_all_gather(nbytes: int, peers: int) -> str:
     return "bruck" if nbytes <= SMALL_ALL_GATHER_BYTES and peers > 2 else "ring"
 
 
-#: the host stage of the hierarchical all_gather, by network_all_gather's name
-HOST_STAGE_ALL_GATHER = {"bruck": allgather_bruck.bruck_allgather, "ring": allgather_ring.ring_allgather}
+def network_reduce_scatter(nbytes: int, peers: int) -> str:
+    """The reduce_scatter algorithm among ``peers`` network ranks whose input is ``nbytes``."""
+    return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES and peers > 2 else "ring"
+
+
+#: the host stage of the hierarchical all_gather and reduce_scatter, by the network choice's name
+HOST_STAGE: dict[str, dict[str, Callable[..., None]]] = {
+    "all_gather": {"bruck": allgather_bruck.bruck_allgather, "ring": allgather_ring.ring_allgather},
+    "reduce_scatter": {"recursive_doubling": reduce_scatter_recursive_doubling.doubling_reduce_scatter,
+                       "ring": reduce_scatter_ring.ring_reduce_scatter}}
 
 
 class NativeEngine(Engine):
@@ -196,6 +208,8 @@ class NativeEngine(Engine):
             return "hierarchical"
         if collective == "all_gather":
             return network_all_gather(nbytes, self.size)
+        if collective == "reduce_scatter":
+            return network_reduce_scatter(nbytes, self.size)
         if collective != "all_reduce":
             return NETWORK_DEFAULT[collective]
         return network_all_reduce(nbytes, count, self.size)
@@ -270,7 +284,9 @@ class NativeEngine(Engine):
             per_rail = len(self.local) if algorithm == "rails" else 1
             inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes // per_rail, count // per_rail, len(hosts))]
         elif collective == "all_gather":
-            inter = HOST_STAGE_ALL_GATHER[network_all_gather(sizes[0], len(hosts))]
+            inter = HOST_STAGE["all_gather"][network_all_gather(sizes[0], len(hosts))]
+        elif collective == "reduce_scatter":
+            inter = HOST_STAGE["reduce_scatter"][network_reduce_scatter(sizes[0], len(hosts))]
         return Hierarchy(local, leaders, hosts, host, rail, inter)
 
     def _layout(self, root: int | None) -> tuple[list[list[int]], int, list[int], list[int] | None]:
@@ -348,7 +364,8 @@ class NativeEngine(Engine):
             inputs = [block.copy() for block in inputs]
             for block in inputs:
                 prescale(block, op)
-        algorithm = self._run(ctx, "reduce_scatter", output, inputs, op, self.segment_bytes)
+        nbytes = sum(block.nbytes for block in inputs)
+        algorithm = self._run(ctx, "reduce_scatter", output, inputs, op, self.segment_bytes, sizes=(nbytes, 0))
         postscale(output, op, self.size)
         return algorithm
 
