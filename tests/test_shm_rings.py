@@ -124,3 +124,28 @@ def test_a_signal_wake_ends_a_members_sleep():
     signal.wake()
     assert woke.wait(10), "the sleeper was not woken"
     thread.join()
+
+
+def test_a_waiter_yields_the_cpu_for_a_bounded_time_then_sleeps(monkeypatch):
+    """Beside busy processes each yield can cost a scheduler slice: the yield phase ends after
+    YIELD_SECONDS of (here a fake, 100 us per reading) time, however few yields that was."""
+    import os
+    import types
+
+    import pytest
+
+    from pydist.transport.shm import signal as signal_module
+    memory, base = anonymous(4096)
+    signal = signal_module.Signal(memory.data, base, 0, oversubscribed=True)
+    now = [0.0]
+
+    def perf_counter():
+        now[0] += 100e-6
+        return now[0]
+
+    yields = []
+    monkeypatch.setattr(signal_module, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(now[0]))
+    with pytest.raises(signal_module.WaitTimeout):  # the counter never arrives; the deadline has passed
+        signal.wait_at_least(8, 1, Deadline.after(0.0))
+    assert 1 <= len(yields) <= signal_module.YIELD_SECONDS / 100e-6
