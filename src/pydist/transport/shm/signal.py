@@ -11,7 +11,10 @@ liveness callback between slices. The sleeps are timed waits on pydist's clock
 
 Ordering: the store of a counter is a sequentially consistent exchange, then the sleepers
 word is read; a sleeper increments the sleepers word (sequentially consistent), reads the
-doorbell, re-reads the counter and sleeps only while the doorbell is unchanged.
+doorbell, re-reads the counter and sleeps only while the doorbell is unchanged. Whichever
+goes first, the sleeper either sees the counter or is woken (the futex syscall orders the
+rest), so no wake-up is lost. Data written before ``publish`` is visible to a waiter after
+``wait_at_least`` returns (release/acquire).
 
 The yield phase is bounded in time (YIELD_SECONDS) as well as in count: a yield hands the core
 to whatever else is runnable, and where that is not a rank but a busy process (a data loader's
@@ -19,10 +22,7 @@ workers, another job) each yield costs up to a scheduler slice. 2 ranks on 2 cor
 busy processes, 512 B to 4 KiB all_reduce: 2.4 ms a call after 50 yields (gloo 0.9-2.2 ms),
 31-38 us bounded (gloo 0.7-1.1 ms); 4 ranks beside them 7.8 ms -> 4.0 ms (gloo 11 ms). Alone
 the count ends the phase first, as before: 4 ranks on 2 cores, where the yields hand the
-core to the rank waited for, and 2 ranks, 4 B to 64 MiB, within the runs' noise. Whichever
-goes first, the sleeper either sees the counter or is woken (the futex syscall orders the
-rest), so no wake-up is lost. Data written before ``publish`` is visible to a waiter after
-``wait_at_least`` returns (release/acquire).
+core to the rank waited for, and 2 ranks, 4 B to 64 MiB, within the runs' noise.
 
 ``ring`` skips the futex wake while a thread of the owner polls what the ring announces
 (``polling``): waking a sleeping thread of a process whose other thread is already reading
