@@ -28,12 +28,7 @@ def doubling_reduce_scatter(comm: Comm, blocks: list[np.ndarray], op: ReduceOp, 
 def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op: ReduceOp,
                    segment_bytes: int) -> None:
     """``output`` = reduction over ranks of every rank's ``inputs[rank]``; inputs unchanged."""
-    output[...] = _reduced_copy(comm, inputs, op).reshape(output.shape)
-
-
-def _reduced_copy(comm: Comm, blocks: list[np.ndarray], op: ReduceOp) -> np.ndarray:
-    """This rank's block of the reduction of a copy of ``blocks``, end to end."""
-    whole = np.concatenate([block.reshape(-1) for block in blocks])
+    whole = np.concatenate([block.reshape(-1) for block in inputs])
     all_reduce(comm, whole, op)
-    start = sum(block.size for block in blocks[:comm.rank])
-    return whole[start:start + blocks[comm.rank].size]
+    start = sum(block.size for block in inputs[:comm.rank])
+    output[...] = whole[start:start + inputs[comm.rank].size].reshape(output.shape)

@@ -12,11 +12,10 @@ e.g. ``PYDIST_ALGO_ALL_REDUCE=ring``):
 - network algorithms: all_reduce ``recursive_doubling`` up to SMALL_ALL_REDUCE_BYTES (or
   fewer elements than ranks) and the segmented ``ring`` above (``network_all_reduce``, also
   the choice among the hosts' leaders in ``hierarchical``); ``binomial`` trees for
-  broadcast and reduce; all_gather ``bruck`` up to SMALL_ALL_GATHER_BYTES of output among
-  more than two ranks, the ``ring`` above (``network_all_gather``, also among the hosts'
-  leaders); reduce_scatter ``recursive_doubling`` (an all_reduce of the whole input) up to
-  SMALL_ALL_REDUCE_BYTES of input among more than two ranks, the ``ring`` above
-  (``network_reduce_scatter``, also among the hosts' leaders); ``pairwise`` all_to_all;
+  broadcast and reduce; all_gather ``bruck`` up to SMALL_ALL_GATHER_BYTES of output and
+  reduce_scatter ``recursive_doubling`` (an all_reduce of the whole input) up to
+  SMALL_ALL_REDUCE_BYTES of input, among more than two ranks, the ``ring`` above
+  (``network_by_size``, also among the hosts' leaders); ``pairwise`` all_to_all;
   ``linear`` gather and scatter; ``dissemination`` barrier.
 
 AVG and PREMUL_SUM run as sums with a step before or after (core.ops: prescale, postscale).
@@ -121,14 +120,16 @@ def network_all_reduce(nbytes: int, count: int, peers: int) -> str:
     return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES or count < peers else "ring"
 
 
-def network_all_gather(nbytes: int, peers: int) -> str:
-    """The all_gather algorithm among ``peers`` network ranks whose output is ``nbytes``."""
-    return "bruck" if nbytes <= SMALL_ALL_GATHER_BYTES and peers > 2 else "ring"
+#: all_gather (bytes: its output) and reduce_scatter (its input) among network peers: the
+#: latency-bound algorithm up to a size, among more than two peers; the ring above
+BY_SIZE = {"all_gather": ("bruck", SMALL_ALL_GATHER_BYTES),
+           "reduce_scatter": ("recursive_doubling", SMALL_ALL_REDUCE_BYTES)}
 
 
-def network_reduce_scatter(nbytes: int, peers: int) -> str:
-    """The reduce_scatter algorithm among ``peers`` network ranks whose input is ``nbytes``."""
-    return "recursive_doubling" if nbytes <= SMALL_ALL_REDUCE_BYTES and peers > 2 else "ring"
+def network_by_size(collective: str, nbytes: int, peers: int) -> str:
+    """The algorithm of ``collective`` (one of BY_SIZE) among ``peers`` network ranks for ``nbytes``."""
+    small, limit = BY_SIZE[collective]
+    return small if nbytes <= limit and peers > 2 else "ring"
 
 
 #: the host stage of the hierarchical all_gather and reduce_scatter, by the network choice's name
@@ -206,10 +207,8 @@ class NativeEngine(Engine):
             return "shm"
         if "hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.hosts) < self.size:
             return "hierarchical"
-        if collective == "all_gather":
-            return network_all_gather(nbytes, self.size)
-        if collective == "reduce_scatter":
-            return network_reduce_scatter(nbytes, self.size)
+        if collective in BY_SIZE:
+            return network_by_size(collective, nbytes, self.size)
         if collective != "all_reduce":
             return NETWORK_DEFAULT[collective]
         return network_all_reduce(nbytes, count, self.size)
@@ -283,10 +282,8 @@ class NativeEngine(Engine):
             nbytes, count = sizes
             per_rail = len(self.local) if algorithm == "rails" else 1
             inter = ALGORITHMS["all_reduce"][network_all_reduce(nbytes // per_rail, count // per_rail, len(hosts))]
-        elif collective == "all_gather":
-            inter = HOST_STAGE["all_gather"][network_all_gather(sizes[0], len(hosts))]
-        elif collective == "reduce_scatter":
-            inter = HOST_STAGE["reduce_scatter"][network_reduce_scatter(sizes[0], len(hosts))]
+        elif collective in BY_SIZE:
+            inter = HOST_STAGE[collective][network_by_size(collective, sizes[0], len(hosts))]
         return Hierarchy(local, leaders, hosts, host, rail, inter)
 
     def _layout(self, root: int | None) -> tuple[list[list[int]], int, list[int], list[int] | None]:
