@@ -208,15 +208,13 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         device = device_of(operation, tensors_in(args))
         if device == "cpu":
             return None
-        if operation in STAGED_P2P and self.device_backends.get(device) is not None \
-                and self.device_backends[device].name() == "gloo":
-            return None
-        if device not in self.device_backends:
+        backend = self.device_backends.get(device)
+        if backend is None:
             how = ("init_process_group(\"cpu:pydist,cuda:gloo\") or \"cpu:pydist,cuda:nccl\", or PYDIST_CUDA=gloo, "
                    "makes one; or move them with .cpu()" if device == "cuda" else "move them with .cpu()")
             raise ValueError(f"{operation}: a tensor on {device}; this group runs CPU tensors on pydist and has no "
                              f"backend for {device} tensors ({how})")
-        return self.device_backends[device]
+        return None if operation in STAGED_P2P and backend.name() == "gloo" else backend
 
     @property
     def pydist_group(self) -> ProcessGroup:

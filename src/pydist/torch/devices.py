@@ -91,7 +91,11 @@ def tensors_in(args: Iterable[Any]) -> list[torch.Tensor]:
 
 
 def device_of(operation: str, tensors: list[torch.Tensor]) -> str:
-    """The device type all ``tensors`` of one call are on ("cpu" for none); ValueError when they mix."""
+    """The device type all ``tensors`` of one call are on ("cpu" for none); ValueError when they mix.
+    Every call of the plugin asks: the all-CPU case reads ``is_cpu`` (0.15 us a tensor here,
+    ``device.type`` 0.9 us)."""
+    if all(t.is_cpu for t in tensors):
+        return "cpu"
     kinds = {t.device.type for t in tensors}
     if len(kinds) > 1:
         places = ", ".join(sorted({str(t.device) for t in tensors}))
