@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts) + [ROOT / "README.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 LAUNCHED = re.compile(r"# run: pydist-run (.*) (\w+\.py)\s*$")
+TORCH = re.compile(r"^import torch|^from torch", re.M)  # importing torch alone takes seconds
 
 
 def examples() -> list:
@@ -31,14 +32,14 @@ def examples() -> list:
             line = text.count("\n", 0, match.start()) + 1
             code = match.group(1)
             launched = LAUNCHED.match(code.splitlines()[0])
-            marks = [pytest.mark.slow] if launched or "multiprocessing" in code else []
+            marks = [pytest.mark.slow] if launched or "multiprocessing" in code or TORCH.search(code) else []
             found.append(pytest.param(code, id=f"{page.relative_to(ROOT)}:{line}", marks=marks))
     return found
 
 
 @pytest.mark.parametrize("code", examples())
 def test_example_runs(code, tmp_path):
-    if re.search(r"^import torch|^from torch", code, re.M):
+    if TORCH.search(code):
         pytest.importorskip("torch")
     launched = LAUNCHED.match(code.splitlines()[0])
     script = tmp_path / (launched.group(2) if launched else "example.py")
