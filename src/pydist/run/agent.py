@@ -41,7 +41,7 @@ from ..transport.shm.segment import remove_stale
 from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
 from .config import OMP_NOTE, LaunchConfig, Placement, worker_env
 from .endpoint import EndpointError, open_store
-from .failure import WorkerExit, format_summary
+from .failure import WorkerExit, classify_exits, format_summary
 from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
 from .worker_store import WorkerStore
@@ -319,7 +319,7 @@ class RoundRun:
 
     def _on_exit(self, worker: Worker, mono: float, wall: float) -> None:
         worker.exit = WorkerExit(worker.rank, worker.local_rank, worker.pid, worker.proc.returncode, wall, mono,
-                                 self.rdzv.me.where())
+                                 self.rdzv.me.where(), stopped=worker.stopped)
         if worker.exit.failed:
             worker.exit.add_output(self.error_files[worker.local_rank], list(worker.stderr_tail))
         if worker.exit.failed and self._stopping_since is None:
@@ -381,8 +381,7 @@ class RoundRun:
         """Start stopping: send ``sig`` to every worker group that has not exited yet."""
         self._stopping_since = _deadline.now()
         for worker in self.workers:
-            if worker.proc.returncode is None:
-                worker.signal_group(sig)
+            worker.stop(sig)
 
     # -- the end of the round ------------------------------------------------------------
     def _finish(self) -> dict[str, Any]:
@@ -413,17 +412,11 @@ class RoundRun:
             self._outcome = {"reason": "failure", "exit": lost[0].to_json(), "restarts_used": self.config.max_restarts}
 
     def _report(self, outcome: dict[str, Any]) -> None:
-        """Print the root-cause summary: the first failure by the time it happened (a worker's
-        recorded exception or failing exit, else its exit), whichever node reported it; this
-        node's other failures (before stopping began, or recorded by the worker itself); the
-        workers the launcher stopped."""
+        """Print the root-cause summary (:func:`.failure.classify_exits`): the first failure by
+        the time it happened, whichever node reported it; this node's workers that failed on
+        their own; the workers the launcher stopped (signalled while they ran), echoes included."""
         reported = WorkerExit.from_json(outcome["exit"])
-        stop = self._stopping_since if self._stopping_since is not None else float("inf")
-        exits = [w.exit for w in self.workers if w.exit is not None]
-        own = [e for e in exits if e.failed and (e.monotonic_time <= stop or e.recorded_at)]
-        failures = sorted({(e.host, e.rank): e for e in [reported, *own]}.values(), key=lambda e: e.failed_at)
-        root, others = failures[0], failures[1:]
-        stopped = sorted(e.rank for e in exits if e.monotonic_time > stop and not e.recorded_at)
+        root, others, stopped = classify_exits(reported, [w.exit for w in self.workers if w.exit is not None])
         name = self.config.entrypoint or self.config.command[0]
         write_bytes(self.agent._stderr, (format_summary(name, root, others, stopped) + "\n").encode())
 

@@ -6,6 +6,16 @@ from its error file (written by torch's ``@record`` or pydist-run's sitecustomiz
 the tail of its stderr stands in. A worker killed by a signal shows ``exitcode: -N`` and
 the signal's name, as torchrun does. A WorkerExit travels between hosts' agents as JSON
 (:meth:`WorkerExit.to_json` / :meth:`WorkerExit.from_json`).
+
+Who is what (:func:`classify_exits`): a worker the launcher signalled while it still ran
+(``stopped``) is *stopped by the launcher*, not a failure, whatever it recorded before the
+signal came: an exception it raised once a peer had died (PeerFailedError) is an echo of
+the root cause, and its exit code is the launcher's doing. The one exception is the root
+cause itself, the earliest failure by its recorded time, which may still have been running
+(slow to exit) when the launcher stopped it. The other failures are the workers that exited
+with an error on their own, before the launcher signalled them (one that ended a moment
+before the signal but was not reaped yet counts as stopped: the report never blames a
+worker for what may be the launcher's doing).
 """
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ class WorkerExit:
     error: str = ""  # "Type: message" of the uncaught exception, if recorded
     traceback: str = ""  # its traceback, else the tail of stderr
     recorded_at: float = 0.0  # wall time the worker recorded its failure (error file), 0 if none
+    stopped: bool = False  # the launcher signalled the worker (stopping the round) before it was reaped
 
     @property
     def failed_at(self) -> float:
@@ -76,6 +87,26 @@ class WorkerExit:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerExit:
         return cls(**data)
+
+
+def classify_exits(
+    reported: WorkerExit, exits: list[WorkerExit]
+) -> tuple[WorkerExit, list[WorkerExit], list[int]]:
+    """(root cause, other failures by time, ranks stopped by the launcher) of a failed round.
+
+    ``reported`` is the failure that stopped the round (from any node); ``exits`` are this
+    node's reaped workers. See the module docstring for the rules; every rank of ``exits``
+    lands in at most one of the three, so the report's list and its footer agree.
+    """
+    def candidate(e: WorkerExit) -> bool:  # could have failed first
+        return e.failed and (not e.stopped or bool(e.recorded_at))
+
+    by_rank = {(e.host, e.rank): e for e in [reported, *(e for e in exits if candidate(e))]}
+    root = min(by_rank.values(), key=lambda e: e.failed_at)
+    others = sorted((e for e in exits if e.failed and not e.stopped and (e.host, e.rank) != (root.host, root.rank)),
+                    key=lambda e: e.failed_at)
+    stopped = sorted(e.rank for e in exits if e.stopped and (e.host, e.rank) != (root.host, root.rank))
+    return root, others, stopped
 
 
 def _format_failure(index: int, failure: WorkerExit) -> str:

@@ -41,6 +41,13 @@ class Worker:
     stderr_fd: int
     stderr_tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     exit: WorkerExit | None = None
+    stopped: bool = False  # signalled by the launcher stopping the round while it ran
+
+    def stop(self, sig: int) -> None:
+        """Signal the worker to stop the round, and remember it did (its exit is then not a failure)."""
+        if self.proc.returncode is None:
+            self.stopped = True
+            self.signal_group(sig)
 
     @property
     def pid(self) -> int:

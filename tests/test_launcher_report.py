@@ -1,0 +1,155 @@
+"""pydist-run's failure report: root cause, other failures, ranks the launcher stopped.
+
+A rank the launcher stopped (signalled while it still ran) after another rank failed is
+never listed as a failure, even when it had recorded an exception of its own first (an
+echo of the root cause, e.g. PeerFailedError); the footer and the list always agree. The
+end-to-end tests fix the order of events with marker files, so they need no repeated runs:
+the workers are plain Python (no pydist), whose exceptions pydist-run's sitecustomize records.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pydist.run.failure import WorkerExit, classify_exits
+from pydist.testing.commands import run_command
+
+LAUNCHER = [sys.executable, "-m", "pydist.run"]
+
+#: Rank 1 raises "boom on rank 1" (recorded at once); rank 0 raises an echo only after rank 1
+#: recorded its failure. SCENARIO says who lingers at exit (blocked until the launcher's
+#: SIGTERM): "echo-stopped": rank 0 lingers, rank 1 exits once rank 0 recorded its echo;
+#: "root-stopped": rank 1 lingers, rank 0's echo exits by itself. Rank 2 (if any) waits to be
+#: stopped.
+WORKER = textwrap.dedent("""
+    import atexit, os, pathlib, sys, threading, time
+
+    rank, scenario, marks = int(os.environ["RANK"]), sys.argv[1], pathlib.Path(sys.argv[2])
+
+    def wait_for(name):
+        while not (marks / name).exists():
+            time.sleep(0.01)  # polls a condition another process sets
+
+    def mark(name):
+        (marks / name).write_text("")
+
+    def linger():
+        threading.Event().wait()  # until the launcher's SIGTERM
+
+    if rank == 1:
+        @atexit.register
+        def after_recording():  # atexit runs after the excepthook recorded the exception
+            mark("root-recorded")
+            if scenario == "echo-stopped":
+                wait_for("echo-recorded")
+            else:
+                linger()
+        raise RuntimeError("boom on rank 1")
+    if rank == 0:
+        wait_for("root-recorded")
+
+        @atexit.register
+        def after_echo():
+            mark("echo-recorded")
+            if scenario == "echo-stopped":
+                linger()
+        raise RuntimeError("echo: rank 1 failed")
+    linger()
+""")
+
+
+def _exit(rank: int, code: int, wall: float, recorded: float = 0.0, stopped: bool = False) -> WorkerExit:
+    return WorkerExit(rank, rank, 100 + rank, code, wall, wall, "h:1", "E: x" if recorded else "",
+                      recorded_at=recorded, stopped=stopped)
+
+
+def _ranks(exits: list[WorkerExit]) -> list[int]:
+    return [e.rank for e in exits]
+
+
+# --- classification (no processes) -------------------------------------------------------------
+
+def test_a_stopped_echo_is_not_a_failure():
+    """The filed race: rank 0 recorded an echo, then the launcher's SIGTERM ended it."""
+    root = _exit(1, 1, 10.0, recorded=9.0)
+    echo = _exit(0, -15, 11.0, recorded=9.5, stopped=True)
+    got_root, others, stopped = classify_exits(root, [echo, root])
+    assert got_root.rank == 1 and others == [] and stopped == [0]
+
+
+def test_a_root_cause_still_running_when_stopped_stays_the_root_cause():
+    """Rank 1 recorded first but its exit lagged; rank 0's echo exited by itself and started the stop."""
+    echo = _exit(0, 1, 10.0, recorded=9.5)
+    root = _exit(1, -15, 11.0, recorded=9.0, stopped=True)
+    got_root, others, stopped = classify_exits(echo, [echo, root])
+    assert got_root.rank == 1 and _ranks(others) == [0] and stopped == []
+
+
+def test_failures_before_the_stop_are_listed_and_stopped_ranks_are_not():
+    first = _exit(2, 3, 10.0)
+    before = _exit(0, 1, 10.5)  # exited by itself, before the launcher signalled anyone
+    plain = _exit(1, -15, 12.0, stopped=True)
+    handled = _exit(3, 1, 12.0, recorded=11.9, stopped=True)  # turned SIGTERM into an exception
+    clean = _exit(4, 0, 12.0, stopped=True)  # handled SIGTERM and exited 0
+    got_root, others, stopped = classify_exits(first, [before, plain, first, handled, clean])
+    assert got_root.rank == 2 and _ranks(others) == [0] and stopped == [1, 3, 4]
+
+
+def test_the_root_cause_from_another_node_with_every_local_rank_stopped():
+    remote = WorkerExit(5, 1, 200, 1, 10.0, 10.0, "other:2", "E: boom", recorded_at=9.0)
+    local = [_exit(0, -15, 11.0, stopped=True), _exit(1, -9, 16.0, recorded=10.5, stopped=True)]
+    got_root, others, stopped = classify_exits(remote, local)
+    assert got_root is remote and others == [] and stopped == [0, 1]
+
+
+def test_stopped_survives_the_json_round_trip():
+    exit_ = _exit(0, -15, 1.0, stopped=True)
+    assert WorkerExit.from_json(exit_.to_json()) == exit_
+
+
+# --- the launcher's report, the order of events fixed --------------------------------------------
+
+def _report(tmp_path: Path, scenario: str, nproc: int) -> tuple[str, str, str]:
+    """Run the scenario; (failures, root cause, footer) sections of the report."""
+    script, marks = tmp_path / "worker.py", tmp_path / "marks"
+    script.write_text(WORKER)
+    marks.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = run_command([*LAUNCHER, "--nproc-per-node", str(nproc), str(script), scenario, str(marks)],
+                         env=env, timeout=120)
+    err = result.stderr
+    assert result.returncode == 1, err
+    failures = err[err.index("Failures:"):err.index("Root Cause")]
+    root = err[err.index("Root Cause"):err.index("Stopped by the launcher")]
+    footer = err[err.index("Stopped by the launcher"):]
+    return failures, root, footer.splitlines()[0]
+
+
+def _listed(section: str) -> set[int]:
+    return {int(rank) for rank in re.findall(r"rank      : (\d+) ", section)}
+
+
+def _footer_ranks(footer: str) -> set[int]:
+    tail = footer.rsplit("ranks ", 1)[1]
+    return set() if tail == "none" else {int(rank) for rank in tail.split(", ")}
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_after_recording_an_echo_is_listed_as_stopped(tmp_path):
+    failures, root, footer = _report(tmp_path, "echo-stopped", 3)
+    assert _listed(root) == {1} and "RuntimeError: boom on rank 1" in root
+    assert "<NO_OTHER_FAILURES>" in failures, failures
+    assert _footer_ranks(footer) == {0, 2}, footer
+
+
+@pytest.mark.slow
+def test_a_root_cause_stopped_while_exiting_stays_the_root_cause(tmp_path):
+    failures, root, footer = _report(tmp_path, "root-stopped", 2)
+    assert _listed(root) == {1} and "RuntimeError: boom on rank 1" in root and "(SIGTERM)" in root
+    assert _listed(failures) == {0} and "exitcode  : 1 " in failures and "echo: rank 1 failed" in failures
+    assert _footer_ranks(footer) == set(), footer
