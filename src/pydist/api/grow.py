@@ -22,7 +22,7 @@ import numpy as np
 from ..core.deadline import Deadline
 from ..core.ops import ReduceOp
 from ..groups import admission
-from ..groups.factory import join_admitted, joining_transport, launch_position, rebuild_default
+from ..groups.factory import attempt_store, join_admitted, joining_transport, launch_position, rebuild_default
 from ..groups.process_group import ProcessGroup
 from ..groups.world import World, current
 from ..store import Store
@@ -102,7 +102,7 @@ def join_standalone(store: Any, timeout: float) -> World:
     """A private World (one torch group's, see groups.factory.standalone_world) that joined
     the running job met through ``store``: its default group is the grown one."""
     world = World(job=launch_position())
-    join_running_job(world, store, timeout, None)
+    join_running_job(world, attempt_store(store), timeout, None)
     return world
 
 

@@ -118,6 +118,11 @@ class Settings:
         "When TCP connections are made: eager (every pair at init, a full mesh), lazy (a pair when "
         "it first exchanges a message; ranks of one host with shared memory still at init) or auto "
         "(lazy from 64 ranks).")
+    connect_timeout: float = _setting(
+        "PYDIST_CONNECT_TIMEOUT", 20.0, _seconds, "seconds, >= 0",
+        "At init, a peer whose published address refuses connections for this long is reported as "
+        "gone, naming it and the address (it exited, or an earlier run left its address in the "
+        "store) instead of being retried until the group's timeout.")
     tcp_reader: str = _setting(
         "PYDIST_TCP_READER", "caller", _choice("caller", "io", lower=True), "caller / io",
         "Who reads a TCP peer's socket for a blocked receive: caller (its own thread, no hand-off; "

@@ -166,14 +166,33 @@ def launch_position() -> tuple[int, int] | None:
     return (int(job_rank), int(job_size)) if job_rank.isdigit() and job_size.isdigit() else None
 
 
+def launch_attempt() -> str:
+    """The store namespace of this launch attempt: ``attempt/<run id>/<restart count>/<world
+    size>`` under an elastic agent (torchrun, pydist-run: TORCHELASTIC_RUN_ID set), else "".
+    torchrun's agent keeps one store across restarts and membership changes and torch names
+    its groups' keys alike in every attempt; without this an attempt would read the keys
+    (peer addresses, shared-memory names) a failed one left."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return ""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return f"attempt/{run_id}/{restart}/{os.environ.get('WORLD_SIZE', '')}"
+
+
+def attempt_store(store: Any) -> Any:
+    """``store``'s namespace of this launch attempt (see launch_attempt), or ``store`` itself."""
+    scope = launch_attempt()
+    return prefixed(store, scope) if scope else store
+
+
 def standalone_world(store: Any, rank: int, size: int, timeout: float, name: str) -> World:
-    """A private world of ``size`` ranks met through ``store``, with one default group named
-    ``name``; ``world.leave()`` releases it. The store lives in rank 0 (torch's env://) unless
-    a launcher's agent serves it (TORCHELASTIC_USE_AGENT_STORE=True, as torch reads it): then
-    a shrink past rank 0 keeps it."""
+    """A private world of ``size`` ranks met through ``store`` (in this launch attempt's
+    namespace), with one default group named ``name``; ``world.leave()`` releases it. The store
+    lives in rank 0 (torch's env://) unless a launcher's agent serves it
+    (TORCHELASTIC_USE_AGENT_STORE=True, as torch reads it): then a shrink past rank 0 keeps it."""
     world = World(job=launch_position())
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    join_native(world, rank, size, store, timeout, "pydist", store_host=None if agent_store else 0)
+    join_native(world, rank, size, attempt_store(store), timeout, "pydist", store_host=None if agent_store else 0)
     group_id, _ = world.group_id(list(range(size)))
     make_group(world, list(range(size)), group_id, name, timeout, default=True)
     return world

@@ -106,7 +106,7 @@ class Dialer:
         mine, theirs = self._record(self._rank), self._record(peer)
         try:
             sockets = dial(mine, theirs, self._token, Deadline.after(dial_seconds(self._peer_timeout)),
-                           self._peer_timeout, self._auth_token, self._tls, patient=False)
+                           self._peer_timeout, self._auth_token, self._tls)
         except (OSError, DistNetworkError) as error:
             why = _WHY[verdict(theirs.process, mine.process) or "gone"]
             raise PeerFailedError(f"rank {self._rank} could not connect to rank {peer} on {theirs.label}: {why} "

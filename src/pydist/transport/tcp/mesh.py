@@ -132,13 +132,15 @@ def _remaining_timedelta(deadline: Deadline):
 
 def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                auth_token: bytes | None = None, tls: Contexts | None = None,
-               peer_timeout: float = 0.0, patient: bool = True) -> socket.socket | TlsSocket:
+               peer_timeout: float = 0.0, refused_for: float = 0.0) -> socket.socket | TlsSocket:
     """Connect to a lower rank (with ``tls``: over mutual TLS), retrying with backoff until
     the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused);
-    ``peer_timeout``: the connection's heartbeat (see _tune); not ``patient``: a refused
-    connection is not retried (the peer listened before it published its record: it is gone)."""
+    ``peer_timeout``: the connection's heartbeat (see _tune). The peer listened before it
+    published its record, so a refused connection means it is gone: after ``refused_for``
+    seconds of nothing but refusals (0: at the first) DistNetworkError names it and its address."""
     delay = 0.01
     last_error: BaseException | None = None
+    refused_since: float | None = None
     while not deadline.expired():
         try:
             timeout = deadline.remaining()
@@ -168,18 +170,27 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
             raise AuthenticationError(f"rank {rank} could not authenticate with rank {record.rank} at "
                                       f"{record.dialled}: authentication failed: {error}") from None
         except ConnectionRefusedError as error:
-            if not patient:
-                raise DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at {record.dialled}: "
-                                       f"{error}") from error
+            refused_since = _deadline.now() if refused_since is None else refused_since
+            if _deadline.now() - refused_since >= refused_for:
+                raise _gone(rank, record, refused_for, error) from error
             last_error = error
             _deadline.sleep(min(delay, deadline.remaining() or delay))
+            delay = min(delay * 2, 1.0)
         except (OSError, ValueError) as error:
-            last_error = error
+            refused_since, last_error = None, error
             _deadline.sleep(min(delay, deadline.remaining() or delay))
             delay = min(delay * 2, 1.0)
     raise DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at "
                            f"{record.dialled} before the timeout: "
                            f"{last_error}") from last_error
+
+
+def _gone(rank: int, record: PeerRecord, refused_for: float, error: OSError) -> DistNetworkError:
+    """The error of a peer whose published address refuses connections."""
+    during = f" for {refused_for:g} s (PYDIST_CONNECT_TIMEOUT)" if refused_for else ""
+    return DistNetworkError(f"rank {rank} could not connect to rank {record.rank} at {record.dialled}: {error}"
+                            f"{during}; nothing listens there: rank {record.rank}'s process exited, or its address "
+                            f"was left in the store by an earlier run of the job")
 
 
 def _ranks_at(address: str, expected: set[int], records: dict[int, PeerRecord] | None) -> str | None:
@@ -327,13 +338,13 @@ def own_record(rank: int, hostname: str, host_id: str, addresses: list[str],
 
 
 def dial(mine: PeerRecord, theirs: PeerRecord, token: str, deadline: Deadline, peer_timeout: float,
-         auth_token: bytes | None, tls: Contexts | None, patient: bool = True) -> list[Connection]:
+         auth_token: bytes | None, tls: Contexts | None, refused_for: float = 0.0) -> list[Connection]:
     """One connection to ``theirs`` per lane both records offer, lane 0 first (see connect_to)."""
     connections: list[Connection] = []
     try:
         for k in range(lane_count(mine, theirs)):
             connections.append(connect_to(theirs.lane(k), mine.rank, lane_token(token, k), deadline, auth_token, tls,
-                                          peer_timeout, patient))
+                                          peer_timeout, refused_for))
     except BaseException:
         for connection in connections:
             connection.close()
@@ -383,12 +394,13 @@ def publish_and_meet(store, rank: int, size: int, record: PeerRecord,
 
 
 def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id: str, deadline: Deadline,
-               lanes: list[str] | None = None, peer_timeout: float = 0.0,
+               lanes: list[str] | None = None, peer_timeout: float = 0.0, refused_for: float = 20.0,
                ) -> tuple[dict[int, list[Connection]], dict[int, PeerRecord], str]:
     """Sockets to every other rank (blocking mode), lane 0 first, every rank's record, the
     world token. ``lanes``: this rank's further addresses, each listened on; two ranks open
     one connection per lane both offer, lane by lane (the HELLO's world token names the lane);
-    ``peer_timeout``: every connection's heartbeat (PYDIST_PEER_TIMEOUT, see _tune)."""
+    ``peer_timeout``: every connection's heartbeat (PYDIST_PEER_TIMEOUT, see _tune);
+    ``refused_for``: how long a lower rank's address may refuse (PYDIST_CONNECT_TIMEOUT, see connect_to)."""
     with ExitStack() as listening:
         listeners = [listening.enter_context(sock) for sock in open_listeners(address, lanes or [], max(size, 16))]
         record = own_record(rank, hostname, host_id, [address, *(lanes or [])], listeners)
@@ -401,7 +413,8 @@ def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id
                 peers = [p for p in range(size) if p != rank and k < lane_count(records[rank], records[p])]
                 for peer in (p for p in peers if p < rank):
                     sockets.setdefault(peer, []).append(
-                        connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls, peer_timeout))
+                        connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls, peer_timeout,
+                                   refused_for))
                 accepted = accept_from(listener, {p for p in peers if p > rank}, rank, world, deadline, auth_token,
                                        tls, {r: each.lane(k) for r, each in records.items()}, peer_timeout)
                 for peer in sorted(accepted):

@@ -85,7 +85,7 @@ class Peers:
             if peer > self.rank:
                 try:
                     sockets = dial(self.records[self.rank], records[peer], self.token, deadline, self.peer_timeout,
-                                   auth, tls, patient=False)
+                                   auth, tls)
                 except (OSError, DistNetworkError):
                     unreachable.append(peer)
                     continue

@@ -87,7 +87,7 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
                                                                             host_id, deadline, lanes)
         else:
             sockets, self.records, self.token = build_mesh(store, rank, size, address, hostname, host_id, deadline,
-                                                           lanes, settings.peer_timeout)
+                                                           lanes, settings.peer_timeout, settings.connect_timeout)
         self.hosts = hosts if listeners else {peer: record.host_id for peer, record in self.records.items()}
         #: each peer's connections, lane 0 (every message under PYDIST_STRIPE_BYTES) first
         self._lanes = {peer: [Connection(self, peer, sock, self.records[peer].lane(k).label)

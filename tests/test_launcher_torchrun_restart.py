@@ -1,0 +1,75 @@
+"""torchrun restarts of a pydist job: an attempt never reads what an earlier one left.
+
+torchrun's agent keeps one store for every attempt (static rendezvous: its TCPStore; c10d:
+the rendezvous's shared TCPStore) and torch names a group's keys alike in each attempt, so
+the plugin keeps each attempt's keys under ``attempt/<run id>/<restart>/<world size>``
+(groups.factory.launch_attempt). A published address that refuses connections is given up
+after PYDIST_CONNECT_TIMEOUT, naming the rank and the address, not retried for the group's
+30-minute timeout.
+"""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from pydist.core.deadline import Deadline
+from pydist.core.errors import DistNetworkError
+from pydist.core.settings import parse
+from pydist.groups.factory import launch_attempt
+from pydist.testing.clock import MockClock
+from pydist.transport.tcp.mesh import PeerRecord, connect_to
+
+
+def test_each_attempt_of_an_elastic_launch_has_a_namespace_of_its_own(monkeypatch):
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch_attempt() == ""  # not under an agent: the world's own generation keeps groups apart
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert launch_attempt() == "attempt/job7/0/4"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert launch_attempt() == "attempt/job7/1/4"
+    monkeypatch.setenv("WORLD_SIZE", "8")  # a membership change (--nnodes 1:2) under one restart count
+    assert launch_attempt() == "attempt/job7/1/8"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed on return: connecting to it is refused
+
+
+def test_an_address_that_keeps_refusing_is_given_up_after_the_connect_timeout():
+    """An earlier attempt's address (nothing listens there): an error naming the rank and the
+    address after PYDIST_CONNECT_TIMEOUT, long before the hour the deadline allows (fake clock)."""
+    port = _closed_port()
+    record = PeerRecord(0, "127.0.0.1", port, "node0", "h0", "lo")
+    with MockClock().installed():
+        deadline = Deadline.after(3600)
+        with pytest.raises(DistNetworkError) as error:
+            connect_to(record, 1, "token", deadline, refused_for=20.0)
+        assert deadline.remaining() > 3000
+    words = str(error.value)
+    assert f"rank 1 could not connect to rank 0 at 127.0.0.1:{port}" in words
+    assert "for 20 s (PYDIST_CONNECT_TIMEOUT)" in words and "left in the store by an earlier run" in words
+
+
+def test_the_connect_timeout_is_a_setting():
+    assert parse({}).connect_timeout == 20.0
+    assert parse({"PYDIST_CONNECT_TIMEOUT": "2.5"}).connect_timeout == 2.5
+    with pytest.raises(ValueError, match="PYDIST_CONNECT_TIMEOUT"):
+        parse({"PYDIST_CONNECT_TIMEOUT": "soon"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rdzv,nproc", [("static", 2), ("c10d", 2), ("static", 4), ("c10d", 4)])
+def test_torchrun_restarts_a_pydist_job_whose_rank_exited(rdzv, nproc):
+    """Attempt 0's last rank exits; in attempt 1 rank 0 starts late, so its peers reach the
+    store first, where attempt 0's keys still are: every rank of attempt 1 gets the right sum."""
+    torch = pytest.importorskip("torch")
+    del torch
+    from torchrun_support import torchrun_restart
+    # 150 s: two attempts of up to four ranks importing torch on a loaded 2-core machine
+    attempt = torchrun_restart("pydist", nproc, rdzv, late=1.5, cap=150)
+    assert attempt.succeeded, f"exit {attempt.returncode}:\n{attempt.output[-4000:]}"
