@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -39,7 +40,7 @@ from ..store import Store
 from .world import World, group_digest
 
 JOB, JOINERS, ENDED = "pydist/job", "pydist/joiners", "pydist/job/ended"
-#: seconds between a waiting joiner's looks at whether the job ended
+#: seconds between a waiting joiner's looks at its decision and whether the job ended, at most
 ENDED_POLL_SECONDS = 0.5
 #: seconds the members give a ready joiner to take their connections, and it them
 CONNECT_SECONDS = 30.0
@@ -95,15 +96,17 @@ def await_decision(base: Store, ticket: Ticket, timeout: float) -> dict[str, Any
     the job ended first)."""
     key = f"pydist/joiner/{ticket.transport_rank}/decision"
     deadline = Deadline.after(timeout)
+    pause = 0.01  # looks and pauses, never short waits: torch's TCPStore logs each wait that expires
     while not base.check([key]):
         if base.check([ENDED]):
             raise JobEnded(f"rank joining as transport rank {ticket.transport_rank}: the job ended before "
                            "admitting it (its rank 0 left the job)")
-        try:
-            base.wait([key], timedelta(seconds=min(ENDED_POLL_SECONDS, max(deadline.remaining() or 0.0, 0.001))))
-        except DistStoreError:  # this slice passed (the store's timeout error); the deadline says when to stop
-            if deadline.expired():
-                raise
+        if deadline.expired():
+            raise DistStoreError(f"rank joining as transport rank {ticket.transport_rank}: no decision about it "
+                                 f"(store key {key!r}) within {timeout:g} s")
+        left = deadline.remaining()
+        time.sleep(pause if left is None else min(pause, left))  # real time: a poll's rate, not a timeout
+        pause = min(2 * pause, ENDED_POLL_SECONDS)
     decision = json.loads(base.get(key))
     if not decision["admitted"]:
         raise DistBackendError(f"rank joining as transport rank {ticket.transport_rank}: the job's ranks did not "

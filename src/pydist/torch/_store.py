@@ -1,11 +1,14 @@
 """torch's store as pydist's transport uses it.
 
-The transport waits on the store in short polls and tells a timeout (poll again) from other
-failures by pydist's DistStoreError; torch's stores raise torch.distributed.DistStoreError,
-which is not one. ``TorchStore`` forwards every call and raises pydist's class instead
-(the torch error as its cause), so a rank arriving late to a group's first shared-memory
-collective is waited for instead of failing the first poll. ``prefixed`` gives a namespace
-of it (torch's PrefixStore), as pydist's PrefixStore does for pydist's stores.
+pydist tells a store's timeout from its other failures by pydist's DistStoreError; torch's
+stores raise torch.distributed.DistStoreError, which is not one. ``TorchStore`` forwards
+every call and raises pydist's class instead (the torch error as its cause). ``prefixed``
+gives a namespace of it (torch's PrefixStore), as pydist's PrefixStore does for pydist's stores.
+
+A loop must not poll this store with short ``wait`` calls: torch's TCPStore client logs two
+warnings ("waitForInput ... likely a timeout", "... timed out after") each time one of its
+waits expires. ``check`` logs nothing; a wait that ends because its keys came logs nothing
+(see transport/shm/segment.py, which waits for a late rank this way).
 """
 from __future__ import annotations
 

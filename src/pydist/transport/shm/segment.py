@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -114,8 +115,11 @@ def anonymous(size: int) -> tuple[np.ndarray, int]:
     return array, array.ctypes.data
 
 
-#: Seconds between two looks at the members' liveness while waiting for a segment's name.
+#: Seconds between two looks at the store and the members' liveness while waiting for a
+#: segment's name, at most: the pauses double from FIRST_POLL_SECONDS up to this, so a name
+#: that comes t seconds into the wait is seen by about t + min(t, ALIVE_POLL_SECONDS).
 ALIVE_POLL_SECONDS = 0.1
+FIRST_POLL_SECONDS = 0.001
 
 
 def share(store, key: str, members: list[int], rank: int, size: int, token: str, purpose: str,
@@ -123,8 +127,8 @@ def share(store, key: str, members: list[int], rank: int, size: int, token: str,
     """Create (lowest rank of ``members``) or attach the segment named under ``key`` in the
     store; the last rank to attach unlinks it; DistStoreError if the named one is gone.
     Waiting for the creator ends with OpTimeoutError naming it at ``deadline``, or with
-    whatever ``alive()`` raises (a member is dead, the group was aborted), checked every
-    ALIVE_POLL_SECONDS."""
+    whatever ``alive()`` raises (a member is dead, the group was aborted), checked at least
+    every ALIVE_POLL_SECONDS."""
     creator = min(members)
     if rank == creator:
         remove_stale()
@@ -150,16 +154,26 @@ def _attach(key: str, name: str, size: int, creator: int) -> Segment:
 
 
 def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Callable[[], None] | None) -> None:
+    """Until ``key`` is in the store. Without ``alive``: one wait to the deadline. With it: a
+    look (``check``) then ``alive()`` then a pause, over again, never a short ``wait``: torch's
+    TCPStore client logs two warnings each time one of its waits expires, so polling with
+    waits of 0.1 s printed 20 lines a second on a rank waiting for a late creator."""
+    pause = FIRST_POLL_SECONDS
     while True:
         left = deadline.remaining()  # None: no deadline
-        if alive is not None:
-            left = ALIVE_POLL_SECONDS if left is None else min(ALIVE_POLL_SECONDS, left)
-        try:
-            store.wait([key], timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001)))
+        if alive is None:
+            try:
+                store.wait([key], timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001)))
+                return
+            except DistStoreError:  # the wait timed out (the torch plugin's store raises pydist's errors too)
+                pass
+        elif store.check([key]):
             return
-        except DistStoreError:  # the wait timed out (the torch plugin's store raises pydist's errors too)
-            if alive is not None:
-                alive()
-            if deadline.expired():
-                raise OpTimeoutError(f"Timed out waiting for rank {creator} to create the shared memory (it has not "
-                                     "reached this operation or is stuck)") from None
+        else:
+            alive()
+        if deadline.expired():
+            raise OpTimeoutError(f"Timed out waiting for rank {creator} to create the shared memory (it has not "
+                                 "reached this operation or is stuck)") from None
+        if alive is not None:
+            time.sleep(pause if left is None else min(pause, left))  # real time: a poll's rate, not a timeout
+            pause = min(2 * pause, ALIVE_POLL_SECONDS)
