@@ -6,12 +6,15 @@ Each value comes from the first source that has it:
 - local_rank / local_world_size: LOCAL_RANK / LOCAL_WORLD_SIZE, then the launcher's (None
   if unknown);
 - master_addr: MASTER_ADDR; else for Slurm the first host of the step's node list; for
-  mpiexec 127.0.0.1 when every rank is on this host (local size == size);
+  mpiexec and submitit's local executor 127.0.0.1 when every rank is on this host (local
+  size == size);
 - master_port: MASTER_PORT; else :func:`job_port` of a job id every rank of the job shares.
 
 The launcher is the first of :data:`LAUNCHERS` whose rank variable is set. MPI launchers
 come before Slurm because mpiexec inside an sbatch script inherits the batch step's
-SLURM_PROCID=0. What cannot be found raises one ValueError naming every missing variable.
+SLURM_PROCID=0, and submitit's LocalExecutor (SUBMITIT_LOCAL_GLOBALID, LOCALID, NTASKS,
+JOB_ID: one host) comes before Slurm for the same reason. What cannot be found raises one
+:class:`MissingLaunchVariables` (a ValueError) naming every missing variable once.
 """
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ _SLURM_STEP_IDS = ("SLURM_STEP_ID", "SLURM_STEPID")
 class LaunchInfo:
     """This process's place in its job and the address of the job's store.
 
-    ``launcher``: "torchrun" (torchrun or pydist-run), "openmpi", "mpich", "slurm", "pmix",
-    or "env" (RANK/WORLD_SIZE/MASTER_* set by hand)."""
+    ``launcher``: "torchrun" (torchrun or pydist-run), "openmpi", "mpich", "submitit",
+    "slurm", "pmix", or "env" (RANK/WORLD_SIZE/MASTER_* set by hand)."""
 
     launcher: str
     rank: int
@@ -62,10 +65,24 @@ LAUNCHERS = (
              ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri")),
     Launcher("mpich", "mpiexec (MPICH Hydra)", "PMI_RANK", ("PMI_SIZE",), ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
              ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), ("PMI_PORT", "PMI_KVSNAME", "PMI_JOBID", "PALS_APID")),
+    Launcher("submitit", "submitit's LocalExecutor", "SUBMITIT_LOCAL_GLOBALID", ("SUBMITIT_LOCAL_NTASKS",),
+             ("SUBMITIT_LOCAL_LOCALID",), ("SUBMITIT_LOCAL_NTASKS",), ("SUBMITIT_LOCAL_JOB_ID",)),
     Launcher("slurm", "srun (Slurm)", "SLURM_PROCID", ("SLURM_NTASKS", "SLURM_NPROCS"), ("SLURM_LOCALID",),
              ("SLURM_NTASKS_PER_NODE",), ("SLURM_JOB_ID", "SLURM_JOBID")),
     Launcher("pmix", "a PMIx launcher", "PMIX_RANK", (), (), (), ("PMIX_NAMESPACE",)),
 )
+
+
+class MissingLaunchVariables(ValueError):
+    """Variables neither set nor derivable from the launcher's; ``missing`` has one entry per
+    variable (its name, and why the launcher's variables do not give it, where one was found)."""
+
+    def __init__(self, missing: list[str], launcher: Launcher | None):
+        self.missing = missing
+        note = "" if launcher is not None else \
+            f"; no launcher found: none of {', '.join(known.rank for known in LAUNCHERS)} is set"
+        super().__init__("Error initializing pydist using env:// rendezvous: environment variables expected, "
+                         "but not set: " + "; ".join(missing) + note)
 
 
 def job_port(job_key: str) -> int:
@@ -197,8 +214,7 @@ class _Resolver:
 
     def _why_missing(self, generic: str, own: tuple[str, ...]) -> str:
         if self.launcher is None:
-            names = ", ".join(launcher.rank for launcher in LAUNCHERS)
-            return f"{generic} (and no launcher found: none of {names} is set)"
+            return generic  # the message says once that no launcher was found
         if not own:
             return f"{generic} ({self.launcher.title} exports no {generic.lower()})"
         return f"{generic} ({self.launcher.title} set {self.launcher.rank} but not {' or '.join(own)})"
@@ -222,7 +238,7 @@ class _Resolver:
             return "127.0.0.1"
         else:
             self.missing.append(f"MASTER_ADDR ({launcher.title} does not show every rank on this host "
-                                f"(local size = size); set MASTER_ADDR to the host of rank 0)")
+                                f"(local size = size); set it to the host of rank 0)")
         return None
 
     def port(self, single_host: bool) -> int | None:
@@ -260,8 +276,8 @@ class _Resolver:
 def launch_info(rank: int | None = None, world_size: int | None = None,
                 environ: Mapping[str, str] | None = None) -> LaunchInfo:
     """This process's :class:`LaunchInfo` from ``environ`` (default: os.environ); rank and
-    world_size override the environment. ValueError naming every missing variable, or a
-    variable that is not a number."""
+    world_size override the environment. MissingLaunchVariables naming every missing
+    variable, or ValueError naming a variable that is not a number."""
     env = os.environ if environ is None else environ
     launcher = detect_launcher(env)
     find = _Resolver(env, launcher)
@@ -275,8 +291,7 @@ def launch_info(rank: int | None = None, world_size: int | None = None,
     single_host = world_size is not None and local_size == world_size
     addr, port = find.address(single_host), find.port(single_host)
     if find.missing:
-        raise ValueError("Error initializing pydist using env:// rendezvous: environment variables expected, "
-                         "but not set: " + "; ".join(find.missing))
+        raise MissingLaunchVariables(find.missing, launcher)
     # each of these is found or named in find.missing
     assert rank is not None and world_size is not None and addr is not None and port is not None
     if env.get("RANK") and env.get("TORCHELASTIC_RUN_ID"):

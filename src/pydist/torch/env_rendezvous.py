@@ -1,0 +1,93 @@
+"""torch's ``env://`` rendezvous under mpiexec, srun or submitit, as pydist's own.
+
+torch's env:// handler (``init_process_group`` with no ``init_method``) reads RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment (rank and world size also from
+the URL) and stops at the first one missing. torchrun and pydist-run set them all; mpiexec
+(Open MPI, MPICH), srun and submitit's LocalExecutor set their own variables instead.
+:func:`install` (run by ``import pydist.torch``, hence at ``import torch`` through the
+backend autoload) wraps that handler: when one of the four is missing and a launcher's
+variables are present, the missing ones are set in ``os.environ`` from pydist's
+:func:`~pydist.rendezvous.launch_env.launch_info` (what ``pydist.init_process_group()``
+with no arguments uses: rank and size from the launcher, MASTER_ADDR 127.0.0.1 when every
+rank is on this host or Slurm's first node, MASTER_PORT derived from the job id), as do
+LOCAL_RANK and LOCAL_WORLD_SIZE when missing and known; then torch's handler runs. So
+``torch.distributed.init_process_group("pydist")`` works under those launchers, as
+DeepSpeed's MPI discovery does it.
+
+What does not change: with the four set (or rank/world size in the URL) nothing is read or
+set and torch's handler runs alone, for every backend; without any launcher's variables
+torch's own error stands. A launcher's variables that cannot give what is missing (mpiexec
+across hosts without MASTER_ADDR) raise a ValueError naming each missing variable and why.
+The wrapper serves every backend's env:// (gloo too), only where torch's handler would
+have failed.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from ..rendezvous.launch_env import MissingLaunchVariables, detect_launcher, launch_info
+
+SCHEME = "env"
+#: What torch's env:// handler requires (RANK and WORLD_SIZE unless given in the URL).
+TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_MARK = "_pydist_wraps"  # the attribute of the installed wrapper that holds torch's handler
+
+
+def fill_from_launcher(url: str, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set in ``environ`` (default: os.environ) the variables torch's env:// handler needs for
+    ``url`` and does not find, from the launcher's; return those set (none when nothing is
+    missing or no launcher's variables are present). ValueError when the launcher's
+    variables cannot give them, naming each missing variable once."""
+    env = os.environ if environ is None else environ
+    query = parse_qs(urlparse(url).query)
+    given = {"RANK": "rank" in query, "WORLD_SIZE": "world_size" in query}
+    missing = [name for name in TORCH_VARIABLES if not given.get(name) and not env.get(name)]
+    launcher = detect_launcher(env)
+    if not missing or launcher is None:
+        return {}
+    rank = int(query["rank"][0]) if "rank" in query else None
+    world_size = int(query["world_size"][0]) if "world_size" in query else None
+    try:
+        info = launch_info(rank, world_size, env)
+    except MissingLaunchVariables as error:
+        raise ValueError("Error initializing torch.distributed using env:// rendezvous: environment variables "
+                         "expected, but neither set nor given by the launcher: " + "; ".join(error.missing)) from None
+    values = {"RANK": str(info.rank), "WORLD_SIZE": str(info.world_size), "MASTER_ADDR": info.master_addr,
+              "MASTER_PORT": str(info.master_port)}
+    filled = {name: values[name] for name in missing}
+    for name, value in (("LOCAL_RANK", info.local_rank), ("LOCAL_WORLD_SIZE", info.local_world_size)):
+        if value is not None and not env.get(name):
+            filled[name] = str(value)
+    env.update(filled)
+    return filled
+
+
+Handler = Callable[..., Iterator[tuple[Any, int, int]]]
+
+
+def install() -> None:
+    """Wrap torch's registered env:// handler (idempotent; see the module docstring)."""
+    from torch.distributed.rendezvous import _rendezvous_handlers
+
+    handlers: dict[str, Handler] = _rendezvous_handlers
+    original = handlers.get(SCHEME)
+    if original is None or getattr(original, _MARK, None) is not None:
+        return
+
+    def env_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+        fill_from_launcher(url)
+        return original(url, **kwargs)
+
+    setattr(env_rendezvous, _MARK, original)
+    handlers[SCHEME] = env_rendezvous  # register_rendezvous_handler refuses a scheme already registered
+
+
+def torch_handler() -> Handler | None:
+    """torch's own env:// handler, under the wrapper if installed (None if torch has none)."""
+    from torch.distributed.rendezvous import _rendezvous_handlers
+
+    handler = _rendezvous_handlers.get(SCHEME)
+    return getattr(handler, _MARK, handler)
