@@ -9,7 +9,10 @@ after PYDIST_CONNECT_TIMEOUT, naming the rank and the address, not retried for t
 """
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -18,6 +21,7 @@ from pydist.core.errors import DistNetworkError
 from pydist.core.settings import parse
 from pydist.groups.factory import launch_attempt
 from pydist.testing.clock import MockClock
+from pydist.testing.commands import kill_group
 from pydist.transport.tcp.mesh import PeerRecord, connect_to
 
 
@@ -73,3 +77,51 @@ def test_torchrun_restarts_a_pydist_job_whose_rank_exited(rdzv, nproc):
     # 150 s: two attempts of up to four ranks importing torch on a loaded 2-core machine
     attempt = torchrun_restart("pydist", nproc, rdzv, late=1.5, cap=150)
     assert attempt.succeeded, f"exit {attempt.returncode}:\n{attempt.output[-4000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # two agents, six ranks importing torch one after another on 2 cores
+def test_a_second_torchrun_agent_joining_later_restarts_the_workers_into_the_larger_world():
+    """``--nnodes 1:2``: the first agent's 2 ranks start alone and all_reduce; a second agent
+    joins; torchrun restarts both into a world of 4 (same restart count: a membership change),
+    whose every rank gets the sum of 1..4. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with two
+    agents on one host, torch 2.13's shared rendezvous store loses the second round for gloo
+    as for pydist (the agents wait 60 s for each other's keys and fail)."""
+    pytest.importorskip("torch")
+    import threading
+
+    from torchrun_support import GROW_SCRIPT, free_port, results
+
+    from pydist.testing.commands import finish, start_command
+
+    port = free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"grow-{port}",
+               "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2", str(GROW_SCRIPT), "4"]
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    first = start_command(command, env=env, stderr=subprocess.STDOUT)
+    seen: list[str] = []
+    small = threading.Event()
+
+    def read() -> None:
+        assert first.stdout is not None
+        for line in first.stdout:
+            seen.append(line)
+            if "SMALL 2" in line:
+                small.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert small.wait(120), "".join(seen)[-4000:]  # 120 s: two ranks importing torch on a loaded machine
+        second = start_command(command, env=env)
+        done, = finish([second], timeout=150)
+        first.wait(timeout=60)
+    finally:
+        for proc in (first,):
+            if proc.poll() is None:
+                kill_group(proc)
+    reader.join(10)
+    assert (first.returncode, done.returncode) == (0, 0), "".join(seen)[-3000:] + done.stderr[-3000:]
+    found = results("".join(seen) + done.stdout)
+    assert {(rank, total) for rank, _, total in found} == {(r, (10.0,) * 4) for r in range(4)}, found

@@ -8,6 +8,7 @@ on a free port, and says whether every rank of attempt 1 printed the right resul
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from pydist.testing.commands import CommandTimeout, finish, start_command
 
 SCRIPT = Path(__file__).resolve().parent / "run_scripts" / "torchrun_restart.py"
+GROW_SCRIPT = SCRIPT.with_name("torchrun_grow.py")
 RDZV = ("static", "c10d")
 
 
@@ -60,7 +62,13 @@ def torchrun_restart(backend: str, nproc: int, rdzv: str, late: float = 1.0, cap
         out, err, code = done.stdout, done.stderr, done.returncode
     except CommandTimeout as timeout:
         out, err, code = "", str(timeout), None
-    total = sum(range(1, nproc + 1))
-    want = {f"RESULT {r} 1 {[float(total)] * 4}" for r in range(nproc)}
-    got = {line.split("]:")[-1].strip() for line in out.splitlines() if "RESULT" in line}
-    return Attempt(code, got == want, time.monotonic() - began, out + err)
+    total = float(sum(range(1, nproc + 1)))
+    return Attempt(code, results(out) == {(r, 1, (total,) * 4) for r in range(nproc)}, time.monotonic() - began,
+                   out + err)
+
+
+def results(output: str) -> set[tuple[int, int, tuple[float, ...]]]:
+    """Each ``RESULT rank attempt [sum]`` printed, as (rank, attempt, sum). Searched, not read by
+    line: torchrun passes its workers' output on unprefixed, two ranks' lines may run together."""
+    return {(int(rank), int(attempt), tuple(float(x) for x in values.split(",")))
+            for rank, attempt, values in re.findall(r"RESULT (\d+) (\d+) \[([^\]]*)\]", output)}
