@@ -24,6 +24,18 @@ busy processes, 512 B to 4 KiB all_reduce: 2.4 ms a call after 50 yields (gloo 0
 the count ends the phase first, as before: 4 ranks on 2 cores, where the yields hand the
 core to the rank waited for, and 2 ranks, 4 B to 64 MiB, within the runs' noise.
 
+The spin budget is learnt per Signal (``spins``, between SPIN_FLOOR and the cap above): a
+spin is worth it only while the writer runs on another core. Where it shares this core (two
+ranks the scheduler put on one CPU: right after start-up until its load balancer moves one,
+and for good beside busy processes), the writer cannot run while the waiter spins, so every
+wait burnt the whole budget (20,000 spins, ~0.6-1 ms) before yielding the core to it: 2 ranks
+on 2 cores beside 2 busy processes took ~1 ms a call for the first ~50 calls, then 7 us once
+the ranks ran apart; 16 ranks on 16 cores 1.4 ms, then 49 us (issue 40; tools/transient.py
+counts it: pinned to one CPU, 15,000-18,000 spins a call). So a wait that ends only after
+the waiter gave its core away (a yield that ran something else, or a sleep) halves the
+budget, and one whose counter came late in the spin, or during yields that ran nothing else
+(the writer runs elsewhere, a little slower), doubles it: a few calls move it either way.
+
 ``ring`` skips the futex wake while a thread of the owner polls what the ring announces
 (``polling``): waking a sleeping thread of a process whose other thread is already reading
 only makes the two fight for that process's GIL. The poller, on leaving, re-checks for
@@ -47,6 +59,13 @@ from . import atomics
 SLEEP_SLICE = 0.05
 #: Seconds a waiter yields the CPU (after spinning) before it sleeps on the futex.
 YIELD_SECONDS = 0.0003
+#: Spins a new Signal's waits start with (~60 us in CPython) and the fewest it learns down to
+#: (~7 us: a writer running on another core usually arrives within that), unless the cap
+#: (the spins of a machine with more ranks than cores) is lower.
+SPIN_START = 2048
+SPIN_FLOOR = 256
+#: A yield that returns within this many seconds ran nothing else on this core.
+QUICK_YIELD = 0.00001
 
 
 class WaitTimeout(Exception):
@@ -67,7 +86,9 @@ class Signal:
         self._pollers = base + offset + 8
         self._pollers_index = (offset + 8) // 4
         self._counting = threading.Lock()
-        self.spins, self.yields = (30, 300) if oversubscribed else (20000, 50)
+        self.spin_cap, self.yields = (30, 300) if oversubscribed else (20000, 50)
+        self.spin_floor = min(SPIN_FLOOR, self.spin_cap)
+        self.spins = min(SPIN_START, self.spin_cap)  # learnt by the waits (see the module docstring)
 
     def address(self, index: int) -> int:
         return self._base + 8 * index
@@ -128,17 +149,30 @@ class Signal:
         words = self._words
         if words[index] >= target and atomics.PLAIN_ORDERING:
             return
-        for _ in range(self.spins):
+        spins = self.spins
+        for spun in range(spins):
             if words[index] >= target:
+                if spun >= spins >> 1:  # late in the spin: a longer one would catch the next wait too
+                    self.spins = min(spins << 1, self.spin_cap)
                 return self._acquire(index)
-        until = time.perf_counter() + YIELD_SECONDS  # real time: it bounds the CPU handed away
+        until, quick = time.perf_counter() + YIELD_SECONDS, True  # real time: it bounds the CPU handed away
         for _ in range(self.yields):
             if words[index] >= target:
+                self._learn(spins, quick)
                 return self._acquire(index)
-            if time.perf_counter() > until:
+            now = time.perf_counter()
+            if now > until:
                 break
             os.sched_yield()
+            quick = quick and time.perf_counter() - now < QUICK_YIELD
+        self._learn(spins, False)
         self._sleep_until(index, target, deadline, alive)
+
+    def _learn(self, spins: int, quick: bool) -> None:
+        """After a wait that outlasted ``spins``: spin twice as long if its yields ran nothing
+        else (the writer runs on another core and came soon after), half as long if it had to
+        give the core away (the writer may share it: spinning only delays it)."""
+        self.spins = min(spins << 1, self.spin_cap) if quick else max(spins >> 1, self.spin_floor)
 
     def sleep(self, ready: Callable[[], bool], timeout: float) -> None:
         """Sleep until the doorbell rings or ``timeout`` passes, unless ``ready()`` already
