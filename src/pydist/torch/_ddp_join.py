@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import warnings
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 import pydist as dist
 
+from ._ddp_reducer import Reducer
 from ._ddp_sync import broadcast_coalesced, find_common_rank
-
-if TYPE_CHECKING:
-    from .ddp import DistributedDataParallel
 
 SKEW_WARNING = 1000
 
@@ -47,12 +45,29 @@ class JoinConfig:
         self.divide_by_initial_world_size = divide_by_initial_world_size
 
 
+class Joinable(Protocol):
+    """What join needs of the DDP module (ddp.DistributedDataParallel; named structurally
+    so that this module does not import ddp, which imports it)."""
+    process_group: dist.ProcessGroup
+    reducer: Reducer
+    broadcast_buffers: bool
+    require_backward_grad_sync: bool
+    require_forward_param_sync: bool
+    _join_config: JoinConfig
+
+    def will_sync_module_buffers(self) -> bool: ...
+
+    def _module_buffers(self) -> list[torch.Tensor]: ...
+
+    def _named_params(self) -> list[tuple[str, torch.Tensor]]: ...
+
+
 def _sum(value: float, group: Any, async_op: bool = False) -> tuple[Any, torch.Tensor]:
     tensor = torch.tensor([value], dtype=torch.float32)
     return dist.all_reduce(tensor, group=group, async_op=async_op), tensor
 
 
-def notify_still_training(ddp: DistributedDataParallel) -> None:
+def notify_still_training(ddp: Joinable) -> None:
     """Start of a forward inside join(): vote "still training" (and maybe learn of a joined rank)."""
     config = ddp._join_config
     work, count = _sum(1.0, ddp.process_group, async_op=True)
@@ -63,7 +78,7 @@ def notify_still_training(ddp: DistributedDataParallel) -> None:
             raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing across all ranks.")
 
 
-def vote_backward_sync(ddp: DistributedDataParallel, joined: bool) -> bool:
+def vote_backward_sync(ddp: Joinable, joined: bool) -> bool:
     """The will-backward-sync vote: a training rank votes its intent, a joined rank learns the total."""
     _, votes = _sum(1.0 if not joined and ddp.require_backward_grad_sync else 0.0, ddp.process_group,
                        async_op=not joined)
@@ -73,7 +88,7 @@ def vote_backward_sync(ddp: DistributedDataParallel, joined: bool) -> bool:
 class Join:
     """The context manager ``DistributedDataParallel.join()`` returns."""
 
-    def __init__(self, ddp: DistributedDataParallel, divide_by_initial_world_size: bool = True,
+    def __init__(self, ddp: Joinable, divide_by_initial_world_size: bool = True,
                  enable: bool = True, throw_on_early_termination: bool = False):
         self.ddp = ddp
         self.config = JoinConfig(enable, throw_on_early_termination, divide_by_initial_world_size)
@@ -104,7 +119,7 @@ class Join:
             ddp._join_config = JoinConfig()
 
 
-def shadow_iteration(ddp: DistributedDataParallel) -> None:
+def shadow_iteration(ddp: Joinable) -> None:
     """Issue one training iteration's collectives with neutral inputs (DDP's join main hook)."""
     if ddp.will_sync_module_buffers():
         source = find_common_rank(ddp.process_group, False)
@@ -115,7 +130,7 @@ def shadow_iteration(ddp: DistributedDataParallel) -> None:
         ddp.reducer.shadow_backward()
 
 
-def sync_final_model(ddp: DistributedDataParallel, is_last_joiner: bool) -> None:
+def sync_final_model(ddp: Joinable, is_last_joiner: bool) -> None:
     """Every rank takes the parameters and buffers of the (highest-ranked) last joiner."""
     source = find_common_rank(ddp.process_group, is_last_joiner)
     states = [p for _, p in ddp._named_params()]
