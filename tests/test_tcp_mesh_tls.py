@@ -1,6 +1,8 @@
 """Mutual TLS on the tcp mesh (PYDIST_TLS_CERT/KEY/CA): jobs run encrypted; a certificate of
-another CA, an expired one, a plain peer and a TLS peer of a plain rank are each refused at
-once with an error naming the other rank and its host, on both sides. The store is a
+another CA, an expired one, a plain peer and a TLS peer of a plain rank are each refused: the
+connecting rank fails at once naming the other rank and its host; the accepting rank drops
+the connection (it proved nothing, so it may be a stray: tests/test_security_peers.py), keeps
+waiting, and its timeout error lists the refused attempt. The store is a
 FileStore here, so that only the mesh is tested (the TCPStore's TLS: test_store_tls.py)."""
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ JOB = """
 import sys, datetime, numpy as np, pydist
 rank = int(sys.argv[1])
 pydist.init_process_group("pydist", init_method=sys.argv[2], rank=rank, world_size=2,
-                          timeout=datetime.timedelta(seconds=600))
+                          timeout=datetime.timedelta(seconds=float(sys.argv[3])))
 buf = np.ones(4) * (rank + 1)
 pydist.all_reduce(buf)
 print("SUM", buf.tolist())
@@ -72,38 +74,39 @@ def test_thread_ranks_over_tls(certs, monkeypatch):
     assert results == [(True, [1.0] * 3, True)] * 2
 
 
-def _job(tmp_path, env0: dict, env1: dict) -> list[tuple[int, str]]:
-    """Both ranks of JOB (file:// store), rank r with ``env_r``: (exit code, output) each."""
+def _job(tmp_path, env0: dict, env1: dict, timeout: float = 600) -> list[tuple[int, str]]:
+    """Both ranks of JOB (file:// store), rank r with ``env_r``, init ``timeout`` seconds:
+    (exit code, output) each."""
     init = f"file://{tmp_path}/store"
     base = {k: v for k, v in os.environ.items() if not k.startswith("PYDIST_TLS_")}
-    procs = [subprocess.Popen([sys.executable, "-c", JOB, str(r), init], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", JOB, str(r), init, str(timeout)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env={**base, "PYDIST_SHM": "0", **env})
              for r, env in enumerate((env0, env1))]
     return [(p.wait(FAST), p.communicate()[0]) for p in procs]
 
 
+#: seconds rank 0 waits at init in the refusal tests (it then times out listing the refusal)
+REFUSED_INIT = 15
+WAITED = "rank 0 timed out waiting for connections from ranks [1]; refused meanwhile: 127.0.0.1:"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case, rank0_says, rank1_says", [
-    ("other_ca", "rank 0 refused the TLS connection of rank 1 on {host} (127.0.0.1, lo): tlsv1 alert unknown ca",
-     "rank 1 refused the certificate of rank 0 at 127.0.0.1:"),
-    ("expired", "rank 0 refused the TLS connection of rank 1 on {host} (127.0.0.1, lo): certificate verify "
-     "failed: certificate has expired", "rank 0 at 127.0.0.1:"),
-    ("plain", "rank 0 refused rank 1 on {host} (127.0.0.1, lo): it does not use TLS and this rank does",
+    ("other_ca", "its TLS failed: tlsv1 alert unknown ca", "rank 1 refused the certificate of rank 0 at 127.0.0.1:"),
+    ("expired", "its TLS failed: certificate verify failed: certificate has expired", "rank 0 at 127.0.0.1:"),
+    ("plain", "it does not use TLS and this rank does (its HELLO claims rank 1)",
      "it refused this rank: it requires TLS and this rank does not use it"),
 ])
 def test_a_peer_tls_refuses_is_named_on_both_sides(certs, tmp_path, case, rank0_says, rank1_says):
-    (code0, out0), (code1, out1) = _job(tmp_path, certs["good"], certs[case])
-    rank0_says = rank0_says.format(host=socket.gethostname())
-    assert code0 != 0 and rank0_says in out0, out0[-3000:]
+    (code0, out0), (code1, out1) = _job(tmp_path, certs["good"], certs[case], REFUSED_INIT)
+    assert code0 != 0 and WAITED in out0 and rank0_says in out0, out0[-3000:]
     assert code1 != 0 and rank1_says in out1, out1[-3000:]
 
 
 @pytest.mark.slow
 def test_a_tls_peer_of_a_plain_rank_is_named_on_both_sides(certs, tmp_path):
-    (code0, out0), (code1, out1) = _job(tmp_path, certs["plain"], certs["good"])
-    host = socket.gethostname()
-    assert code0 != 0 and f"rank 0 refused rank 1 on {host} (127.0.0.1, lo): it uses TLS and this rank does not" \
-        in out0, out0[-3000:]
+    (code0, out0), (code1, out1) = _job(tmp_path, certs["plain"], certs["good"], REFUSED_INIT)
+    assert code0 != 0 and WAITED in out0 and "it uses TLS and this rank does not" in out0, out0[-3000:]
     assert code1 != 0 and "rank 0 at 127.0.0.1:" in out1 and "refused the TLS connection of rank 1" in out1 \
         and "it does not use TLS" in out1, out1[-3000:]
 

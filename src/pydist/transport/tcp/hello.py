@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 
 from ...net.auth import CLIENT, SERVER, AuthenticationError, Transcript, new_nonce
 from ..framing import HEADER_SIZE, FramingError, Kind, decode_header, encode_frame
@@ -75,15 +76,19 @@ class Connector:
     ``done``. Raises FramingError (not ``expected`` of this job: retry) or
     AuthenticationError (the peer refused this rank's proof, has no token, or failed to prove).
 
-    Without a token: HELLO {rank, token} each way. With one (see :mod:`pydist.net.auth`)::
+    Without a token: HELLO {rank, token, claim} and HELLO {rank, token} back, ``claim`` being
+    the one this rank's store record publishes (checked by an acceptor with no secret). With
+    one (see :mod:`pydist.net.auth`)::
 
-        -> HELLO {rank, token, nonce}   <- HELLO {rank, token, nonce}
+        -> HELLO {rank, token, claim, nonce}   <- HELLO {rank, token, nonce}
         -> HELLO {proof}                <- HELLO {proof} | HELLO {refused}, close
     """
 
-    def __init__(self, rank: int, world: str, expected: int, auth_token: bytes | None):
+    def __init__(self, rank: int, world: str, expected: int, auth_token: bytes | None, claim: str = ""):
         self._world, self._expected, self._auth_token = world, expected, auth_token
         fields: dict = {"rank": rank, "token": world}
+        if claim:
+            fields["claim"] = claim
         if auth_token is not None:
             fields["nonce"] = new_nonce().hex()
         self.first = hello_frame(fields)
@@ -118,10 +123,17 @@ class Acceptor:
     """The accepting rank's side, sans-IO: pass each HELLO frame received to ``on_hello``
     (it returns the frame to send) until ``done``; ``peer`` is then the connector's rank,
     one of ``expected``. Raises FramingError (a stray or garbage: drop it) or
-    :class:`Refused` (failed authentication: send its reply, then drop it)."""
+    :class:`Refused` (failed authentication: send its reply, then drop it).
 
-    def __init__(self, rank: int, world: str, expected: set[int], auth_token: bytes | None):
+    Without a secret (no token, no TLS) the acceptor may be given ``claim_of(peer)``, the
+    claim peer's record publishes (None or "": not checked), and ``taken(peer)``, whether
+    peer is connected already: a HELLO without the claim, or claiming a rank connected
+    already, is refused (only a secret tells a rank from a process that read the store)."""
+
+    def __init__(self, rank: int, world: str, expected: set[int], auth_token: bytes | None,
+                 claim_of: Callable[[int], str | None] | None = None, taken: Callable[[int], bool] | None = None):
         self._rank, self._world, self.expected, self._auth_token = rank, world, expected, auth_token
+        self._claim_of, self._taken = claim_of, taken
         self._transcript: Transcript | None = None
         self.peer: int | None = None
         self.done = False
@@ -139,6 +151,14 @@ class Acceptor:
         peer = rank_of(fields)
         if peer not in self.expected:
             raise FramingError(f"unexpected HELLO from rank {peer}")
+        claim = self._claim_of(peer) if self._claim_of is not None else None
+        if claim and fields.get("claim") != claim:
+            raise Refused(f"a HELLO claiming rank {peer} without its published claim",
+                          f"it does not carry rank {peer}'s claim")
+        if self._taken is not None and self._taken(peer):
+            raise Refused(f"a second connection claiming rank {peer}, which is connected already",
+                          f"rank {peer} is connected to rank {self._rank} already: another process claimed its "
+                          "rank (without PYDIST_AUTH_TOKEN or TLS, any process that can read the store can)")
         self.peer = peer
         reply: dict = {"rank": self._rank, "token": self._world}
         if self._auth_token is None:

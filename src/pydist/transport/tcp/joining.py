@@ -16,12 +16,14 @@ from collections.abc import Callable
 
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
+from ...core.settings import settings
 from ...net.auth import token_of
 from ...net.tls import Contexts, contexts
+from .admission import Admission
 from .mesh import (
     Connection,
     PeerRecord,
-    accept_from,
+    _tune,
     lane_count,
     lane_token,
     open_listeners,
@@ -29,6 +31,7 @@ from .mesh import (
     publish,
     read_records,
 )
+from .mesh_tls import secured
 
 log = logging.getLogger("pydist.transport")
 #: seconds between two looks at whether the listener is closing
@@ -39,18 +42,26 @@ class JoinListener:
     """Accepts the connections of ranks below ``record.rank`` (or of any rank in ``expected``)
     on each of this rank's listeners until closed; ``take(peer, theirs, deadline)`` hands
     over one peer's, or, with ``deliver``, each peer's go to ``deliver(peer, connections)``
-    once all ``lanes_of(peer)`` of its lanes are in (lazy connections, see lazy.py)."""
+    once all ``lanes_of(peer)`` of its lanes are in (lazy connections, see lazy.py).
+    Handshakes run side by side (:mod:`.admission`); without a secret a HELLO must carry the
+    ``claim_of(peer)`` of the rank's record (None: not checked), and a second connection
+    claiming a (rank, lane) accepted already is refused."""
 
     def __init__(self, record: PeerRecord, listeners: list[socket.socket], token: str, peer_timeout: float,
                  auth_token: bytes | None, tls: Contexts | None, expected: set[int] | None = None,
                  deliver: Callable[[int, list[Connection]], None] | None = None,
-                 lanes_of: Callable[[int], int] = lambda peer: 1):
+                 lanes_of: Callable[[int], int] = lambda peer: 1,
+                 claim_of: Callable[[int], str | None] = lambda peer: None):
         self.record = record
         self._expected = set(range(record.rank)) if expected is None else expected
         self._deliver, self._lanes_of = deliver, lanes_of
         self._listeners = listeners
         self._token, self._peer_timeout, self._auth_token, self._tls = token, peer_timeout, auth_token, tls
         self._arrived: dict[tuple[int, int], Connection] = {}  # (peer, lane) -> its connection
+        self._met: set[tuple[int, int]] = set()  # (peer, lane) accepted once (see _arrive)
+        timeout = settings().handshake_timeout
+        self._admissions = [Admission(record.rank, lane_token(token, lane), auth_token, tls, claim_of, timeout)
+                            for lane in range(len(listeners))]
         self._changed = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-join-{record.rank}", daemon=True)
@@ -59,29 +70,53 @@ class JoinListener:
     def _run(self) -> None:
         with selectors.DefaultSelector() as selector:
             for lane, listener in enumerate(self._listeners):
+                listener.setblocking(False)
                 selector.register(listener, selectors.EVENT_READ, lane)
+                selector.register(self._admissions[lane].wake_fd, selectors.EVENT_READ, None)
             while not self._closing:
-                for key, _ in selector.select(POLL_SECONDS):
-                    self._accept_one(key.fileobj, key.data)  # type: ignore[arg-type]
+                due = [d for d in (a.due() for a in self._admissions) if d is not None]
+                for key, _ in selector.select(min([POLL_SECONDS, *due])):
+                    if key.data is not None:
+                        self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
+                for lane, admission in enumerate(self._admissions):
+                    admission.reap()
+                    for peer, sock, where in admission.take():
+                        self._arrive(peer, lane, sock, where, admission)
+        for admission in self._admissions:
+            admission.close()
 
-    def _accept_one(self, listener: socket.socket, lane: int) -> None:
-        """One connection on ``lane``'s listener, handshaken (a stray or a failure is logged)."""
-        try:
-            accepted = accept_from(listener, self._expected, self.record.rank,
-                                   lane_token(self._token, lane), Deadline.after(10), self._auth_token, self._tls,
-                                   None, self._peer_timeout, one=True)
-        except (OSError, DistNetworkError) as error:
-            log.warning("pydist rank %d: a connection to join failed: %s", self.record.rank, error)
-            return
+    def _accept(self, listener: socket.socket, lane: int) -> None:
+        """Start the handshakes of what waits on ``lane``'s listener (a few at a time)."""
+        admission = self._admissions[lane]
+        for _ in range(16):
+            try:
+                sock, where = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # e.g. out of file descriptors
+                log.warning("pydist rank %d: accepting a connection failed: %s", self.record.rank, error)
+                return
+            sock.setblocking(True)
+            admission.start(sock, where, self._expected, lambda peer: (peer, lane) in self._met)  # noqa: B023
+
+    def _arrive(self, peer: int, lane: int, sock: socket.socket, where, admission: Admission) -> None:
+        """A proven connection of ``peer`` on ``lane``: kept (with a secret a later one of the
+        same lane replaces it: a retry whose first try failed on its side), or, without a
+        secret, refused when that lane of ``peer`` was accepted already."""
         with self._changed:
-            for peer, connection in accepted.items():
-                stale = self._arrived.pop((peer, lane), None)
-                if stale is not None:
-                    stale.close()  # a retry of a connection whose first try stalled
-                self._arrived[(peer, lane)] = connection
-                wanted = [(peer, k) for k in range(self._lanes_of(peer))]
-                if self._deliver is not None and all(w in self._arrived for w in wanted):
-                    self._deliver(peer, [self._arrived.pop(w) for w in wanted])
+            if (peer, lane) in self._met and not admission.secret:  # two claims raced: the first is kept
+                admission.refused(where, f"a second connection claiming rank {peer}")
+                sock.close()
+                return
+            self._met.add((peer, lane))
+            connection = secured(_tune(sock, self._peer_timeout))
+            stale = self._arrived.pop((peer, lane), None)
+            if stale is not None:
+                stale.close()  # a retry of a connection whose first try stalled
+            self._arrived[(peer, lane)] = connection
+            wanted = [(peer, k) for k in range(self._lanes_of(peer))]
+            if self._deliver is not None and all(w in self._arrived for w in wanted):
+                self._deliver(peer, [self._arrived.pop(w) for w in wanted])
             self._changed.notify_all()
 
     def take(self, peer: int, theirs: PeerRecord, deadline: Deadline) -> list[Connection]:

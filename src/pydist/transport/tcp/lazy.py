@@ -123,5 +123,5 @@ def meet_on_first_use(transport: Any, listeners: list[socket.socket], auth_token
     acceptor = JoinListener(record(rank), listeners, transport.token, transport.peer_timeout, auth_token, tls,
                             set(transport.hosts) - {rank},
                             lambda peer, sockets: transport._install(peer, record(peer), sockets),
-                            lambda peer: lane_count(record(rank), record(peer)))
+                            lambda peer: lane_count(record(rank), record(peer)), lambda peer: record(peer).claim)
     return dialer, acceptor

@@ -3,8 +3,10 @@
 Each rank listens on its advertised address (and on one more per further lane: another
 interface named, see :mod:`._stripes`) and publishes ``tcp/<rank>`` (address, port, host
 name, host identity, interface, lanes) in the store; then, lane by lane, it connects to every
-lower rank and accepts every higher one. Both ends exchange HELLO frames carrying rank and world token, so a stray
-or garbage connection is dropped (and logged) without disturbing the setup.
+lower rank and accepts every higher one. Both ends exchange HELLO frames carrying rank and world token (and
+the claim of the connector's record), so a stray or garbage connection is dropped (and logged) without
+disturbing the setup; handshakes at a listener run side by side, each within PYDIST_HANDSHAKE_TIMEOUT
+(:mod:`.admission`).
 
 With a shared token the HELLOs also carry nonces and proofs (:mod:`.hello`): a connection
 is accepted only after both ranks proved they hold the token, so a peer without it cannot
@@ -26,14 +28,16 @@ from ...core import deadline as _deadline
 from ...core import init_marks
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
+from ...core.settings import settings
 from ...net.addresses import host_port, listen
 from ...net.auth import AuthenticationError, token_of
 from ...net.interfaces import interface_of
 from ...net.tls import Contexts, contexts
 from ...store._base import StoreTimeoutError
-from .hello import Acceptor, Connector, Refused, fields_of, hello_frame, rank_of, read_frame
+from .admission import Admission
+from .hello import Connector, read_frame
 from .liveness import process_identity
-from .mesh_tls import REQUIRES_TLS, client_side, mismatch, peer_uses_tls, refused_by, secured, server_side
+from .mesh_tls import client_side, refused_by, secured
 from .tls_socket import TlsSocket
 
 log = logging.getLogger("pydist.transport")
@@ -49,6 +53,7 @@ class PeerRecord:
     iface: str = ""  # the interface holding ``address`` on the peer's host
     lanes: list = field(default_factory=list)  # [address, port, iface] of each further lane
     process: str = ""  # liveness.process_identity(): what /proc says about it on its own host
+    claim: str = ""  # a random value this rank's HELLOs carry (checked by acceptors with no secret)
 
     def lane(self, k: int) -> PeerRecord:
         """The record as lane ``k`` reaches it (lane 0: this one)."""
@@ -132,12 +137,13 @@ def _remaining_timedelta(deadline: Deadline):
 
 def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                auth_token: bytes | None = None, tls: Contexts | None = None,
-               peer_timeout: float = 0.0, refused_for: float = 0.0) -> socket.socket | TlsSocket:
+               peer_timeout: float = 0.0, refused_for: float = 0.0, claim: str = "") -> socket.socket | TlsSocket:
     """Connect to a lower rank (with ``tls``: over mutual TLS), retrying with backoff until
     the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused);
     ``peer_timeout``: the connection's heartbeat (see _tune). The peer listened before it
     published its record, so a refused connection means it is gone: after ``refused_for``
-    seconds of nothing but refusals (0: at the first) DistNetworkError names it and its address."""
+    seconds of nothing but refusals (0: at the first) DistNetworkError names it and its address;
+    ``claim``: this rank's record's (see hello.Connector)."""
     delay = 0.01
     last_error: BaseException | None = None
     refused_since: float | None = None
@@ -148,7 +154,7 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
             try:
                 if tls is not None:
                     sock = client_side(sock, tls, rank, record.rank, record.dialled)
-                handshake = Connector(rank, token, record.rank, auth_token)
+                handshake = Connector(rank, token, record.rank, auth_token, claim)
                 sock.sendall(handshake.first)
                 while not handshake.done:
                     reply = handshake.on_hello(read_frame(sock))
@@ -193,112 +199,78 @@ def _gone(rank: int, record: PeerRecord, refused_for: float, error: OSError) -> 
                             f"was left in the store by an earlier run of the job")
 
 
-def _ranks_at(address: str, expected: set[int], records: dict[int, PeerRecord] | None) -> str | None:
-    """The expected ranks whose record has ``address``, in words, or None if none has."""
-    ranks = sorted(r for r in expected if records is not None and records[r].address == address)
-    if not ranks:
-        return None
-    host = records[ranks[0]].label if records is not None else address
-    return f"rank {ranks[0]} on {host}" if len(ranks) == 1 else f"one of ranks {ranks} on {host}"
-
-
 def accept_from(listener: socket.socket, expected: set[int], rank: int, token: str,
                 deadline: Deadline, auth_token: bytes | None = None, tls: Contexts | None = None,
-                records: dict[int, PeerRecord] | None = None, peer_timeout: float = 0.0, one: bool = False,
+                records: dict[int, PeerRecord] | None = None, peer_timeout: float = 0.0,
                 ) -> dict[int, socket.socket | TlsSocket]:
-    """Accept one connection from each rank in ``expected`` (``one``: a single connection,
-    from any of them, or none if it fails its handshake); drop strays, garbage and (with
-    ``auth_token``) connections that fail authentication, logging each with its address.
-    A TLS failure or mismatch (``tls`` set and the peer plain, or the reverse) from an
-    expected rank's address raises TlsRefused naming it (its ``records`` give addresses)."""
+    """Accept one connection from each rank in ``expected``, handshaking side by side
+    (:mod:`.admission`): strays, garbage, TLS failures and mismatches, failed authentication
+    and (without a secret) HELLOs without the claim of the rank's record in ``records`` or
+    claiming a rank accepted already are dropped and logged, never raised; DistNetworkError
+    at the deadline names the ranks missing and the connections refused meanwhile."""
+    claims = (lambda peer: records[peer].claim) if records is not None else (lambda peer: None)
+    admission = Admission(rank, token, auth_token, tls, claims, settings().handshake_timeout)
     accepted: dict[int, socket.socket | TlsSocket] = {}
     try:
         while len(accepted) < len(expected):
-            if not deadline.wait(lambda seconds: _pending(listener, seconds)):
-                missing = sorted(expected - accepted.keys())
-                raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}")
-            listener.settimeout(deadline.remaining())
-            try:
-                sock, where = listener.accept()
-            except (TimeoutError, BlockingIOError):  # the connection went away; 0 s left
-                continue
-            peer_sock = _handshake(sock, where, expected - accepted.keys(), rank, token, auth_token, tls, records)
-            if peer_sock is not None:
-                accepted[peer_sock[0]] = secured(_tune(peer_sock[1], peer_timeout))
-            if one:
+            for peer, sock, where in admission.take():
+                if peer in accepted and not admission.secret:  # two claims raced: the first is kept
+                    admission.refused(where, f"a second connection claiming rank {peer}")
+                    sock.close()
+                    continue
+                if peer in accepted:  # proven: the rank retried (its first try failed on its side)
+                    accepted.pop(peer).close()
+                accepted[peer] = secured(_tune(sock, peer_timeout))
+            if len(accepted) == len(expected):
                 break
+            if deadline.expired():
+                missing = sorted(expected - accepted.keys())
+                refused = f"; refused meanwhile: {'; '.join(admission.refusals)}" if admission.refusals else ""
+                raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}"
+                                       f"{refused}")
+            if _pending(listener, admission, deadline):
+                _accept_into(listener, admission, expected - accepted.keys(), accepted.__contains__)
+            admission.reap()
     except BaseException:
         for done in accepted.values():
             done.close()
         raise
+    finally:
+        admission.close()
     return accepted
 
 
-def _pending(listener: socket.socket, seconds: float | None) -> bool:
-    """Whether a connection waits on ``listener`` to be accepted, waiting up to ``seconds``
-    (None: until one does): a blocking primitive's wait, for ``Deadline.wait``."""
+def _pending(listener: socket.socket, admission: Admission, deadline: Deadline) -> bool:
+    """Wait until a connection waits on ``listener`` (True), a handshake is proven or late,
+    or the deadline passes (False)."""
     poll = select.poll()
     poll.register(listener, select.POLLIN)
-    return bool(poll.poll(None if seconds is None else seconds * 1000))
+    poll.register(admission.wake_fd, select.POLLIN)
+    due = admission.due()
+    ready: list[tuple[int, int]] = []
+
+    def wait(seconds: float | None) -> bool:
+        limit = seconds if due is None else due if seconds is None else min(seconds, due)
+        ready.extend(poll.poll(None if limit is None else limit * 1000))
+        return bool(ready)
+
+    deadline.wait(wait)
+    return any(fd == listener.fileno() for fd, _ in ready)
 
 
-def _handshake(sock: socket.socket, where, expected: set[int], rank: int, token: str, auth_token: bytes | None,
-               tls: Contexts | None, records: dict[int, PeerRecord] | None) -> tuple[int, socket.socket] | None:
-    """(peer, socket) after the acceptor's side of TLS and HELLOs, or None (dropped, logged)."""
-    handshake = Acceptor(rank, token, expected, auth_token)
+def _accept_into(listener: socket.socket, admission: Admission, expected: set[int], taken) -> None:
+    """Accept what waits on ``listener`` (a few at a time) and start each one's handshake."""
+    listener.setblocking(False)
     try:
-        sock.settimeout(10)
-        if peer_uses_tls(sock) != (tls is not None):
-            _mismatched(sock, where, handshake, rank, tls is not None, records)
-            return None
-        if tls is not None:
-            secure = server_side(sock, tls, rank, _ranks_at(where[0], expected, records))
-            if secure is None:
-                log.warning("pydist rank %d dropped a connection from %s: its TLS failed", rank, where)
-                return None
-            sock = secure
-        while not handshake.done:
-            reply = handshake.on_hello(read_frame(sock))
-            sock.sendall(reply)
-    except Refused as error:
-        log.warning("pydist rank %d refused a connection from %s: authentication failed: %s", rank, where, error)
-        try:
-            sock.sendall(error.reply)
-        except OSError:
-            pass
-        sock.close()
-        return None
-    except (OSError, ValueError) as error:
-        log.warning("pydist rank %d dropped a connection from %s: %s", rank, where, error)
-        sock.close()
-        return None
-    except BaseException:
-        sock.close()
-        raise
-    assert handshake.peer is not None  # done: it names the connector
-    return handshake.peer, sock
-
-
-def _mismatched(sock: socket.socket, where, handshake: Acceptor, rank: int, this_uses_tls: bool,
-                records: dict[int, PeerRecord] | None) -> None:
-    """A peer using TLS when this rank does not, or the reverse: tell it (a plain HELLO
-    ``refused``), then raise naming it (a plain peer by its HELLO's rank, a TLS one by its
-    address); a stray's is logged and dropped."""
-    who = _ranks_at(where[0], handshake.expected, records)
-    if this_uses_tls:
-        peer = rank_of(fields_of(read_frame(sock)))
-        if peer in handshake.expected:
-            who = f"rank {peer} on {records[peer].label}" if records is not None else f"rank {peer} at {where[0]}"
-    try:
-        sock.sendall(hello_frame({"refused": REQUIRES_TLS if this_uses_tls else "it does not use TLS"}))
-    except OSError:
-        pass
-    sock.close()
-    if who is None:
-        log.warning("pydist rank %d dropped a connection from %s: %s", rank, where,
-                    "it does not use TLS" if this_uses_tls else "it uses TLS")
-        return
-    raise mismatch(rank, who, this_uses_tls)
+        for _ in range(16):
+            try:
+                sock, where = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(True)
+            admission.start(sock, where, expected, taken)
+    finally:
+        listener.setblocking(True)
 
 
 Connection = socket.socket | TlsSocket
@@ -334,7 +306,7 @@ def own_record(rank: int, hostname: str, host_id: str, addresses: list[str],
     ports = [listener.getsockname()[1] for listener in listeners]
     further = [[a, port, interface_of(a)] for a, port in zip(addresses[1:], ports[1:])]
     return PeerRecord(rank, addresses[0], ports[0], hostname, host_id, interface_of(addresses[0]), further,
-                      process_identity())
+                      process_identity(), uuid.uuid4().hex)
 
 
 def dial(mine: PeerRecord, theirs: PeerRecord, token: str, deadline: Deadline, peer_timeout: float,
@@ -344,7 +316,7 @@ def dial(mine: PeerRecord, theirs: PeerRecord, token: str, deadline: Deadline, p
     try:
         for k in range(lane_count(mine, theirs)):
             connections.append(connect_to(theirs.lane(k), mine.rank, lane_token(token, k), deadline, auth_token, tls,
-                                          peer_timeout, refused_for))
+                                          peer_timeout, refused_for, mine.claim))
     except BaseException:
         for connection in connections:
             connection.close()
@@ -414,7 +386,7 @@ def build_mesh(store, rank: int, size: int, address: str, hostname: str, host_id
                 for peer in (p for p in peers if p < rank):
                     sockets.setdefault(peer, []).append(
                         connect_to(records[peer].lane(k), rank, world, deadline, auth_token, tls, peer_timeout,
-                                   refused_for))
+                                   refused_for, records[rank].claim))
                 accepted = accept_from(listener, {p for p in peers if p > rank}, rank, world, deadline, auth_token,
                                        tls, {r: each.lane(k) for r, each in records.items()}, peer_timeout)
                 for peer in sorted(accepted):

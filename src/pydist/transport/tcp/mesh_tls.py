@@ -1,13 +1,14 @@
 """Mutual TLS on the mesh's connections (PYDIST_TLS_*, see :mod:`pydist.net.tls`), before the
 HELLO exchange, and the refusals that name the peer on both sides.
 
-The connecting rank starts TLS; a certificate either side rejects, or a peer that does not
-use TLS when this rank does (or the reverse), fails at once with an error naming the other
-rank and its host, never retried: a job's ranks must agree. The accepting rank tells a TLS
-connection from a plain one by its first byte (a TLS record starts with 0x16, a HELLO frame
-with 'P'); it answers a mismatched peer with a plain HELLO ``refused`` the peer reports, and
-names the rank it failed with by the address it came from (a host with several ranks: all
-of them). A TLS failure from an address of no expected peer is a stray: logged and dropped.
+The connecting rank starts TLS; a certificate the acceptor rejects, or an acceptor that does
+not use TLS when this rank does (or the reverse), fails the connector at once with an error
+naming the other rank and its host, never retried: a job's ranks must agree. The accepting
+rank tells a TLS connection from a plain one by its first byte (a TLS record starts with
+0x16, a HELLO frame with 'P'); it answers a mismatched connection with a plain HELLO
+``refused`` the connector reports, and drops it and any TLS failure, logged, never raised: a
+connection that does not prove it holds a certificate of the job's CA is not a rank yet, so
+it can neither abort the acceptor nor have a rank blamed for it (see admission.py).
 """
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from .tls_socket import TlsSocket
 
 _NOT_TLS = ("it does not use TLS and this rank does (set PYDIST_TLS_CERT, PYDIST_TLS_KEY, PYDIST_TLS_CA on "
             "every rank, or on none)")
-_TLS = ("it uses TLS and this rank does not (set PYDIST_TLS_CERT, PYDIST_TLS_KEY, PYDIST_TLS_CA on every rank, "
-        "or on none)")
 
 
 #: What a TLS rank's refused HELLO tells a plain connector (it reports "it refused this rank: ...").
@@ -58,22 +57,6 @@ def refused_by(rank: int, peer: int, where: str, error: OSError) -> TlsRefused:
     why = reason(error)
     hint = _NOT_TLS if "wrong version" in why or "record" in why else "it rejected this rank's certificate?"
     return TlsRefused(f"rank {peer} at {where} refused the TLS connection of rank {rank}: {why} ({hint})")
-
-
-def server_side(sock: socket.socket, tls: Contexts, rank: int, who: str | None) -> ssl.SSLSocket | None:
-    """The acceptor's TLS handshake with a connection from ``who`` (the ranks at its address,
-    None: no expected peer); TlsRefused naming them, or None for a stray."""
-    try:
-        return tls.server.wrap_socket(sock, server_side=True)
-    except ssl.SSLError as error:
-        if who is None:
-            return None
-        raise TlsRefused(f"rank {rank} refused the TLS connection of {who}: {reason(error)}") from None
-
-
-def mismatch(rank: int, who: str, this_uses_tls: bool) -> TlsRefused:
-    """The acceptor's error for a peer that uses TLS when this rank does not, or the reverse."""
-    return TlsRefused(f"rank {rank} refused {who}: {_TLS if not this_uses_tls else _NOT_TLS}")
 
 
 def secured(sock: socket.socket) -> socket.socket | TlsSocket:

@@ -1,0 +1,227 @@
+"""Admission at a rank's listener: a connection is proven before it is a rank.
+
+Every accepted connection runs its handshake (TLS when the job uses it, then the HELLOs of
+:mod:`.hello`) in a thread of its own, side by side with the others, within
+PYDIST_HANDSHAKE_TIMEOUT of its arrival (``reap`` cuts the late ones); at most
+``MAX_HANDSHAKES`` run at once, and a new one cuts the oldest. So idle or trickling
+connections cost a thread and a socket each for a few seconds, and never hold up a rank's
+own connection.
+
+A connection that does not prove it belongs (another job's world token, a rank not
+expected, garbage, a failed TLS handshake, TLS when this rank uses none or the reverse,
+a failed token proof, without a secret a HELLO not carrying the claimed rank's published
+claim or claiming a rank already connected) is dropped and logged with its address, and
+noted in ``refusals`` for the caller's timeout error: it never takes a rank's place, never
+raises and never names the rank it claimed as at fault. A real rank refused this way learns
+why on its own side (the acceptor's ``refused`` HELLO, or the TLS alert; see connect_to).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ...net.tls import Contexts, reason
+from .hello import Acceptor, Refused, fields_of, hello_frame, rank_of, read_frame
+from .mesh_tls import REQUIRES_TLS, peer_uses_tls
+
+log = logging.getLogger("pydist.transport")
+#: handshakes run at once at one listener; one more cuts the oldest
+MAX_HANDSHAKES = 64
+#: refusals kept for the caller's timeout error
+_KEPT_REFUSALS = 8
+
+
+class Admission:
+    """The handshakes in flight at one listener of rank ``rank`` (``token``: the lane's world
+    token; ``auth_token``, ``tls``: the job's secrets; ``claim_of(peer)``: the claim peer's
+    record publishes, None: not checked; ``timeout``: seconds each may take, 0: no limit).
+    ``start`` one per accepted connection; ``take`` the proven ones; ``wake_fd`` turns
+    readable when one is; ``close`` cuts those left."""
+
+    def __init__(self, rank: int, token: str, auth_token: bytes | None, tls: Contexts | None,
+                 claim_of: Callable[[int], str | None], timeout: float):
+        self.rank, self._token, self._auth_token, self._tls = rank, token, auth_token, tls
+        self._claim_of, self._timeout = claim_of, timeout
+        self.secret = auth_token is not None or tls is not None
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[float, socket.socket, object]] = {}  # id -> (due, a dup to cut, where)
+        self._proven: list[tuple[int, socket.socket, object]] = []
+        self._ids = itertools.count()
+        self._closed = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.refusals: deque[str] = deque(maxlen=_KEPT_REFUSALS)
+
+    @property
+    def wake_fd(self) -> int:
+        return self._wake_r.fileno()
+
+    def start(self, sock: socket.socket, where, expected: set[int], taken: Callable[[int], bool]) -> None:
+        """Handshake ``sock`` (from ``where``) in a thread: a rank of ``expected`` that proves
+        it belongs becomes ``take``'s; ``taken(peer)``: whether ``peer`` is connected already
+        (without a secret a second claim is refused, see the module docstring)."""
+        with self._lock:
+            if len(self._pending) >= MAX_HANDSHAKES:
+                oldest = next(iter(self._pending))
+                self._cut(oldest, f"{MAX_HANDSHAKES} handshakes were in flight")
+            key = next(self._ids)
+            due = time.monotonic() + self._timeout if self._timeout > 0 else float("inf")
+            self._pending[key] = (due, sock.dup(), where)
+        threading.Thread(target=self._run, args=(key, sock, where, set(expected), taken),
+                         name=f"pydist-tcp-handshake-{self.rank}", daemon=True).start()
+
+    def take(self) -> list[tuple[int, socket.socket, object]]:
+        """The connections proven since the last call: (peer, socket, where) each."""
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._lock:
+            proven, self._proven = self._proven, []
+        return proven
+
+    def due(self) -> float | None:
+        """Seconds until the oldest handshake in flight is late (None: none is timed)."""
+        with self._lock:
+            first = min((due for due, _, _ in self._pending.values()), default=float("inf"))
+        return None if first == float("inf") else max(0.0, first - time.monotonic())
+
+    def reap(self) -> None:
+        """Cut the handshakes past PYDIST_HANDSHAKE_TIMEOUT (their threads drop them, logged)."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, (due, _, _) in self._pending.items() if due <= now]:
+                self._cut(key, self._late)
+
+    @property
+    def _late(self) -> str:
+        return f"no handshake within {self._timeout:g} s (PYDIST_HANDSHAKE_TIMEOUT)"
+
+    def refused(self, where, why: str, done: str = "dropped") -> None:
+        """Log a connection ``done`` (dropped, refused) and why; note it for the caller's
+        timeout error."""
+        log.warning("pydist rank %d %s a connection from %s: %s", self.rank, done, where, why)
+        self.refusals.append(f"{_address(where)}: {why}")
+
+    def close(self) -> None:
+        """Cut every handshake in flight; what they prove later is closed, not taken."""
+        with self._lock:
+            self._closed = True
+            for key in list(self._pending):
+                self._cut(key, None)
+            for _, sock, _ in self._proven:
+                sock.close()
+            self._proven = []
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _cut(self, key: int, why: str | None) -> None:
+        """Shut a handshake's connection down (its thread's blocked read returns); lock held."""
+        _, cut, where = self._pending.pop(key)
+        try:
+            cut.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        cut.close()
+        if why is not None:
+            self.refused(where, why)
+
+    def _note(self, key: int, where, why: str, done: str = "dropped") -> None:
+        """``refused``, unless the handshake was cut (its cut was logged)."""
+        with self._lock:
+            cut = key not in self._pending
+        if not cut:
+            self.refused(where, why, done)
+
+    def _run(self, key: int, sock: socket.socket, where, expected: set[int], taken: Callable[[int], bool]) -> None:
+        proven = self._handshake(key, sock, where, expected, taken)
+        with self._lock:
+            entry = self._pending.pop(key, None)
+            if entry is not None:
+                entry[1].close()
+            if proven is None or entry is None or self._closed:  # dropped, cut (logged), or too late
+                if proven is not None:
+                    proven[1].close()
+                return
+            self._proven.append((proven[0], proven[1], where))
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+
+    def _handshake(self, key: int, sock: socket.socket, where, expected: set[int],
+                   taken: Callable[[int], bool]) -> tuple[int, socket.socket] | None:
+        """(peer, socket) after this rank's side of TLS and HELLOs, or None (dropped, logged)."""
+        exclusive = not self.secret
+        handshake = Acceptor(self.rank, self._token, expected, self._auth_token,
+                             self._claim_of if exclusive else None, taken if exclusive else None)
+        try:
+            sock.settimeout(self._timeout or None)
+            if peer_uses_tls(sock) != (self._tls is not None):
+                self._mismatched(key, sock, where)
+                return None
+            if self._tls is not None:
+                try:
+                    sock = self._tls.server.wrap_socket(sock, server_side=True)
+                except ssl.SSLError as error:
+                    self._note(key, where, f"its TLS failed: {reason(error)}")
+                    sock.close()
+                    return None
+            while not handshake.done:
+                sock.sendall(handshake.on_hello(read_frame(sock)))
+        except Refused as error:
+            self._note(key, where, f"authentication failed: {error}", "refused")
+            try:
+                sock.sendall(error.reply)
+            except OSError:
+                pass
+            sock.close()
+            return None
+        except TimeoutError:
+            self._note(key, where, self._late)
+            sock.close()
+            return None
+        except Exception as error:  # noqa: BLE001 - whatever fails, the connection is not a rank
+            self._note(key, where, str(error) or type(error).__name__)
+            sock.close()
+            return None
+        except BaseException:
+            sock.close()
+            raise
+        assert handshake.peer is not None  # done: it names the connector
+        return handshake.peer, sock
+
+    def _mismatched(self, key: int, sock: socket.socket, where) -> None:
+        """A connection using TLS when this rank does not, or the reverse: tell it (a plain
+        HELLO ``refused``, which a real rank reports on its side), drop it."""
+        this_uses_tls = self._tls is not None
+        claimed = ""
+        if this_uses_tls:  # a plain connection: its HELLO says which rank it claims to be
+            try:
+                claimed = f" (its HELLO claims rank {rank_of(fields_of(read_frame(sock)))})"
+            except (OSError, ValueError):
+                pass
+        try:
+            sock.sendall(hello_frame({"refused": REQUIRES_TLS if this_uses_tls else "it does not use TLS"}))
+        except OSError:
+            pass
+        sock.close()
+        self._note(key, where, ("it does not use TLS and this rank does" if this_uses_tls
+                             else "it uses TLS and this rank does not") + claimed)
+
+
+def _address(where) -> str:
+    """``host:port`` of an accepted connection's peer address."""
+    try:
+        host, port = where[0], where[1]
+    except (TypeError, IndexError):
+        return str(where)
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
