@@ -14,6 +14,7 @@ import pytest
 from test_launcher_run import WORKER, is_running, pids, run, start, tagged, wait_for_files  # noqa: F401 - pids is a fixture
 
 from pydist.run.agent_rendezvous import NodeRecord, Rendezvous, RendezvousError, RendezvousSettings
+from pydist.run.failure import WorkerExit
 from pydist.store import HashStore
 from pydist.testing import commands, free_port
 
@@ -121,10 +122,14 @@ def test_a_late_node_stops_the_running_round_and_both_meet_in_the_next():
 
 def test_only_the_first_failure_uses_a_restart():
     rdzv = Rendezvous(HashStore(), RendezvousSettings("j", 1, 1), NodeRecord("a", "h", "x", 1, -1))
-    first = rdzv.request_stop(0, {"reason": "failure", "rank": 1})
-    second = rdzv.request_stop(0, {"reason": "failure", "rank": 2})
-    assert first == second == {"reason": "failure", "rank": 1, "restarts_used": 0}
-    assert rdzv.request_stop(1, {"reason": "failure", "rank": 0})["restarts_used"] == 1
+
+    def failure(rank: int) -> dict:
+        return {"reason": "failure", "exit": WorkerExit(rank, rank, 100 + rank, 1, 0.0, 0.0).to_json()}
+
+    first = rdzv.request_stop(0, failure(1))
+    second = rdzv.request_stop(0, failure(2))
+    assert first == second == {**failure(1), "restarts_used": 0}
+    assert rdzv.request_stop(1, failure(0))["restarts_used"] == 1
 
 
 # --- real agents on loopback ------------------------------------------------------------

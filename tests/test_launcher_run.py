@@ -106,8 +106,9 @@ def test_worker_env_is_torchruns():
         "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4",
         "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234",
         "TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-        "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1",
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1", "PYDIST_RUN_WORKER": "1",
     }
+    assert worker_env(config, Placement(), 0, auth_token="s3cret")["PYDIST_AUTH_TOKEN"] == "s3cret"
     assert "OMP_NUM_THREADS" not in worker_env(LaunchConfig(1, ["x"], base_env={}), Placement(), 0)
     assert worker_env(LaunchConfig(2, ["x"], base_env={"OMP_NUM_THREADS": "7"}), Placement(),
                       0)["OMP_NUM_THREADS"] == "7"

@@ -194,6 +194,10 @@ class Settings:
     bench_launcher_pid: int | None = _setting(
         "PYDIST_BENCH_LAUNCHER_PID", None, _count(1), "a process id",
         "Set by pydist-bench for the ranks it starts (they stop when it is gone); not for users.")
+    run_worker: bool = _setting(
+        "PYDIST_RUN_WORKER", False, _flag, "0 / 1",
+        "Set by pydist-run for its workers: MASTER_ADDR:MASTER_PORT is pydist-run's store, which "
+        "torch's env:// then reaches with pydist's client when it authenticates; not for users.")
 
     def forced_algorithms(self) -> dict[str, str]:
         """{collective: algorithm} for every PYDIST_ALGO_<COLLECTIVE> that is set."""

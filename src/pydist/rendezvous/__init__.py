@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from ..core.settings import settings
 from ..store import FileStore, PrefixStore, Store, TCPStore
 from ..store._base import timeout_error
 from .launch_env import LaunchInfo, job_port, launch_info, parse_hostlist
@@ -111,9 +112,11 @@ class OwningPrefixStore(PrefixStore):
 def agent_store(info: LaunchInfo, timeout: timedelta) -> OwningPrefixStore:
     """A client of the launcher agent's store at MASTER_ADDR:MASTER_PORT, in the namespace
     ``/worker/attempt_{TORCHELASTIC_RESTART_COUNT}`` (missing: 0). Under torchrun (see
-    :data:`TORCHRUN_MARKERS`) with torch importable, through torch's TCPStore client."""
+    :data:`TORCHRUN_MARKERS`; never under pydist-run, which sets PYDIST_RUN_WORKER) with torch
+    importable, through torch's TCPStore client."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
-    if any(os.environ.get(name) for name in TORCHRUN_MARKERS) and importlib.util.find_spec("torch"):
+    torchrun = not settings().run_worker and any(os.environ.get(name) for name in TORCHRUN_MARKERS)
+    if torchrun and importlib.util.find_spec("torch"):
         import torch.distributed as tdist
         client: Store = TorchStore(tdist.TCPStore(info.master_addr, info.master_port, info.world_size, False,
                                                   timeout), timeout)

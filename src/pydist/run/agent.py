@@ -16,7 +16,9 @@ this node's workers for each round, and restarts them when the job must.
 - 1 when the store, the rendezvous or a worker cannot be started.
 
 Each round's workers get a store of their own (:mod:`.worker_store`) at MASTER_ADDR:MASTER_PORT,
-so a restarted round never reads what the failed one left there.
+so a restarted round never reads what the failed one left there. Both stores require the
+job's secret (:mod:`.secret`: PYDIST_AUTH_TOKEN, else a random one for a single-node job),
+which the workers get in their environment.
 
 A node that arrives while a round runs (``--nnodes MIN:MAX`` with room left) makes the
 round stop and a new one begin, without using a restart. Whatever happens, when ``run``
@@ -38,12 +40,21 @@ from typing import Any, BinaryIO
 
 from ..core import deadline as _deadline
 from ..transport.shm.segment import remove_stale
-from .agent_rendezvous import Interrupted, NodeRecord, Rendezvous, RendezvousError, RendezvousSettings, Round
+from .agent_rendezvous import (
+    Interrupted,
+    MalformedRecord,
+    NodeRecord,
+    Rendezvous,
+    RendezvousError,
+    RendezvousSettings,
+    Round,
+)
 from .config import OMP_NOTE, LaunchConfig, Placement, worker_env
 from .endpoint import EndpointError, open_store
 from .failure import WorkerExit, classify_exits, format_summary
 from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
+from .secret import job_secret
 from .worker_store import WorkerStore
 from .workers import Worker, spawn, sweep_groups, watch
 
@@ -66,6 +77,7 @@ class Agent:
         self._events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
         self._signals: list[int] = []
         self.master_port: int | None = None
+        self.auth_token: str | None = None  # the job's secret (see .secret); never printed
 
     def _say(self, text: str) -> None:
         write_bytes(self._stderr, f"pydist-run: {text}\n".encode("utf-8", "replace"))
@@ -76,8 +88,11 @@ class Agent:
         logs = LogDirs(self.config.logs, self.config.run_id)
         store = None
         try:
+            self.auth_token, note = job_secret(self.config)
+            if note is not None:
+                self._say(note)
             try:
-                store, hosting = open_store(self.config)
+                store, hosting = open_store(self.config, self.auth_token)
             except EndpointError as exc:
                 self._say(str(exc))
                 return EXIT_WORKER_FAILED
@@ -107,7 +122,7 @@ class Agent:
                 round_ = rdzv.join()
                 self._announce(rdzv, round_)
                 workers_store = WorkerStore(rdzv, round_, self.config.master_addr if hosting else rdzv.me.addr,
-                                            self.config.connect_timeout)
+                                            self.config.connect_timeout, self.auth_token or "")
             except Interrupted:
                 self._say(f"got {signal.Signals(self._signals[0]).name} while waiting for the other nodes")
                 return 128 + self._signals[0]
@@ -248,7 +263,7 @@ class RoundRun:
             self.error_files[local_rank] = error_file
         else:
             self.error_files.append(error_file)
-        env = worker_env(self.config, self.placement, local_rank, error_file)
+        env = worker_env(self.config, self.placement, local_rank, error_file, self.agent.auth_token)
         if joining:
             env["PYDIST_JOIN"] = "1"
         worker = spawn(self.config.command, env, rank, local_rank)
@@ -361,6 +376,8 @@ class RoundRun:
     def _look_at_store(self) -> None:
         try:
             record = self.rdzv.stop_record(self.round.number)
+        except MalformedRecord as exc:  # the round cannot go on: nobody knows why it stops
+            record = {"reason": "store", "message": str(exc)}
         except (OSError, RuntimeError) as exc:
             record = {"reason": "store", "message": f"lost the job's store at {self.placement.master_addr}:"
                                                      f"{self.placement.master_port}: {exc}"}
@@ -372,6 +389,8 @@ class RoundRun:
         """Ask every node to stop this round (the first request wins), and stop here."""
         try:
             self._outcome = self.rdzv.request_stop(self.round.number, why)
+        except MalformedRecord as exc:
+            self._outcome = {"reason": "store", "message": str(exc)}
         except (OSError, RuntimeError) as exc:
             self._outcome = {**why, "restarts_used": self.config.max_restarts,
                              "note": f"the job's store is unreachable: {exc}"}
@@ -396,6 +415,8 @@ class RoundRun:
                     why = {"reason": "signal", "signal": self.agent._signals[0], "host": self.agent._where()}
                     return self.rdzv.request_stop(self.round.number, why)
                 time.sleep(self.config.monitor_interval)  # real time: a poll's pace; no deadline ends it
+        except MalformedRecord as exc:
+            return {"reason": "store", "message": str(exc)}
         except (OSError, RuntimeError) as exc:
             return {"reason": "store", "message": f"lost the job's store while waiting for the other nodes: {exc}"}
         return {"reason": "done"}

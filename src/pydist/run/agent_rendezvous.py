@@ -25,9 +25,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from ..core import deadline as _deadline
+from . import records as _records
+
+_T = TypeVar("_T")
 
 #: Seconds between looks at the store while waiting for other agents.
 POLL_S = 0.05
@@ -42,6 +45,16 @@ class RendezvousError(RuntimeError):
         super().__init__(message)
         self.round_number = round_number
         self.members = members
+
+
+class MalformedRecord(RendezvousError):
+    """A record in the job's store is not what the agents write (bad JSON, another shape, a
+    field of another type); the message names the key."""
+
+    def __init__(self, run_id: str, key: str, why: str):
+        super().__init__(f"rendezvous '{run_id}': malformed record at key '{key}' in the job's store: {why} "
+                         "(pydist-run's agents did not write it)")
+        self.key = key
 
 
 class Interrupted(Exception):
@@ -119,6 +132,19 @@ class Rendezvous:
     def _int(self, name: str) -> int:
         return self.store.add(self._key(name), 0)
 
+    def _parse(self, key: str, raw: bytes | str, parse: Callable[[bytes | str], _T]) -> _T:
+        """``parse(raw)``, the value of ``key``; MalformedRecord naming the key if it fails."""
+        try:
+            return parse(raw)
+        except ValueError as error:
+            raise MalformedRecord(self.settings.run_id, key, str(error)) from None
+
+    def read(self, name: str, parse: Callable[[bytes | str], _T]) -> _T:
+        """The record ``name`` (waiting for it up to the store's timeout), parsed by ``parse``
+        (a function of :mod:`.records`); MalformedRecord naming the key if it is malformed."""
+        key = self._key(name)
+        return self._parse(key, self.store.get(key), parse)
+
     # -- joining -------------------------------------------------------------------------
     def join(self) -> Round:
         """Join the next round that admits this agent and wait until it closes. Raises
@@ -138,11 +164,11 @@ class Rendezvous:
     def _open_round(self) -> int:
         """The round to join: the newest one, or a new one if the newest has closed."""
         key = self._key("round")
-        number = int(self.store.compare_set(key, "", "0"))
+        number = self._parse(key, self.store.compare_set(key, "", "0"), _records.integer)
         while self.store.check([self._key(f"r{number}/closed")]):
             if not self.store.check([self._key(f"r{number}/stop")]):
                 return number  # running: join it as a latecomer (join() then asks it to stop)
-            number = int(self.store.compare_set(key, str(number), str(number + 1)))
+            number = self._parse(key, self.store.compare_set(key, str(number), str(number + 1)), _records.integer)
         return number
 
     def _wait_closed(self, number: int, deadline: float) -> int:
@@ -152,7 +178,7 @@ class Rendezvous:
         quorum_since: float | None = None
         while True:
             if self.store.check([closed]):
-                return int(self.store.get(closed))
+                return self.read(f"r{number}/closed", _records.integer)
             joined = self._int(f"r{number}/joined")
             now = _deadline.now()
             if joined >= settings.min_nodes and quorum_since is None:
@@ -167,7 +193,7 @@ class Rendezvous:
 
     def _wait_newer_round(self, number: int, deadline: float) -> None:
         stop = self._key(f"r{number}/stop")
-        while int(self.store.get(self._key("round"))) <= number and not self.store.check([stop]):
+        while self.read("round", _records.integer) <= number and not self.store.check([stop]):
             if _deadline.now() > deadline:
                 raise RendezvousError(f"rendezvous '{self.settings.run_id}': no round admitted {self.me.where()} "
                                       f"within {self.settings.join_timeout:g}s (the job is full: "
@@ -177,7 +203,7 @@ class Rendezvous:
     def _records(self, number: int, count: int) -> list[NodeRecord]:
         keys = [self._key(f"r{number}/node/{slot}") for slot in range(count)]
         self.store.wait(keys)
-        return [NodeRecord(**json.loads(raw)) for raw in self.store.multi_get(keys)]
+        return [self._parse(key, raw, _node_record) for key, raw in zip(keys, self.store.multi_get(keys))]
 
     def _too_few(self, number: int, joined: int) -> str:
         hosts = ", ".join(record.where() for record in self._records(number, joined))
@@ -216,20 +242,21 @@ class Rendezvous:
         first one written). A failure that wins counts as a restart used."""
         if why.get("reason") == "failure":
             why = {**why, "restarts_used": self._int("restarts")}
-        text = json.dumps(why)
-        winner = self.store.compare_set(self._key(f"r{number}/stop"), "", text).decode()
-        if winner == text and why.get("reason") == "failure":
+        text, key = json.dumps(why), self._key(f"r{number}/stop")
+        winner = self.store.compare_set(key, "", text)
+        if winner == text.encode() and why.get("reason") == "failure":
             self.store.add(self._key("restarts"), 1)
-        return json.loads(winner)
+        return self._parse(key, winner, _records.stop_record)
 
     def count_replacement(self, number: int) -> int:
         """One more failed worker replaced in round ``number``: how many so far, job-wide."""
         return self.store.add(self._key(f"r{number}/replacements"), 1)
 
     def stop_record(self, number: int) -> dict[str, Any] | None:
-        """Why round ``number`` stops, or None while it runs."""
+        """Why round ``number`` stops, or None while it runs. MalformedRecord if the record is
+        not one the agents write (see :func:`.records.stop_record`)."""
         key = self._key(f"r{number}/stop")
-        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+        return self.read(f"r{number}/stop", _records.stop_record) if self.store.check([key]) else None
 
     def finished(self, number: int) -> None:
         """This member's workers all succeeded."""
@@ -242,16 +269,17 @@ class Rendezvous:
         """Tell the other members of round ``number`` something under ``name``."""
         self.store.set(self._key(f"r{number}/{name}"), text)
 
-    def published(self, number: int, name: str, timeout: float) -> str:
-        """What a member published under ``name`` for round ``number``, waiting for it at most
-        ``timeout`` s (RendezvousError) or until this agent is told to stop (Interrupted)."""
+    def published(self, number: int, name: str, timeout: float, parse: Callable[[bytes | str], _T]) -> _T:
+        """What a member published under ``name`` for round ``number``, parsed by ``parse``
+        (MalformedRecord if it fails), waiting for it at most ``timeout`` s (RendezvousError)
+        or until this agent is told to stop (Interrupted)."""
         key, deadline = self._key(f"r{number}/{name}"), _deadline.now() + timeout
         while not self.store.check([key]):
             if _deadline.now() > deadline:
                 raise RendezvousError(f"rendezvous '{self.settings.run_id}': round {number}'s node 0 did not "
                                       f"publish {name} within {timeout:g}s")
             self._pause()
-        return self.store.get(key).decode()
+        return self.read(f"r{number}/{name}", parse)
 
     def leave(self, number: int) -> None:
         """This member is done with the store (the agent is about to exit)."""
@@ -266,3 +294,7 @@ class Rendezvous:
                 return False
             _deadline.sleep(POLL_S)
         return True
+
+
+def _node_record(raw: bytes | str) -> NodeRecord:
+    return _records.dataclass_from(NodeRecord, _records.json_object(raw))

@@ -105,9 +105,11 @@ def worker_command(script: str, script_args: list[str], module: bool = False, no
 
 
 def worker_env(config: LaunchConfig, placement: Placement, local_rank: int,
-               error_file: str | None = None) -> dict[str, str]:
+               error_file: str | None = None, auth_token: str | None = None) -> dict[str, str]:
     """The full environment of worker ``local_rank``: the launcher's plus torchrun's variables
-    (and TORCHELASTIC_ERROR_FILE where its uncaught exception is recorded, if given)."""
+    (and TORCHELASTIC_ERROR_FILE where its uncaught exception is recorded, if given),
+    PYDIST_RUN_WORKER=1, and the job's secret as PYDIST_AUTH_TOKEN if it has one (see
+    :mod:`.secret`)."""
     nproc = config.nproc_per_node
     rank, world_size = placement.node_rank * nproc + local_rank, placement.nnodes * nproc
     env = dict(config.base_env)
@@ -128,8 +130,11 @@ def worker_env(config: LaunchConfig, placement: Placement, local_rank: int,
             "TORCHELASTIC_RESTART_COUNT": str(placement.restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "PYDIST_RUN_WORKER": "1",
         }
     )
+    if auth_token:
+        env["PYDIST_AUTH_TOKEN"] = auth_token
     if error_file is not None:
         env["TORCHELASTIC_ERROR_FILE"] = error_file
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [SITE_DIR, env.get("PYTHONPATH")]))

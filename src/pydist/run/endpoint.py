@@ -39,16 +39,19 @@ def _in_use(exc: BaseException) -> bool:
     return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
-def open_store(config: LaunchConfig) -> tuple[Any, bool]:
-    """(the job's TCPStore, whether this agent hosts it). Raises EndpointError."""
+def open_store(config: LaunchConfig, auth_token: str | None = None) -> tuple[Any, bool]:
+    """(the job's TCPStore, whether this agent hosts it), authenticating with ``auth_token``
+    (None: no token). Raises EndpointError."""
     from pydist.store import TCPStore  # lazily: not needed to parse arguments
 
     host, port = config.master_addr, config.master_port
     timeout = timedelta(seconds=config.connect_timeout)
+    token = auth_token or ""  # "": no token, whatever the launcher's own environment says
     hosting = config.node_rank == 0 if config.static else is_local_address(host)
     if hosting:
         try:
-            return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout), True
+            return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                            auth_token=token), True
         except RuntimeError as exc:  # DistNetworkError and friends
             if config.static or port == 0 or not _in_use(exc):
                 raise EndpointError(f"cannot start the store on {host}:{port}: {exc}") from None
@@ -56,7 +59,7 @@ def open_store(config: LaunchConfig) -> tuple[Any, bool]:
         raise EndpointError(f"this node does not host the store ({host} is not one of its addresses), "
                             "so the rendezvous port must be given (--master-port or --rdzv-endpoint HOST:PORT)")
     try:
-        return TCPStore(host, port, is_master=False, timeout=timeout), False
+        return TCPStore(host, port, is_master=False, timeout=timeout, auth_token=token), False
     except RuntimeError as exc:
         raise EndpointError(f"cannot reach the rendezvous endpoint {host}:{port} "
                             f"(retried with backoff for {config.connect_timeout:g}s): {exc}") from None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from . import records
 from .agent_rendezvous import Rendezvous, Round
 
 
@@ -32,13 +33,17 @@ class WorkerStore:
 
     ``bind_addr`` is the address node 0 serves on (and advertises): the job store's
     address when this agent hosts that one too, else this agent's own rendezvous address.
-    A node 0 that cannot start it publishes why; every member then leaves the round with a
+    ``auth_token`` is the token the store requires (None: PYDIST_AUTH_TOKEN, "": none); the
+    job's secret, which the workers get in their environment. A node 0 that cannot start it
+    publishes why; every member then leaves the round with a
     RendezvousError saying so, as does a member that finds nothing within ``wait_s`` seconds.
     """
 
-    def __init__(self, rdzv: Rendezvous, round_: Round, bind_addr: str, wait_s: float):
+    def __init__(self, rdzv: Rendezvous, round_: Round, bind_addr: str, wait_s: float,
+                 auth_token: str | bytes | None = None):
         self.round = round_
         self._rdzv = rdzv
+        self._auth_token = auth_token
         self._server: Any = None
         if round_.node_rank == 0:
             self.address = self._serve(bind_addr, wait_s)
@@ -50,7 +55,7 @@ class WorkerStore:
 
         try:
             self._server = TCPStore(bind_addr, 0, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=wait_s))
+                                    timeout=timedelta(seconds=wait_s), auth_token=self._auth_token)
         except RuntimeError as exc:  # DistNetworkError and friends
             message = f"cannot start the workers' store for round {self.round.number} on {bind_addr}: {exc}"
             self._rdzv.publish(self.round.number, "workers_store", json.dumps({"error": message}))
@@ -60,7 +65,7 @@ class WorkerStore:
         return address
 
     def _find(self, wait_s: float) -> WorkerStoreAddress:
-        record = json.loads(self._rdzv.published(self.round.number, "workers_store", wait_s))
+        record = self._rdzv.published(self.round.number, "workers_store", wait_s, records.workers_store)
         if "error" in record:
             self._rdzv.refuse(self.round.number, self.round.nnodes, record["error"])
         return WorkerStoreAddress(record["addr"], int(record["port"]))

@@ -20,6 +20,12 @@ torch's own error stands. A launcher's variables that cannot give what is missin
 across hosts without MASTER_ADDR) raise a ValueError naming each missing variable and why.
 The wrapper serves every backend's env:// (gloo too), only where torch's handler would
 have failed.
+
+Under pydist-run (PYDIST_RUN_WORKER=1, TORCHELASTIC_USE_AGENT_STORE=True) with a token
+(PYDIST_AUTH_TOKEN, which pydist-run sets by default) or TLS (PYDIST_TLS_*), torch's C++
+store client would be refused by the workers' store; there the wrapper yields
+:class:`~pydist.torch.agent_store.PydistStore` (a torch Store over pydist's authenticated
+client) instead of running torch's handler, for every backend.
 """
 from __future__ import annotations
 
@@ -79,6 +85,10 @@ def install() -> None:
 
     def env_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
         fill_from_launcher(url)
+        from . import agent_store  # lazily: it imports pydist's store
+
+        if agent_store.applies():
+            return agent_store.agent_store_rendezvous(url, **kwargs)
         return original(url, **kwargs)
 
     setattr(env_rendezvous, _MARK, original)

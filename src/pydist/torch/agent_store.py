@@ -1,0 +1,183 @@
+"""pydist-run's workers' store as a ``torch.distributed.Store``, for torch's env:// rendezvous.
+
+Under pydist-run (TORCHELASTIC_USE_AGENT_STORE=True) torch's env:// handler connects to the
+store at MASTER_ADDR:MASTER_PORT with torch's C++ TCPStore client, which can neither
+authenticate (PYDIST_AUTH_TOKEN) nor speak TLS (PYDIST_TLS_*); pydist-run's stores require
+a token by default, so that client would be refused. :class:`PydistStore` is a Python
+subclass of ``torch.distributed.Store`` that forwards every call to pydist's TCPStore client
+(which authenticates, and speaks TLS when configured): torch, gloo and the pydist plugin
+call it like any torch store (torch dispatches the C++ calls of gloo and PrefixStore to the
+Python methods: set, get, add, compare_set, check, delete_key, num_keys, wait, multi_get,
+multi_set, append, queue ops, list_keys). pydist's store errors are raised as torch's
+(DistNetworkError, DistStoreError), the pydist error as the cause, so torch's handling of a
+store timeout or a lost store is unchanged.
+
+:func:`agent_store_rendezvous` is the env:// handler that yields it; the env:// wrapper
+(:mod:`.env_rendezvous`) uses it under pydist-run (PYDIST_RUN_WORKER=1) when the store
+authenticates, and torch's handler otherwise.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from functools import wraps
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlparse
+
+import torch.distributed as tdist
+
+from ..core.errors import DistNetworkError, DistStoreError
+from ..core.settings import settings
+from ..net import tls as _tls
+from ..net.auth import resolve_token
+from ..store import TCPStore
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: The stores handed to torch, alive as long as the process: torch keeps only the C++ half of
+#: a Python Store (in PrefixStore, gloo), and once the Python object is gone, calling it fails
+#: ("Not implemented"). One client per init_process_group.
+_KEPT: list[PydistStore] = []
+
+
+def _as_torch_errors(method: _F) -> _F:
+    """Raise pydist's store errors as torch's (the pydist error as the cause)."""
+    @wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except DistNetworkError as error:
+            raise tdist.DistNetworkError(str(error)) from error
+        except DistStoreError as error:
+            raise tdist.DistStoreError(str(error)) from error
+    return call  # type: ignore[return-value]
+
+
+class PydistStore(tdist.Store):
+    """A ``torch.distributed.Store`` that forwards to a pydist store (a TCPStore client).
+    ``set_timeout`` sets both torch's and the pydist store's timeout; ``clone`` opens another
+    client of the same server; ``close`` closes the pydist store."""
+
+    def __init__(self, store: TCPStore):
+        super().__init__()
+        self._store = store
+        super().set_timeout(store.timeout)
+
+    @property
+    def underlying_store(self) -> TCPStore:
+        """The pydist store (its ``auth_token`` is the one the transports use)."""
+        return self._store
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        super().set_timeout(timeout)
+        self._store.set_timeout(timeout)
+
+    @_as_torch_errors
+    def set(self, key: str, value: Any) -> None:
+        self._store.set(key, value)
+
+    @_as_torch_errors
+    def get(self, key: str) -> bytes:
+        return self._store.get(key)
+
+    @_as_torch_errors
+    def add(self, key: str, amount: int) -> int:
+        return self._store.add(key, amount)
+
+    @_as_torch_errors
+    def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:
+        return self._store.compare_set(key, expected_value, desired_value)
+
+    @_as_torch_errors
+    def check(self, keys: list[str]) -> bool:
+        return self._store.check(list(keys))
+
+    @_as_torch_errors
+    def delete_key(self, key: str) -> bool:
+        return self._store.delete_key(key)
+
+    @_as_torch_errors
+    def num_keys(self) -> int:
+        return self._store.num_keys()
+
+    @_as_torch_errors
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._store.wait(list(keys), timeout)
+
+    @_as_torch_errors
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._store.multi_get(list(keys))
+
+    @_as_torch_errors
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        self._store.multi_set(list(keys), list(values))
+
+    @_as_torch_errors
+    def append(self, key: str, value: Any) -> None:
+        self._store.append(key, value)
+
+    @_as_torch_errors
+    def queue_push(self, key: str, value: Any) -> None:
+        self._store.queue_push(key, value)
+
+    @_as_torch_errors
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        return self._store.queue_pop(key, block)
+
+    @_as_torch_errors
+    def queue_len(self, key: str) -> int:
+        return self._store.queue_len(key)
+
+    @_as_torch_errors
+    def list_keys(self) -> list[str]:
+        return self._store.list_keys()
+
+    def has_extended_api(self) -> bool:
+        return True
+
+    @_as_torch_errors
+    def clone(self) -> PydistStore:
+        store = self._store
+        return PydistStore(TCPStore(store.host, store.port, is_master=False, timeout=store.timeout,
+                                    auth_token=store.auth_token or ""))
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def applies(environ: Any = None) -> bool:
+    """Whether torch's env:// must reach MASTER_ADDR:MASTER_PORT with pydist's client: under
+    pydist-run's agent store (PYDIST_RUN_WORKER=1, TORCHELASTIC_USE_AGENT_STORE=True) when
+    that store authenticates (PYDIST_AUTH_TOKEN) or speaks TLS (PYDIST_TLS_*)."""
+    env = os.environ if environ is None else environ
+    if not settings().run_worker or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return False
+    return resolve_token() is not None or _tls.contexts() is not None
+
+
+def _required(env_var: str) -> str:
+    value = os.environ.get(env_var)
+    if not value:
+        raise ValueError(f"Error initializing torch.distributed using env:// rendezvous: environment variable "
+                         f"{env_var} expected, but not set")
+    return value
+
+
+def agent_store_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30),
+                           **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+    """torch's env:// handler under pydist-run's agent store, with pydist's client (see the
+    module docstring): rank and world size from the URL, else RANK and WORLD_SIZE."""
+    query = parse_qs(urlparse(url).query)
+    rank = int(query["rank"][0]) if "rank" in query else int(_required("RANK"))
+    world_size = int(query["world_size"][0]) if "world_size" in query else int(_required("WORLD_SIZE"))
+    master_addr, master_port = _required("MASTER_ADDR"), int(_required("MASTER_PORT"))
+    try:
+        client = TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    except DistNetworkError as error:
+        raise tdist.DistNetworkError(str(error)) from error
+    except DistStoreError as error:
+        raise tdist.DistStoreError(str(error)) from error
+    store = PydistStore(client)
+    _KEPT.append(store)
+    yield store, rank, world_size
+    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
