@@ -321,7 +321,9 @@ def test_every_method_answers_as_torchs_own_master(tdist, server):
     assert ours["get timeout"] == ["DistStoreError", "wait timeout after 1000ms, keys: /never"]
     assert ours["queue_pop empty"] == ["QueueEmptyError", "queue is empty"]
     # The pydist client sees the torch client's keys, without torch's bookkeeping "init/".
-    assert server.get("log") == b"abc" and server.get("bar2") == b"1"
+    assert server.get("log") == b"abc"
+    if hasattr(tdist.Store, "barrier"):  # torch 2.11's client has no barrier (the steps fail alike)
+        assert server.get("bar2") == b"1"
     user_keys = sorted(ours["list_keys with init/"] + ["init/"])  # the last step's "/init/"
     assert sorted(server.list_keys()) == user_keys and server.num_keys() == len(user_keys)
 
@@ -365,8 +367,9 @@ def test_timeouts_raise_torchs_error_and_keep_the_connection_usable(tdist, serve
     assert 0.45 <= time.monotonic() - started < 30
     with pytest.raises(tdist.DistStoreError, match="wait timeout after 200ms, keys: /a, /b"):
         client.wait(["a", "b"], timedelta(milliseconds=200))
-    with pytest.raises(tdist.DistStoreError, match="barrier timeout after 200ms"):
-        client.barrier("bar", 2, timedelta(milliseconds=200))
+    if hasattr(client, "barrier"):  # torch 2.11's client has no barrier
+        with pytest.raises(tdist.DistStoreError, match="barrier timeout after 200ms"):
+            client.barrier("bar", 2, timedelta(milliseconds=200))
     server.set("a", "late")  # the canceled wait must not answer now
     client.set("k", "v")
     assert client.get("k") == b"v" and client.get("a") == b"late" and client.add("n", 2) == 2
@@ -405,10 +408,15 @@ def test_many_torch_clients_at_once(tdist, server):
     def worker(i: int) -> None:
         try:
             client = _client(tdist, server.port)
-            client.add("arrived", 1)
+            arrived = client.add("arrived", 1)
             client.set(f"rank/{i}", str(i))
             assert client.get(f"rank/{(i + 1) % count}") == str((i + 1) % count).encode()
-            client.barrier("all", count, timedelta(seconds=20))
+            if hasattr(client, "barrier"):  # torch 2.11's client has no barrier
+                client.barrier("all", count, timedelta(seconds=20))
+            else:  # the last to arrive releases the others
+                if arrived == count:
+                    client.set("all", "1")
+                client.wait(["all"], timedelta(seconds=20))
             assert client.add("arrived", 0) == count
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)

@@ -73,13 +73,15 @@ def test_dtensor_redistribute_and_matmul_equal_gloo_s():
 
 
 def _fsdp2(rank, size, steps):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (size,))  # fully_shard's default mesh is CUDA's where a GPU is visible
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     losses = []

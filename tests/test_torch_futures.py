@@ -18,10 +18,16 @@ BACKENDS = ("gloo", "pydist")
 TIMEOUT = 90  # generous (under the per-test timeout): a deadlock shows as this; the programs take seconds
 
 
-def _on_both(program, *args) -> dict:
+#: the environment of a CPU program that must not see a GPU: torch's PowerSGD hooks call
+#: ``torch.cuda.synchronize(<the gradients' device>)`` whenever CUDA is available, which fails
+#: for CPU gradients (on gloo too)
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def _on_both(program, *args, env=None) -> dict:
     """{backend: the ranks' results} of ``program(rank, size, group, *args)`` on a new
     group of each backend (the default group is the plugin's; gloo gets a new_group)."""
-    return run_processes(2, _with_groups, program, args, init="torch", timeout=TIMEOUT)
+    return run_processes(2, _with_groups, program, args, init="torch", timeout=TIMEOUT, env=env)
 
 
 def _with_groups(rank, size, program, args):
@@ -103,7 +109,7 @@ def _ddp_powersgd(rank, size, group, hook_name, steps):
 @pytest.mark.parametrize("hook_name", ["powerSGD_hook", "batched_powerSGD_hook"])
 def test_ddp_powersgd_matches_gloo(hook_name):
     steps = 5  # compressed from step 2 on
-    runs = _on_both(_ddp_powersgd, hook_name, steps)
+    runs = _on_both(_ddp_powersgd, hook_name, steps, env=NO_GPU)
     assert len(runs) == 2  # both ranks' parameters
     for results in runs:
         assert len(results["pydist"]) == len(results["gloo"]) == PARAMETERS

@@ -3,6 +3,7 @@ so that a name torch adds is noticed; and the environment questions answer as to
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 import types
 
@@ -25,7 +26,8 @@ OPTIONS = "a C++ option struct of torch's ProcessGroup methods: pydist's functio
 #: torch.distributed names pydist does not have, and why.
 ABSENT = {
     **dict.fromkeys(["log", "timedelta"], IMPORTS),
-    **dict.fromkeys(["DeviceMesh", "init_device_mesh", "ProcessGroupGloo", "Reducer", "Logger", "GradBucket",
+    **dict.fromkeys(["DeviceMesh", "init_device_mesh", "ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupNCCL2",
+                     "ProcessGroupNCCLLazy", "Reducer", "Logger", "GradBucket",
                      "BuiltinCommHookType", "record_comm", "GroupName", "RankType", "BackendConfig",
                      "get_default_backend_for_device"], TORCH_ONLY),
     **dict.fromkeys(["AllToAllOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "BarrierOptions",
@@ -112,6 +114,61 @@ def test_all_reduce_coalesced_takes_one_dtype():
             pydist.all_reduce_coalesced([])
         return True
     assert run_threads(2, mixed) == [True, True]
+
+
+def _gathered_singly(rank: int, size: int) -> list:
+    stacked = np.full((size, 2), -1.0) if rank == 1 else None  # torch's stacked layout, on the destination only
+    assert pydist.gather_single(np.full(2, float(rank)), stacked, dst=1) is None
+    flat = torch.zeros(2 * size) if rank == 0 else None
+    with pytest.warns(FutureWarning, match="`pydist.gather_into_tensor` is deprecated"):
+        work = pydist.gather_into_tensor(torch.full((2,), rank + 10.0), flat, group_dst=0, async_op=True)
+    work.wait()
+    if rank == 0:  # refused before anything is sent: the other rank takes no part
+        with pytest.raises(ValueError, match="gather_tensor: required on the destination rank"):
+            pydist.gather_single(np.zeros(2), None, dst=0)
+        with pytest.raises(ValueError, match="gather_tensor: expected 2 x 2 = 4 elements"):
+            pydist.gather_single(np.zeros(2), np.zeros(3), dst=0)
+    return [None if stacked is None else stacked.tolist(), None if flat is None else flat.tolist()]
+
+
+def test_gather_single_and_its_deprecated_name_gather_into_one_tensor():
+    from pydist.testing import run_threads
+    assert run_threads(2, _gathered_singly) == [[None, [10.0, 10.0, 11.0, 11.0]], [[[0.0, 0.0], [1.0, 1.0]], None]]
+
+
+def test_set_timeout_bounds_the_groups_later_operations():
+    from datetime import timedelta
+
+    from pydist.testing import run_threads
+    timed_out = threading.Event()
+
+    def wait_for_nothing(rank, size):
+        pydist.set_timeout(timedelta(milliseconds=300))  # the group was made with 600 s
+        if rank == 1:
+            return timed_out.wait(60)  # sends nothing; stays until rank 0 timed out
+        with pytest.raises(pydist.DistError, match="Timed out waiting 300ms"):
+            pydist.recv(np.zeros(1), src=1)
+        timed_out.set()
+        with pytest.raises(TypeError, match="timeout: expected datetime.timedelta or seconds, got None"):
+            pydist.set_timeout(None)
+        return True
+    assert run_threads(2, wait_for_nothing, pg_timeout=600) == [True, True]
+
+
+def test_get_backend_impl_is_the_engine_running_the_group():
+    from pydist.testing import run_threads
+
+    def engines(rank, size):
+        pair = pydist.new_group([0, 1])
+        engine = pydist.get_backend_impl()
+        assert pydist.get_backend_impl(device="cpu") is engine and engine.name == "pydist"
+        assert pydist.get_backend_impl(pair, torch.device("cpu")) is pydist.get_backend_impl(pair.group_name)
+        with pytest.raises(ValueError, match="device: 'cuda'; a pydist group runs host memory only"):
+            pydist.get_backend_impl(device="cuda")
+        with pytest.raises(ValueError, match="no process group named 'nothing'"):
+            pydist.get_backend_impl("nothing")
+        return True
+    assert run_threads(2, engines) == [True, True]
 
 
 def test_a_registered_rendezvous_handler_makes_the_world():

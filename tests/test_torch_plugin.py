@@ -1,6 +1,8 @@
 """pydist as a torch.distributed backend: registration, every call through torch's API,
 torch's DistributedDataParallel over pydist equal to single-process training."""
+import re
 import sys
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -29,8 +31,13 @@ def _every_call(rank, size):
     tdist.all_reduce(t, op=tdist.ReduceOp.PRODUCT)
     out["product"] = t.item()
     t = torch.tensor([float(rank)])
-    tdist.all_reduce(t, op=tdist._make_nccl_premul_sum(2.0))
-    out["premul"] = t.item()
+    if hasattr(tdist.ReduceOp, "factor"):  # torch 2.13 on: a Python backend can read PREMUL_SUM's factor
+        tdist.all_reduce(t, op=tdist._make_nccl_premul_sum(2.0))
+        out["premul"] = t.item()
+    else:  # refused at the call, naming the torch
+        with pytest.raises(RuntimeError, match=re.escape(f"PREMUL_SUM: this torch ({torch.__version__}) does not")):
+            tdist.all_reduce(t, op=tdist._make_nccl_premul_sum(2.0))
+        out["premul"] = 2.0 * sum(range(size))
     t = torch.full((3,), float(rank), dtype=torch.bfloat16)
     tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     out["bf16_max"] = t.float().tolist()
@@ -61,6 +68,15 @@ def _every_call(rank, size):
     slots = [torch.zeros(1) for _ in range(size)] if rank == 0 else None
     tdist.gather(torch.tensor([float(rank)]), slots, dst=0)
     out["gather"] = [s.item() for s in slots] if rank == 0 else None
+    if hasattr(tdist, "gather_single"):  # torch 2.14's gather into one tensor
+        into = torch.zeros(size, 2) if rank == 1 else None
+        tdist.gather_single(torch.full((2,), float(rank)), into, dst=1)
+        out["gather_single"] = into.tolist() if rank == 1 else None
+        before = tdist.group.WORLD.pydist_group.timeout
+        tdist.set_timeout(timedelta(seconds=50))  # torch 2.14's: the group's later operations on pydist
+        out["timeout"] = tdist.group.WORLD.pydist_group.timeout
+        tdist.set_timeout(timedelta(seconds=before))
+        out["impl"] = tdist.get_backend_impl() is tdist.group.WORLD  # the plugin's group is its CPU backend
     mine = torch.zeros(1)
     tdist.scatter(mine, [torch.tensor([j * 3.0]) for j in range(size)] if rank == 0 else None, src=0)
     out["scatter"] = mine.item()
@@ -116,6 +132,9 @@ def test_every_torch_call_runs_on_pydist(size):
         assert out["all_to_all_single"] == [float(rank + 10 * j) for j in range(size)]
         assert out["all_to_all"] == [float(j * size + rank) for j in range(size)]
         assert out["gather"] == ([float(r) for r in range(size)] if rank == 0 else None)
+        if hasattr(tdist, "gather_single"):
+            assert out["gather_single"] == ([[float(r)] * 2 for r in range(size)] if rank == 1 else None)
+            assert out["timeout"] == 50.0 and out["impl"]
         assert out["scatter"] == rank * 3.0
         assert out["future"] == [float(size)] * 3
         assert out["batch"] == float((rank - 1) % size)

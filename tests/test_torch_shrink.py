@@ -1,6 +1,6 @@
 """pydist.torch.shrink_group: torch.distributed on the pydist plugin loses a rank (rank 0,
-the host of torch's store, too), shrinks, rebuilds torch DDP and makes new groups; and why
-torch's own shrink_group cannot serve a Python backend (harness: run_scripts/shrink_ranks.py)."""
+the host of torch's store, too), shrinks, rebuilds torch DDP and makes new groups; and that
+torch's own shrink_group refuses a pydist group (harness: run_scripts/shrink_ranks.py)."""
 from __future__ import annotations
 
 import pytest
@@ -21,15 +21,28 @@ def test_torch_survivors_shrink_rebuild_ddp_and_make_groups(victim):
     assert reports[0]["grad"] == reports[1]["grad"]  # DDP on the shrunk group averaged the gradients
 
 
-def test_torch_cannot_register_a_python_backend_for_its_own_shrink_group():
-    """Why pydist.torch.shrink_group exists: torch.distributed.shrink_group registers the
-    shrunk backend as a c10d::Backend, which Python cannot construct. If this starts to pass
-    construction, torch's own path may work for a Python backend: revisit."""
-    from torch._C._distributed_c10d import Backend
+def _torch_shrinks(rank, size):
+    """torch.distributed.shrink_group, then pydist.torch.shrink_group, on a pydist group."""
+    import torch.distributed as tdist
 
-    class PythonBackend(Backend):
-        def __init__(self):
-            super().__init__(0, 1)
+    import pydist.torch
+    with pytest.raises(TypeError, match="does not support shrinking operations"):
+        tdist.shrink_group([2])
+    if rank == 2:
+        return None
+    shrunk = pydist.torch.shrink_group([2])
+    t = torch.ones(1)
+    tdist.all_reduce(t, group=shrunk)
+    return shrunk.size(), t.item()
 
-    with pytest.raises(TypeError, match="No constructor defined"):
-        PythonBackend()
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(torch.distributed, "shrink_group"), reason="this torch has no shrink_group")
+def test_torch_shrink_group_refuses_a_pydist_group_and_pydists_shrinks_it():
+    """Why pydist.torch.shrink_group exists: torch.distributed.shrink_group asks the group's
+    CPU backend (``_get_backend(cpu)``: the plugin's group itself) whether it shrinks, and
+    registers what its ``shrink`` returns as a C++ ``c10d::Backend``. pydist's group is a
+    ProcessGroup, not a Backend (a Python Backend cannot even be constructed before torch
+    2.14), so torch refuses it, as it refuses gloo, on every torch that has shrink_group."""
+    from pydist.testing import run_processes
+    assert run_processes(3, _torch_shrinks, init="torch", timeout=180) == [(2, 2.0), (2, 2.0), None]

@@ -7,7 +7,13 @@ buffer-protocol objects.
 from __future__ import annotations
 
 from .api.breakpoint import breakpoint
-from .api.coalesced import all_gather_coalesced, all_gather_single, all_reduce_coalesced, reduce_scatter_single
+from .api.coalesced import (
+    all_gather_coalesced,
+    all_gather_single,
+    all_reduce_coalesced,
+    gather_into_tensor,
+    reduce_scatter_single,
+)
 from .api.collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -17,6 +23,7 @@ from .api.collectives import (
     barrier,
     broadcast,
     gather,
+    gather_single,
     reduce,
     reduce_scatter,
     reduce_scatter_tensor,
@@ -42,6 +49,7 @@ from .api.groups import (
     GroupMember,
     get_backend,
     get_backend_config,
+    get_backend_impl,
     get_global_rank,
     get_group_rank,
     get_process_group_ranks,
@@ -53,6 +61,7 @@ from .api.groups import (
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,
+    set_timeout,
 )
 from .api.grow import admit_joiners
 from .api.init import destroy_process_group, init_process_group
@@ -119,4 +128,5 @@ __all__ = [
     "get_backend_config", "register_rendezvous_handler",
     "all_gather_coalesced", "breakpoint", "DebugLevel", "get_debug_level", "set_debug_level",
     "set_debug_level_from_env", "admit_joiners", "Elastic", "EvictedError",
+    "gather_single", "gather_into_tensor", "get_backend_impl", "set_timeout",
 ]

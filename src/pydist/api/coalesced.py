@@ -2,7 +2,8 @@
 tensors of one dtype reduced as one, in place), ``all_gather_coalesced`` (several tensors of
 one dtype gathered as one; deprecated in torch, so it warns) and ``all_gather_single`` /
 ``reduce_scatter_single`` (torch 2.13's names for all_gather_into_tensor and
-reduce_scatter_tensor)."""
+reduce_scatter_tensor), ``gather_into_tensor`` (torch 2.14's first name of gather_single,
+deprecated there, so it warns)."""
 from __future__ import annotations
 
 import warnings
@@ -15,7 +16,14 @@ from ..core.buffers import Buffer, as_buffer
 from ..core.ops import RedOpType
 from ..core.opspec import describe
 from ..groups.work import Work
-from .collectives import _buffer_list, _reduce_op, _same_dtype, all_gather_into_tensor, reduce_scatter_tensor
+from .collectives import (
+    _buffer_list,
+    _reduce_op,
+    _same_dtype,
+    all_gather_into_tensor,
+    gather_single,
+    reduce_scatter_tensor,
+)
 from .groups import member_group
 
 
@@ -130,3 +138,11 @@ def reduce_scatter_single(output: Any, input: Any, op: Any = RedOpType.SUM, grou
                           async_op: bool = False):
     """torch 2.13's name for reduce_scatter_tensor."""
     return reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+
+
+def gather_into_tensor(tensor: Any, gather_tensor: Any = None, dst: int | None = None, group: Any = None,
+                       async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """gather_single, under the name torch 2.14 deprecates: it warns FutureWarning as torch's does."""
+    warnings.warn("`pydist.gather_into_tensor` is deprecated, as `torch.distributed.gather_into_tensor` is: "
+                  "use `pydist.gather_single`", FutureWarning, stacklevel=2)
+    return gather_single(tensor, gather_tensor, dst, group, async_op, group_dst)

@@ -184,15 +184,24 @@ def _on_root_only(objs: Any, is_root: bool, name: str, root_name: str) -> None:
         raise ValueError(f"{name}: must NOT be specified on ranks other than the {root_name}")
 
 
-def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
-           async_op: bool = False, group_dst: int | None = None) -> Work | None:
-    """``gather_list[i]`` on rank ``dst`` = rank i's ``tensor``."""
-    target = member_group(group, "gather")
+def _gathering(tensor: Any, dst: int | None, group: Any, group_dst: int | None,
+               op: str) -> tuple[ProcessGroup, int, Buffer, bool] | None:
+    """A gather's group, root (a group rank), input and whether this rank is the root; None
+    on a rank outside the group."""
+    target = member_group(group, op)
     if target is None:
         return None
     root = root_rank(target, dst, group_dst, "dst")
-    inp = as_buffer(tensor, "tensor", writable=False)
-    is_root = target.rank() == root
+    return target, root, as_buffer(tensor, "tensor", writable=False), target.rank() == root
+
+
+def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """``gather_list[i]`` on rank ``dst`` = rank i's ``tensor``."""
+    call = _gathering(tensor, dst, group, group_dst, "gather")
+    if call is None:
+        return None
+    target, root, inp, is_root = call
     _on_root_only(gather_list, is_root, "gather_list", "destination")
     outs = _buffer_list(gather_list, "gather_list", target.size(), writable=True) if is_root else []
     _same_dtype(outs, inp)
@@ -201,6 +210,27 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     spec = describe("gather", "gather", inp, root=root)
     return target.run(spec, lambda ctx: target.engine.gather(ctx, inp.array, arrays, root), outs, async_op,
                       results=[list(gather_list or ())] if is_root else [])  # checked: a list on the root
+
+
+def gather_single(tensor: Any, gather_tensor: Any = None, dst: int | None = None, group: Any = None,
+                  async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """``gather_tensor`` on rank ``dst`` = every rank's ``tensor`` concatenated in rank order
+    (torch 2.14's single-output gather: flat, or stacked ``[size, *tensor.shape]``; only its
+    element count is checked). ``gather_tensor`` is required on the destination and ignored
+    on the other ranks, as torch's."""
+    call = _gathering(tensor, dst, group, group_dst, "gather_single")
+    if call is None:
+        return None
+    target, root, inp, is_root = call
+    if is_root and gather_tensor is None:
+        raise ValueError("gather_tensor: required on the destination rank")
+    out = as_buffer(gather_tensor, "gather_tensor") if is_root else None
+    if out is not None:
+        _same_dtype([out], inp)
+    blocks = _blocks_of(out, target.size(), "gather_tensor", inp.array.size) if out is not None else None
+    spec = describe("gather_single", "gather", inp, root=root)
+    return target.run(spec, lambda ctx: target.engine.gather(ctx, inp.array, blocks, root),
+                      [out] if out is not None else [], async_op)
 
 
 def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,

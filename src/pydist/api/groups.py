@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..core.deadline import DEFAULT_PG_TIMEOUT, to_seconds
+from ..engines.base import Engine
 from ..groups.factory import make_group
 from ..groups.process_group import ProcessGroup
 from ..groups.world import World, current
@@ -129,6 +130,37 @@ def get_backend(group: ProcessGroup | None = None) -> Backend:
     if target is None:
         raise ValueError("Invalid process group specified")
     return Backend(target.engine.name)
+
+
+def get_backend_impl(group: str | ProcessGroup | None = None, device: Any = None) -> Engine:
+    """The engine that runs ``group``'s operations (default: the world's group; a group may be
+    given by its name), as torch 2.14's get_backend_impl returns a group's backend
+    implementation: pydist's native engine or its MPI one. ``device``: None or the CPU (pydist
+    runs host memory only); ValueError outside the group."""
+    if isinstance(group, str):
+        named = [g for g in current().groups if g.group_name == group]
+        if not named:
+            raise ValueError(f"group: no process group named {group!r} on this rank")
+        group = named[0]
+    target = resolve_group(group)
+    if target is None:
+        raise ValueError("Invalid process group specified")
+    kind = getattr(device, "type", device)
+    if kind is not None and (not isinstance(kind, str) or kind.split(":")[0] != "cpu"):
+        raise ValueError(f"device: {device!r}; a pydist group runs host memory only (device None or 'cpu')")
+    return target.engine
+
+
+def set_timeout(timeout: timedelta, group: ProcessGroup | None = None) -> None:
+    """Make ``timeout`` the default timeout of ``group``'s later operations (default: the
+    world's group), overriding the one it was created with, as torch 2.14's set_timeout;
+    ValueError outside the group."""
+    target = resolve_group(group)
+    if target is None:
+        raise ValueError("Invalid process group specified")
+    if timeout is None:
+        raise TypeError("timeout: expected datetime.timedelta or seconds, got None")
+    target.set_timeout(timeout_seconds(timeout))
 
 
 def get_backend_config(group: ProcessGroup | None = None) -> str:

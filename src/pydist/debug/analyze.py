@@ -28,6 +28,7 @@ from typing import Any
 #: calls that run the same collective (a rank may use either form)
 _SAME_COLLECTIVE = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
                     "all_to_all_single": "all_to_all", "gather_object": "gather",
+                    "gather_single": "gather",
                     "scatter_object_list": "scatter"}
 _COUNT_AGREES = {"broadcast", "all_reduce", "reduce", "all_gather", "reduce_scatter", "gather", "scatter"}
 _ERROR_CHARS = 300

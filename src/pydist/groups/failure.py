@@ -45,6 +45,10 @@ class FailurePath:
         self._progress = progress
         self._timeout = timeout
 
+    def set_timeout(self, seconds: float) -> None:
+        """The group's default operation timeout changed (its share of it explains a timeout)."""
+        self._timeout = seconds
+
     def collective(self, error: BaseException, seq: int) -> BaseException:
         """What collective ``seq``'s ``error`` becomes (raise it): steps 1 to 4; or, when the
         others declared this rank dead (it was stopped), that (EvictedError), and the group broken."""

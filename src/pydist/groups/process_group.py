@@ -87,6 +87,13 @@ class ProcessGroup:
         """The group's default operation timeout, in seconds."""
         return self._timeout
 
+    def set_timeout(self, seconds: float) -> None:
+        """Make ``seconds`` the default timeout of the group's operations from the next one on
+        (torch's ``ProcessGroup.set_timeout``; an operation already running keeps its deadline)."""
+        self._timeout_text = timed_out_waiting(seconds)
+        self._timeout = seconds
+        self._failures.set_timeout(seconds)
+
     @property
     def state(self) -> GroupState:
         """The group's lifecycle on this rank (see pydist.groups.state)."""

@@ -151,7 +151,11 @@ def _op(reduce_op: Any) -> ReduceOp:
     kind = getattr(reduce_op, "op", reduce_op)
     op = ReduceOp(RedOpType[kind.name] if hasattr(kind, "name") else RedOpType(int(kind)))
     if op.op == RedOpType.PREMUL_SUM:
-        factor = reduce_op.factor
+        factor = getattr(reduce_op, "factor", None)
+        if factor is None:
+            raise RuntimeError(f"PREMUL_SUM: this torch ({torch.__version__}) does not show the factor of a "
+                               "ReduceOp made by _make_nccl_premul_sum to a Python backend (ReduceOp.factor, "
+                               "torch 2.13 and later); multiply the tensor and reduce with SUM instead")
         op.factor = factor.item() if hasattr(factor, "item") else float(factor)
     return op
 
@@ -176,6 +180,10 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     """A torch ProcessGroup whose every operation runs on pydist."""
 
     profiling_name = BACKEND_NAME  # the prefix of its torch profiler events ("pydist:all_reduce")
+    # What torch asks of the backend of a device (see _get_backend): this group, as its own CPU
+    # backend, batches no point-to-point operations (torch then runs batch_isend_irecv's one by
+    # one), and splits, shrinks and estimates through none of torch's backend calls.
+    supports_coalescing = supports_splitting = supports_shrinking = supports_time_estimate = False
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, engine: str = "pydist",
                  global_ranks: list[int] | None = None, world: World | None = None):
@@ -200,6 +208,29 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         kind = getattr(tdist.ProcessGroup.BackendType, backend.name().upper(), tdist.ProcessGroup.BackendType.CUSTOM)
         self._register_backend(torch.device(device), kind, backend)
         self.device_backends[device] = backend
+
+    def _get_backend(self, device: Any) -> Any:
+        """torch's "backend of this group for ``device``": the torch backend attached for it, else,
+        for the CPU, this group itself (pydist runs CPU tensors; torch 2.14's batch_isend_irecv
+        asks it whether it coalesces). Other devices without a backend: torch's RuntimeError."""
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            if torch.device(device).type != "cpu":
+                raise
+            return self
+
+    get_backend = _get_backend  # torch 2.14's public name (its get_backend_impl asks it)
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        """Whether this backend allocates tensors itself (FSDP2 asks): no."""
+        return False
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Make ``timeout`` the default timeout of the group's later operations, on pydist and on
+        the backends attached for other devices (torch 2.14's ``set_timeout`` calls this)."""
+        self.pydist_group.set_timeout(timeout.total_seconds())
+        super().set_timeout(timeout)
 
     def route(self, operation: str, args: tuple) -> Any:
         """The torch backend that runs this call's tensors, or None for pydist (CPU tensors, and
@@ -376,6 +407,15 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         outs = output_lists[0] if self.rank() == root else None
         work = pydist.gather(input_tensors[0], outs, group=self._group, group_dst=root, async_op=True)
         return self._run(work, output_lists)
+
+    @routed
+    @profiled("gather", single_input)
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
+        """torch 2.14's gather into one tensor (``output``: the root's; an empty placeholder elsewhere)."""
+        root = opts.rootRank if opts is not None else 0
+        work = pydist.gather_single(input, output if self.rank() == root else None, group=self._group,
+                                    group_dst=root, async_op=True)
+        return self._run(work, [output])
 
     @routed
     @profiled("scatter", scattered)

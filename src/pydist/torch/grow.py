@@ -19,7 +19,7 @@ from ..api.grow import admit_joiners as admit_pydist_joiners
 from ..groups.world import using_world
 from ._group_count import agree_group_count
 from .backend import ProcessGroupPydist
-from .regroup import reregister
+from .regroup import require_regrouping, reregister
 
 _log = logging.getLogger("pydist")
 
@@ -27,6 +27,7 @@ _log = logging.getLogger("pydist")
 def admit_joiners(timeout: timedelta | float | None = None) -> list[int]:
     """Admit the ranks waiting to join into torch's default group (see the module note); the
     global ranks they got (usually none). Called by every rank of the default group."""
+    require_regrouping("pydist.torch.admit_joiners")
     target = c10d._get_default_group()
     if not isinstance(target, ProcessGroupPydist):
         raise TypeError(f"pydist.torch.admit_joiners grows a default group of backend 'pydist', got "

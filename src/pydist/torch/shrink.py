@@ -1,10 +1,10 @@
 """``pydist.torch.shrink_group``: torch.distributed.shrink_group for groups of backend "pydist".
 
-torch 2.13's ``torch.distributed.shrink_group`` cannot reach a Python backend: it asks the
-group for its CPU ``Backend`` (``pg._get_backend(cpu)``, which a plugin returning a
-ProcessGroup, as this one does, does not have) and registers the shrunk one as a C++
-``c10d::Backend``, which Python cannot construct (``class B(Backend)`` -> "No constructor
-defined"). So this function does torch's steps itself with the same signature, checks and
+``torch.distributed.shrink_group`` (torch 2.11 to 2.14) cannot reach a Python backend: it
+asks the group's CPU backend (``pg._get_backend(cpu)``: this plugin's group itself, which
+says ``supports_shrinking = False``, so torch raises TypeError) to shrink and registers what
+that returns as a C++ ``c10d::Backend`` (which Python cannot even construct before torch
+2.14), while this plugin's group is a ProcessGroup. So this function does torch's steps itself with the same signature, checks and
 wording: the survivors agree and get a pydist group over the same connections (the group's
 private World shrinks as the process's does: ``pydist.api.shrink.shrink``); it is wrapped
 as a torch ProcessGroup and
@@ -24,7 +24,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ..api.shrink import SHRINK_DEFAULT, shrink
 from .backend import ProcessGroupPydist
-from .regroup import reregister
+from .regroup import require_regrouping, reregister
 
 _log = logging.getLogger("pydist")
 
@@ -32,6 +32,7 @@ _log = logging.getLogger("pydist")
 def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: int = SHRINK_DEFAULT,
                  pg_options: Any = None) -> tdist.ProcessGroup:
     """torch.distributed.shrink_group for a group of backend "pydist" (see the module note)."""
+    require_regrouping("pydist.torch.shrink_group")
     target = group if group is not None else c10d._get_default_group()
     if not isinstance(target, ProcessGroupPydist):
         raise TypeError(f"group: pydist.torch.shrink_group shrinks groups of backend 'pydist', got "
