@@ -45,6 +45,11 @@ class _Opening:
         self._step = 0
         self.done = False
 
+    @property
+    def pending(self) -> int:
+        """Bytes received and not consumed yet (the peer's next step, or what it sent early)."""
+        return len(self._buf)
+
     def leftover(self) -> bytes:
         data, self._buf = bytes(self._buf), bytearray()
         return data

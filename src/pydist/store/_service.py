@@ -23,6 +23,15 @@ authenticated opening (``_auth_opening.ServerOpening``): until it has, none of i
 a request parser, so it can neither read nor write a key. A connection that fails it, or
 speaks torch's protocol (torch's clients cannot authenticate), is dropped with a reason
 naming authentication, after its refusal reply is sent.
+
+What a connection may make the server hold is bounded, so that clients that never prove
+anything cannot exhaust its memory (each drop is logged by the I/O loop with its reason):
+with a token, a connection sends at most ``UNAUTHENTICATED_BYTES`` before it has
+authenticated, all of them together at most ``UNAUTHENTICATED_TOTAL``, and at most
+``MAX_UNAUTHENTICATED`` connections wait to authenticate (a new one drops the oldest);
+token or not, the bytes of unfinished messages held for all connections together stay under
+``BUFFERED_TOTAL`` (a message is at most ``MAX_MESSAGE_BYTES``), the connection whose bytes
+pass it being dropped. ``stats`` counts what is held, its peaks, and the drops.
 """
 from __future__ import annotations
 
@@ -31,13 +40,14 @@ import itertools
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.errors import DistStoreError
 from ..net.tls import HANDSHAKE_RECORD
 from ._auth_opening import ServerOpening
 from ._protocol import (
+    MAX_MESSAGE_BYTES,
     REQUESTS,
     WIRE_MAGIC,
     AuthRefused,
@@ -58,6 +68,14 @@ MAX_ERROR_CHARS = 2000
 #: Answers pending for one connection beyond which its next requests wait (back-pressure on a
 #: client that does not read): the I/O loop calls ``resume`` once they are sent.
 OUTPUT_LIMIT = 4 << 20
+#: Bytes one connection may send before it has authenticated (with a token; the opening is 70).
+UNAUTHENTICATED_BYTES = 64 << 10
+#: Bytes all connections that have not authenticated yet may have the server hold together.
+UNAUTHENTICATED_TOTAL = 16 << 20
+#: Connections waiting to authenticate (or, with TLS, in their TLS handshake); one more drops the oldest.
+MAX_UNAUTHENTICATED = 1024
+#: Bytes of unfinished messages held for all connections together (one whole message fits).
+BUFFERED_TOTAL = MAX_MESSAGE_BYTES + (128 << 20)
 
 
 class PydistCodec(RequestParser):
@@ -105,10 +123,11 @@ def _codec_for(first: bytes) -> Codec:
 
 
 class _Conn:
-    __slots__ = ("cid", "codec", "ops", "waiter", "opening")
+    __slots__ = ("cid", "codec", "ops", "waiter", "opening", "held")
 
     def __init__(self, cid: int):
         self.cid = cid
+        self.held = 0  # bytes received and not yet parsed into messages (see StoreService._account)
         self.codec: Codec | None = None
         self.ops: Any = None
         self.waiter: _Waiter | None = None
@@ -130,17 +149,25 @@ class _Waiter:
 class ServiceStats:
     """What a service has handled since it started (pydist-bench --scale reads it): requests
     by name, each counted once when it arrives (a parked one is not counted again when it is
-    re-run); connections open now, the most open at once, and opened in all."""
+    re-run); connections open now, the most open at once, and opened in all; connections
+    waiting to authenticate now; bytes of unfinished messages held now and at most, all
+    connections' and those of connections not authenticated yet; connections dropped for a
+    limit (see the module docstring)."""
 
     requests: dict[str, int] = field(default_factory=dict)
     connections: int = 0
     peak_connections: int = 0
     opened: int = 0
+    unauthenticated: int = 0
+    buffered_bytes: int = 0
+    peak_buffered_bytes: int = 0
+    unauthenticated_bytes: int = 0
+    peak_unauthenticated_bytes: int = 0
+    dropped_for_limits: int = 0
 
     def snapshot(self) -> dict[str, Any]:
         """A copy as plain data (the counts as they are now)."""
-        return {"requests": dict(self.requests), "connections": self.connections,
-                "peak_connections": self.peak_connections, "opened": self.opened}
+        return asdict(self)
 
 
 class StoreService:
@@ -158,6 +185,7 @@ class StoreService:
         self._changed: deque[str] = deque()
         self._output: dict[int, bytearray] = {}
         self._dropped: dict[int, str] = {}
+        self._unproven: dict[int, None] = {}  # with a token: connections not authenticated yet, oldest first
 
     # -- the I/O loop's interface ----------------------------------------------------
     def open(self, cid: int) -> None:
@@ -167,7 +195,12 @@ class StoreService:
         stats.connections += 1
         stats.opened += 1
         stats.peak_connections = max(stats.peak_connections, stats.connections)
-
+        if self.auth_token is not None:
+            self._unproven[cid] = None
+            if len(self._unproven) > MAX_UNAUTHENTICATED:
+                self._over_limit(next(iter(self._unproven)), f"{MAX_UNAUTHENTICATED} connections were waiting to "
+                                                             "authenticate; the oldest is dropped for a new one")
+            self.stats.unauthenticated = len(self._unproven)
     def receive(self, cid: int, data: bytes, now: float) -> None:
         """Bytes from connection ``cid``; answers what they complete."""
         conn = self._conns.get(cid)
@@ -178,11 +211,13 @@ class StoreService:
         if conn.opening is not None:
             data = self._open(conn, data)
             if not data:
+                self._account(conn)
                 return
         assert conn.codec is not None  # set by _start
         conn.codec.feed(data)
         self._drain(conn, now)
         self._settle(now)
+        self._account(conn)
 
     def close(self, cid: int) -> str | None:
         """Forget connection ``cid`` and its parked request; what was wrong with how it ended
@@ -193,6 +228,7 @@ class StoreService:
         if conn is None:
             return None
         self.stats.connections -= 1
+        self._forget(conn)
         if conn.waiter is not None:
             self._unpark(conn.waiter)
         if conn.opening is not None:
@@ -207,6 +243,7 @@ class StoreService:
         if conn is not None and conn.codec is not None and cid not in self._dropped:
             self._drain(conn, now)
             self._settle(now)
+            self._account(conn)
 
     def next_deadline(self) -> float | None:
         """When the earliest parked request times out (monotonic seconds), if any."""
@@ -241,6 +278,46 @@ class StoreService:
         their farewell (e.g. a refusal), nothing else."""
         dropped, self._dropped = self._dropped, {}
         return dropped
+
+    # -- limits ----------------------------------------------------------------------
+    def _account(self, conn: _Conn) -> None:
+        """Count what ``conn`` holds unparsed now; drop it if that passes a limit."""
+        if conn.cid in self._dropped:  # closed next: held no longer
+            self._forget(conn)
+            return
+        held = (conn.opening.pending if conn.opening is not None else 0) + (conn.codec.pending if conn.codec else 0)
+        stats = self.stats
+        stats.buffered_bytes += held - conn.held
+        unproven = conn.cid in self._unproven
+        if unproven:
+            stats.unauthenticated_bytes += held - conn.held
+        conn.held = held
+        stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, stats.buffered_bytes)
+        stats.peak_unauthenticated_bytes = max(stats.peak_unauthenticated_bytes, stats.unauthenticated_bytes)
+        if unproven and held > UNAUTHENTICATED_BYTES:
+            self._over_limit(conn.cid, f"it sent {held} bytes before authenticating (limit {UNAUTHENTICATED_BYTES})")
+        elif unproven and stats.unauthenticated_bytes > UNAUTHENTICATED_TOTAL:
+            self._over_limit(conn.cid, f"connections not authenticated yet hold {stats.unauthenticated_bytes} bytes "
+                                       f"(limit {UNAUTHENTICATED_TOTAL})")
+        elif stats.buffered_bytes > BUFFERED_TOTAL:
+            self._over_limit(conn.cid, f"unfinished messages hold {stats.buffered_bytes} bytes of the store's memory "
+                                       f"(limit {BUFFERED_TOTAL}); this connection's {held}")
+
+    def _over_limit(self, cid: int, reason: str) -> None:
+        if cid not in self._dropped:
+            self.stats.dropped_for_limits += 1
+            self._drop(cid, f"over a limit: {reason}")
+        conn = self._conns.get(cid)
+        if conn is not None:
+            self._forget(conn)
+
+    def _forget(self, conn: _Conn) -> None:
+        """Stop counting what ``conn`` holds (it is closed, dropped, or authenticated)."""
+        self.stats.buffered_bytes -= conn.held
+        if self._unproven.pop(conn.cid, 0) is None:
+            self.stats.unauthenticated_bytes -= conn.held
+            self.stats.unauthenticated = len(self._unproven)
+        conn.held = 0
 
     # -- internals -------------------------------------------------------------------
     def _send(self, cid: int, data: bytes) -> None:
@@ -287,6 +364,7 @@ class StoreService:
             return b""
         if not conn.opening.done:
             return b""
+        self._forget(conn)  # authenticated: what it holds is counted again as any connection's
         data, conn.opening = conn.opening.leftover(), None
         return data
 
@@ -384,6 +462,7 @@ class StoreService:
         self._send(waiter.conn.cid, answer)
         if waiter.conn.cid in self._conns:
             self._drain(waiter.conn, now)
+            self._account(waiter.conn)
 
     def _settle(self, now: float) -> None:
         """Re-run the requests parked on every changed key, oldest first."""

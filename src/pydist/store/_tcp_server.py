@@ -19,6 +19,11 @@ not sign, expired) or is not done within ``HANDSHAKE_TIMEOUT_S`` drops the conne
 warning. A TLS socket gives one record per ``recv``: it is read until WantRead, or until
 ``READ_BYTES`` were read and its decrypted buffer is empty (``pending()``: bytes left there
 would never make the socket readable again).
+
+What clients that prove nothing can make the server hold is bounded (the limits are the
+service's, see :mod:`._service`; with TLS, at most ``MAX_UNAUTHENTICATED`` connections are in
+their TLS handshake, a new one dropping the oldest); the listener takes ``ACCEPT_BATCH``
+connections per wake-up, so a burst's first bytes are read before more come in.
 """
 from __future__ import annotations
 
@@ -40,13 +45,15 @@ from ..net.addresses import family_unusable, host_port
 from ..net.tls import HANDSHAKE_RECORD
 from ..net.tls import reason as tls_reason
 from ._protocol import WIRE_MAGIC, Message, encode_response, error_code, hello
-from ._service import OUTPUT_LIMIT, StoreService
+from ._service import MAX_UNAUTHENTICATED, OUTPUT_LIMIT, StoreService
 
 logger = logging.getLogger("pydist.store")
 #: Seconds a connection may take to finish its TLS handshake before it is dropped.
 HANDSHAKE_TIMEOUT_S = 30.0
 #: Bytes read from one connection per readiness event.
 READ_BYTES = 262144
+#: Connections accepted per readiness event of the listener (then the others' bytes are read).
+ACCEPT_BATCH = 64
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _TLS_REQUIRED = DistStoreError("this store requires TLS: set PYDIST_TLS_CERT, PYDIST_TLS_KEY and PYDIST_TLS_CA "
                                "for this client too")
@@ -189,7 +196,9 @@ class Server:
                     self._drop(peer, f"internal error: {e!r}")
 
     def _accept(self) -> None:
-        while True:
+        """Accept up to ACCEPT_BATCH connections (a burst's first bytes are read before more
+        come in, so that the cap on connections waiting to authenticate drops idle ones)."""
+        for _ in range(ACCEPT_BATCH):
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -205,8 +214,12 @@ class Server:
             self._sel.register(sock, selectors.EVENT_READ, peer)
             if self.tls is None:
                 self._service.open(peer.cid)
-            else:
-                self._handshakes[peer.cid] = _deadline.now() + HANDSHAKE_TIMEOUT_S
+                continue
+            self._handshakes[peer.cid] = _deadline.now() + HANDSHAKE_TIMEOUT_S
+            if len(self._handshakes) > MAX_UNAUTHENTICATED:  # the oldest is dropped for a new one
+                self._service.stats.dropped_for_limits += 1
+                self._drop(self._peers[next(iter(self._handshakes))],
+                           f"over a limit: {MAX_UNAUTHENTICATED} connections were in their TLS handshake")
 
     def _handshake(self, peer: _Peer) -> None:
         """Advance a TLS connection's opening (see the module docstring); once done, the
