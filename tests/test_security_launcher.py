@@ -225,3 +225,59 @@ def test_malformed_node_round_and_workers_store_records_name_their_keys():
     records = (me, NodeRecord("b", "h", "127.0.0.2", 1, -1))
     with pytest.raises(MalformedRecord, match="key 'rdzv/job/r0/workers_store'.*field 'port'"):
         WorkerStore(Rendezvous(store, settings, records[1]), Round(0, 1, records), "ignored", 5)
+
+
+# --- started another way: rank 0 says once that the job is open ------------------------
+
+OPEN_LOG = "pydist: this job has no shared secret, so it is open"
+BY_HAND = """
+import sys
+from datetime import timedelta
+import numpy as np
+import pydist as dist
+dist.init_process_group(timeout=timedelta(seconds=60))
+group = dist.new_group([0, 1])
+data = np.ones(2)
+dist.all_reduce(data, group=group)
+dist.destroy_process_group()
+print("RESULT", sys.argv[1], data.tolist(), flush=True)
+"""
+
+
+def _by_hand(**extra: str) -> list:
+    port = free_port()
+    procs = [commands.start_command([sys.executable, "-c", BY_HAND, str(rank)],
+                                    env=_env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                             MASTER_PORT=str(port), **extra)) for rank in range(2)]
+    results = commands.finish(procs, 120)
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+    assert [r.stdout.split()[-2:] for r in results] == [["[2.0,", "2.0]"]] * 2
+    return results
+
+
+@pytest.mark.slow
+def test_a_job_started_by_hand_without_a_token_says_once_on_rank_0_that_it_is_open():
+    rank0, rank1 = _by_hand()
+    assert rank0.stderr.count(OPEN_LOG) == 1 and "PYDIST_AUTH_TOKEN" in rank0.stderr, rank0.stderr
+    assert OPEN_LOG not in rank1.stderr
+
+
+@pytest.mark.slow
+def test_a_job_started_by_hand_with_a_token_is_silent():
+    assert not any(OPEN_LOG in r.stderr for r in _by_hand(PYDIST_AUTH_TOKEN="both ranks"))
+
+
+def test_the_open_job_warning_is_logged_once_and_not_for_a_closed_or_launched_job(monkeypatch, caplog):
+    from pydist.net import auth
+
+    monkeypatch.delenv("PYDIST_AUTH_TOKEN", raising=False)
+    monkeypatch.setattr(auth, "_warned_open", False)
+    closed = HashStore()
+    closed.auth_token = b"secret"  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="pydist"):
+        assert not auth.warn_if_open(closed)
+        monkeypatch.setenv("PYDIST_RUN_WORKER", "1")  # pydist-run said it for the job
+        assert not auth.warn_if_open(HashStore())
+        monkeypatch.delenv("PYDIST_RUN_WORKER")
+        assert auth.warn_if_open(HashStore()) and not auth.warn_if_open(HashStore())
+    assert [r.name for r in caplog.records] == ["pydist"] and OPEN_LOG in caplog.text

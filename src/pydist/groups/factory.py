@@ -21,6 +21,7 @@ from ..core import init_marks
 from ..core.deadline import Deadline
 from ..core.errors import DistError, DistNetworkError
 from ..core.settings import settings
+from ..net.auth import warn_if_open
 from ..store import PrefixStore, Store
 from ..transport.world import WorldTransport
 from .admission import Ticket, base_store, end_job, found_job
@@ -56,6 +57,8 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
     scoped = namespace(world, store)
     deadline = Deadline.after(timeout)
     transport = progress = None
+    if rank == 0 and world.transport_factory is None:  # the network transports: is anyone let in?
+        warn_if_open(store)
     try:
         factory = world.transport_factory or default_transport
         transport = factory(rank, size, scoped, deadline, world.states, False)

@@ -25,6 +25,7 @@ the transports (``transport/tcp/mesh.py``) frame the four messages in their own 
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import struct
 from hashlib import sha256
@@ -32,9 +33,18 @@ from typing import Any
 
 from ..core.errors import DistNetworkError, DistStoreError
 from ..core.settings import settings
+from . import tls as _tls
 
 #: The environment variable holding the shared token.
 TOKEN_ENV = "PYDIST_AUTH_TOKEN"
+#: What rank 0 of a job without a token or TLS logs once (logger "pydist", a warning).
+OPEN_JOB_WARNING = (
+    "pydist: this job has no shared secret, so it is open: anyone who can reach its store or its ranks' ports "
+    "can read and write the store, join as a rank, inject data and stop the job. To close it, set the "
+    "same PYDIST_AUTH_TOKEN (a long random secret, e.g. from secrets.token_hex(32)) for every rank, or "
+    "mutual TLS (PYDIST_TLS_CERT, PYDIST_TLS_KEY, PYDIST_TLS_CA); pydist-run does this by itself for a "
+    "single-node job.")
+_warned_open = False
 NONCE_BYTES = 32
 MAC_BYTES = 32
 CLIENT, SERVER = "client", "server"
@@ -70,6 +80,18 @@ def token_of(store: Any) -> bytes | None:
             return token
         store, seen = getattr(store, "underlying_store", None), seen + 1
     return resolve_token()
+
+
+def warn_if_open(store: Any) -> bool:
+    """Log :data:`OPEN_JOB_WARNING` (logger "pydist") once per process if the job met through
+    ``store`` has no token (see :func:`token_of`) and no TLS, unless pydist-run started this
+    worker (its launcher says it once for the job). Whether it logged now."""
+    global _warned_open
+    if _warned_open or settings().run_worker or token_of(store) is not None or _tls.contexts() is not None:
+        return False
+    _warned_open = True
+    logging.getLogger("pydist").warning(OPEN_JOB_WARNING)
+    return True
 
 
 def new_nonce() -> bytes:
