@@ -113,5 +113,5 @@ def test_every_routed_operation_exists_on_torchs_backend():
     routed = [name for name, member in vars(ProcessGroupPydist).items()
               if callable(member) and getattr(member, "__wrapped__", None) is not None and name == member.__name__]
     assert len(routed) >= 17
-    for name in routed:
-        assert hasattr(Backend, PAIR_BY_PAIR.get(name, name)), name
+    for name in routed:  # gather_single: torch 2.14's, which an older torch never calls
+        assert hasattr(Backend, PAIR_BY_PAIR.get(name, name)) or not hasattr(tdist.ProcessGroup, name), name

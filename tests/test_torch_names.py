@@ -192,8 +192,11 @@ def test_a_registered_rendezvous_handler_makes_the_world():
 
 @pytest.mark.parametrize("name", ["all_gather_coalesced", "breakpoint"])
 def test_signature_as_torchs(name):
-    ours, theirs = (inspect.signature(getattr(module, name)).parameters for module in (pydist, tdist))
-    assert [(p.name, p.default) for p in ours.values()] == [(p.name, p.default) for p in theirs.values()]
+    ours, theirs = ([(p.name, p.default) for p in inspect.signature(getattr(module, name)).parameters.values()]
+                    for module in (pydist, tdist))
+    assert ours[:len(theirs)] == theirs  # pydist's are the newest torch's: an older torch's are a prefix
+    older = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
+    assert len(ours) == len(theirs) or older  # (2.8's breakpoint has no timeout_s)
 
 
 def test_the_coalesced_collectives_are_deprecated_as_torchs():
