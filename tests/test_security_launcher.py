@@ -9,6 +9,7 @@ once that it is open. A malformed record in the rendezvous store is an error nam
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pydist.core.deadline import Deadline
 from pydist.net.auth import AuthenticationError
 from pydist.run.agent_rendezvous import MalformedRecord, NodeRecord, Rendezvous, RendezvousSettings, Round
 from pydist.run.config import LaunchConfig
@@ -24,6 +26,7 @@ from pydist.run.secret import job_secret
 from pydist.run.worker_store import WorkerStore
 from pydist.store import HashStore, TCPStore
 from pydist.testing import commands, free_port
+from pydist.transport.tcp.mesh import PeerRecord, connect_to
 
 SCRIPTS = Path(__file__).parent / "run_scripts"
 PROBE = str(SCRIPTS / "secure_probe.py")
@@ -59,6 +62,20 @@ def _refused(host: str, port: int) -> None:
             TCPStore(host, port, is_master=False, timeout=SHORT, auth_token=token)
 
 
+def _an_impostor_cannot_dial_rank_0(store: TCPStore) -> None:
+    """Even knowing what the workers' store holds (the job's world token and rank 0's
+    address, which an outsider cannot read), a connection without the secret claiming to be
+    rank 1 is refused by rank 0's listener."""
+    keys = store.list_keys()
+    [world_key] = [key for key in keys if key.endswith("tcp/token")]
+    [rank0_key] = [key for key in keys if key.endswith("tcp/0")]
+    record = PeerRecord(**json.loads(store.get(rank0_key)))
+    # AuthenticationError while rank 0 listens (during init: its HELLO requires the secret, as
+    # tests/test_auth_tokens.py checks byte by byte); DistNetworkError once the mesh is whole
+    with pytest.raises(RuntimeError):
+        connect_to(record, 1, store.get(world_key).decode(), Deadline.after(10), None)
+
+
 def _all_text(store: TCPStore) -> str:
     keys = store.list_keys()
     values = [store.get(key) for key in keys if store.check([key])]
@@ -86,6 +103,8 @@ def test_a_default_job_refuses_an_outsider_and_leaks_no_secret(tmp_path, mode):
         for where in (("127.0.0.1", port), (addr, int(worker_port))):
             insider = TCPStore(*where, is_master=False, timeout=SHORT, auth_token=secret)
             text = _all_text(insider)
+            if mode == "pydist" and where[1] == int(worker_port):
+                _an_impostor_cannot_dial_rank_0(insider)
             insider.close()
             assert text.strip() and secret not in text
     finally:
