@@ -9,8 +9,22 @@ torch = pytest.importorskip("torch")
 
 from run_scripts import shrink_ranks  # noqa: E402
 
+from pydist.torch.regroup import regrouping_supported  # noqa: E402
+
+
+@pytest.mark.skipif(regrouping_supported(), reason="this torch has the internals")
+def test_on_a_torch_without_the_internals_shrink_and_grow_name_the_torch():
+    import re
+
+    import pydist.torch
+    for call, name in [(lambda: pydist.torch.shrink_group([1]), "pydist.torch.shrink_group"),
+                       (pydist.torch.admit_joiners, "pydist.torch.admit_joiners")]:
+        with pytest.raises(RuntimeError, match=re.escape(f"{name}: this torch ({torch.__version__}) lacks")):
+            call()
+
 
 @pytest.mark.slow
+@pytest.mark.skipif(not regrouping_supported(), reason="this torch lacks the internals (see the test above)")
 @pytest.mark.parametrize("victim", [2, 0], ids=["rank 2", "rank 0 (torch's store host)"])
 def test_torch_survivors_shrink_rebuild_ddp_and_make_groups(victim):
     trial = shrink_ranks.shrink_trial(3, [victim], delay=0.3, target=shrink_ranks.torch_shrink_rank)

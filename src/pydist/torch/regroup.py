@@ -20,12 +20,23 @@ NEEDED = ("_get_default_group", "_get_process_group_name", "_process_group_name"
 REGISTERS = ("_register_pg_in_world", "_update_process_group_global_state")
 
 
-def require_regrouping(feature: str) -> None:
-    """RuntimeError naming ``feature`` and this torch's version where torch lacks an internal
-    that registering a regrouped group needs."""
+def _missing() -> list[str]:
     missing = [name for name in NEEDED if not hasattr(c10d, name)]
     if not any(hasattr(c10d, name) for name in REGISTERS):
         missing.append(" or ".join(REGISTERS))
+    return missing
+
+
+def regrouping_supported() -> bool:
+    """Whether this torch has every internal that registering a regrouped group needs
+    (torch 2.11 to 2.14 do; 2.8 does not)."""
+    return not _missing()
+
+
+def require_regrouping(feature: str) -> None:
+    """RuntimeError naming ``feature`` and this torch's version where torch lacks an internal
+    that registering a regrouped group needs."""
+    missing = _missing()
     if missing:
         raise RuntimeError(f"{feature}: this torch ({torch.__version__}) lacks torch.distributed's "
                            f"{', '.join(missing)}, which registering the new group as torch registers its own "

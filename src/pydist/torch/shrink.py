@@ -4,14 +4,14 @@
 asks the group's CPU backend (``pg._get_backend(cpu)``: this plugin's group itself, which
 says ``supports_shrinking = False``, so torch raises TypeError) to shrink and registers what
 that returns as a C++ ``c10d::Backend`` (which Python cannot even construct before torch
-2.14), while this plugin's group is a ProcessGroup. So this function does torch's steps itself with the same signature, checks and
-wording: the survivors agree and get a pydist group over the same connections (the group's
-private World shrinks as the process's does: ``pydist.api.shrink.shrink``); it is wrapped
-as a torch ProcessGroup and
-registered as torch registers a shrunk group (the default one then becomes the new
-default: ranks renumbered, the other groups destroyed). When rank 0, the host of torch's
-env:// store, is gone, the new group's store is one the new rank 0 serves (pydist's store
-server speaks torch's protocol), so torch's later ``new_group`` calls work. torch DDP can
+2.14), while this plugin's group is a ProcessGroup. So this function does torch's steps
+itself with the same signature, checks and wording: the survivors agree and get a pydist
+group over the same connections (the group's private World shrinks as the process's does:
+``pydist.api.shrink.shrink``); it is wrapped as a torch ProcessGroup and registered as torch
+registers a shrunk group (the default one then becomes the new default: ranks renumbered,
+the other groups destroyed). When rank 0, the host of torch's env:// store, is gone, the new
+group's store is one the new rank 0 serves (pydist's store server speaks torch's protocol),
+so torch's later ``new_group`` calls work. torch DDP can
 then be built on the result.
 """
 from __future__ import annotations
