@@ -38,6 +38,20 @@ test: test-venv
 test-fast: test-venv
 	$(PYTEST) -m "not slow and not soak" $(PYTEST_ARGS)
 
+# Frameworks on pydist against gloo, 2 ranks each (tests/integration/, marker integration, which
+# make test deselects): Lightning, Fabric, accelerate, torch DCP, Ray Train, DeepSpeed ZeRO. Their
+# install (pyproject's integration extra) takes about a minute and 0.5 GB on top of the test venv,
+# the tests 5-7 minutes on 2 cores; -rP prints each test's gloo and pydist results side by side.
+# faulthandler's stack dump (100 s in pyproject) is pushed past the longest test (Ray Train, ~3 min).
+INTEGRATION_ARGS ?= -q -rfEsP --durations=10 -o faulthandler_timeout=600
+$(VENV)/.installed-integration: $(VENV)/.installed-test
+	$(PIP) install --quiet -e '.[integration]' $(TORCH)
+	touch $@
+
+.PHONY: integration
+integration: $(VENV)/.installed-integration
+	$(PYTEST) -m integration tests/integration $(INTEGRATION_ARGS) $(PYTEST_ARGS)
+
 # torch's own distributed suite against the plugin; pytest and expecttest live in the test venv.
 # The long robustness runs (see tests/test_robustness_soak.py); the dump of every thread's stack is moved
 # to just before the 20-minute bound: at 100 s it crashed the interpreter inside hypothesis.
