@@ -80,17 +80,35 @@ def _recv(sock, n: int) -> bytes:
     return bytes(buffer)
 
 
-def _job_with(store, *attacks) -> tuple[dict, dict]:
+class _Gated:
+    """A store whose ``multi_get`` (a rank's last step before it dials) waits for ``opened``."""
+
+    def __init__(self, store, opened: threading.Event):
+        self._store, self._opened = store, opened
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def multi_get(self, keys):
+        assert self._opened.wait(SECONDS)
+        return self._store.multi_get(keys)
+
+
+def _job_with(store, *attacks, settle: bool = True) -> tuple[dict, dict]:
     """Rank 0 listens; each attack (a callable of the store, run in a thread) dials it before
-    rank 1 starts; then rank 1 joins. Both ranks' connections, checked to be the real pair by
-    the bytes rank 1 sends arriving whole at rank 0 and back."""
+    rank 1 starts; then rank 1 joins, dialling once the attacks ended (``settle``: each was
+    refused before rank 1 connects) or at once. Both ranks' connections, checked to be the
+    real pair by the bytes rank 1 sends arriving whole at rank 0 and back."""
     thread0, result0 = _run(_rank, store, 0)
     _record(store, 0)  # rank 0 listens (its accepts wait for rank 1's record: attacks queue first)
     attackers = [_run(attack, store) for attack in attacks]
-    for attack, _ in attackers:
-        attack.join(0)  # each has dialled or is dialling; the kernel's accept queue keeps their order
-    _wait_dialled(attackers)
-    thread1, result1 = _run(_rank, store, 1)
+    _wait_dialled(attackers)  # the kernel's accept queue keeps them ahead of rank 1
+    opened = threading.Event()
+    thread1, result1 = _run(_rank, _Gated(store, opened), 1)
+    if settle:
+        for attack, _ in attackers:
+            attack.join(SECONDS)
+    opened.set()
     for thread in (thread0, thread1, *(a for a, _ in attackers)):
         thread.join(SECONDS)
     assert "error" not in result0 and "error" not in result1, (result0, result1)
@@ -215,7 +233,7 @@ def test_an_impostor_without_the_token_is_refused_at_startup(monkeypatch, caplog
     monkeypatch.setenv("PYDIST_AUTH_TOKEN", "the job's secret")
     with caplog.at_level(logging.WARNING, logger="pydist.transport"):
         first, _ = _job_with(HashStore(), _impostor(b"a guess"))
-    assert "value" not in first  # refused (or, once rank 0 had rank 1, cut and then not listened to)
+    assert isinstance(first["error"], AuthenticationError)
     assert "authentication failed" in caplog.text and "wrong proof" in caplog.text
 
 
@@ -259,7 +277,7 @@ def test_idle_connections_do_not_hold_up_a_token_protected_startup(monkeypatch, 
     monkeypatch.setenv("PYDIST_AUTH_TOKEN", "the job's secret")
     monkeypatch.setenv("PYDIST_HANDSHAKE_TIMEOUT", str(SECONDS * 10))
     with caplog.at_level(logging.WARNING, logger="pydist.transport"):
-        _, attacks = _job_with(HashStore(), *[_idle] * 6)
+        _, attacks = _job_with(HashStore(), *[_idle] * 6, settle=False)
     idle = [result["value"] for result in attacks.values()]
     assert "no handshake within" not in caplog.text and "in flight" not in caplog.text
     for sock in idle:
@@ -296,7 +314,7 @@ def test_at_most_max_handshakes_are_held(monkeypatch, caplog):
     monkeypatch.setattr(admission, "MAX_HANDSHAKES", 3)
     monkeypatch.setenv("PYDIST_HANDSHAKE_TIMEOUT", str(SECONDS * 10))
     with caplog.at_level(logging.WARNING, logger="pydist.transport"):
-        _, attacks = _job_with(HashStore(), *[_idle] * 8)
+        _, attacks = _job_with(HashStore(), *[_idle] * 8, settle=False)
     for result in attacks.values():
         result["value"].close()
     assert caplog.text.count("3 handshakes were in flight") >= 5  # the oldest, cut for newer ones

@@ -89,11 +89,15 @@ class JoinListener:
         """Start the handshakes of what waits on ``lane``'s listener (a few at a time)."""
         admission = self._admissions[lane]
         for _ in range(16):
+            if self._closing:  # close() shut the listeners down: accept nothing more
+                return
             try:
                 sock, where = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:  # e.g. out of file descriptors
+                if self._closing:
+                    return
                 log.warning("pydist rank %d: accepting a connection failed: %s", self.record.rank, error)
                 return
             sock.setblocking(True)
@@ -104,6 +108,9 @@ class JoinListener:
         same lane replaces it: a retry whose first try failed on its side), or, without a
         secret, refused when that lane of ``peer`` was accepted already."""
         with self._changed:
+            if self._closing:
+                sock.close()
+                return
             if (peer, lane) in self._met and not admission.secret:  # two claims raced: the first is kept
                 admission.refused(where, f"a second connection claiming rank {peer}")
                 sock.close()
@@ -132,8 +139,14 @@ class JoinListener:
             return [self._arrived.pop(w) for w in wanted]
 
     def close(self) -> None:
-        """Stop accepting; close the listeners and every connection not taken."""
+        """Stop accepting at once (the listeners are shut down: a rank dialling now is refused,
+        not handshaken and then closed); close the listeners and every connection not taken."""
         self._closing = True
+        for listener in self._listeners:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._thread.join()
         for listener in self._listeners:
             listener.close()
