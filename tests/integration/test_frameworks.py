@@ -9,6 +9,7 @@ them and runs this file. docs/guide/works-with.md describes what is covered here
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -26,6 +27,12 @@ BACKENDS = ("gloo", "pydist")
 WORLD_SIZE = 2
 COMMAND_TIMEOUT = 600.0  # seconds; on a loaded 2-core machine a pair takes 20-120 s
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}"]
+
+
+def needs(module: str) -> None:
+    """Skip unless ``module`` is installed (found, not imported: the workers import it)."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: `make integration` installs pyproject's integration extra")
 
 
 Results = dict[tuple[str, int], dict]  # a run's RESULT lines by (name, rank)
@@ -85,13 +92,13 @@ def compare_pair(name: str, outdirs: dict[str, Path], results: dict[str, Results
 def test_lightning_trainer(launch, tmp_path):
     """``Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend=...))``,
     Lightning's own launcher (``ddp``: the script runs again as rank 1) and ``ddp_spawn``."""
-    pytest.importorskip("lightning")
+    needs("lightning")
     outdirs, results = run_pair([sys.executable, "lightning_trainer.py", "{backend}", "{outdir}", launch], tmp_path)
     compare_pair(f"lightning-{launch}", outdirs, results)
 
 
 def test_lightning_fabric(tmp_path):
-    pytest.importorskip("lightning")
+    needs("lightning")
     outdirs, results = run_pair([sys.executable, "lightning_fabric.py", "{backend}", "{outdir}"], tmp_path)
     compare_pair("fabric", outdirs, results)
 
@@ -120,7 +127,7 @@ def test_accelerate_with_group_made_first(tmp_path):
     """``init_process_group(backend)`` then ``Accelerator(cpu=True)``, under torchrun; the worker
     also records accelerate's refusal of ``InitProcessGroupKwargs(backend="pydist")`` and that
     without ``cpu=True`` (no GPU here) it runs as one process of one."""
-    pytest.importorskip("accelerate")
+    needs("accelerate")
     outdirs, results = run_pair([*TORCHRUN, "accelerate_torchrun.py", "{backend}", "{outdir}"], tmp_path)
     compare_pair("accelerate", outdirs, results)
     for backend in BACKENDS:
@@ -138,7 +145,7 @@ def test_accelerate_with_group_made_first(tmp_path):
 def test_ray_train_torch_trainer(tmp_path):
     """``TorchTrainer(..., torch_config=TorchConfig(backend=...))`` on a local Ray cluster, 2
     workers, gloo then pydist; the workers know "pydist" only through torch's backend autoload."""
-    pytest.importorskip("ray.train")
+    needs("ray")
     results = run({"ray": [sys.executable, "ray_train.py", str(tmp_path)]})["ray"]
     for backend in BACKENDS:
         assert {results[f"ray-{backend}", rank]["group_backend"] for rank in range(WORLD_SIZE)} == {backend}
@@ -149,7 +156,7 @@ def test_ray_train_torch_trainer(tmp_path):
 def test_deepspeed_zero_stages(tmp_path):
     """``deepspeed.init_distributed(dist_backend=...)`` on DeepSpeed's CPU accelerator, ZeRO
     stages 0 to 3, under torchrun."""
-    pytest.importorskip("deepspeed")
+    needs("deepspeed")
     outdirs, results = run_pair([*TORCHRUN, "deepspeed_zero.py", "{backend}", "{outdir}"], tmp_path,
                                 env={"DS_ACCELERATOR": "cpu"})
     for stage in range(4):
@@ -159,7 +166,7 @@ def test_deepspeed_zero_stages(tmp_path):
 def test_submitit_local_executor(tmp_path):
     """submitit's LocalExecutor, 2 tasks: ``TorchDistributedEnvironment().export()`` then
     ``init_process_group(backend)`` with no URL, torch DDP."""
-    pytest.importorskip("submitit")
+    needs("submitit")
     outdirs, results = run_pair([sys.executable, "submitit_local.py", "{backend}", "{outdir}"], tmp_path)
     for backend in BACKENDS:
         backends = {results[backend][f"submitit-{backend}", rank]["group_backend"] for rank in range(WORLD_SIZE)}
