@@ -2,8 +2,9 @@
 rank exits, attempt 1 should finish) succeed, per backend, rendezvous and world size.
 
 Run: python tools/torchrun_restart_trials.py [--trials 20] [--backends pydist,gloo]
-     [--rdzv static,c10d] [--nproc 2,4] [--late 1.0] [--cap 150]
-Prints one row per combination: successes, failures, runs killed at the cap, the longest run.
+     [--rdzv static,c10d] [--nproc 2,4] [--late 1.0] [--cap 150] [--failures DIR]
+Prints one row per combination: successes, failures, runs killed at the cap, the longest run;
+one line per run on stderr; each failed run's output in DIR.
 """
 from __future__ import annotations
 
@@ -23,20 +24,28 @@ def main() -> None:
     parser.add_argument("--nproc", default="2,4")
     parser.add_argument("--late", type=float, default=1.0, help="attempt 1's rank 0 starts this late (s)")
     parser.add_argument("--cap", type=float, default=150.0, help="a run still going then is killed (s)")
+    parser.add_argument("--failures", default="", help="a folder to write each failed run's output to")
     args = parser.parse_args()
     print("| backend | rendezvous | ranks | succeeded | failed | killed at the cap | longest run (s) |")
     print("|---|---|---|---|---|---|---|", flush=True)
     for nproc in map(int, args.nproc.split(",")):
         for rdzv in args.rdzv.split(","):
             for backend in args.backends.split(","):
-                runs = [torchrun_restart(backend, nproc, rdzv, args.late, args.cap) for _ in range(args.trials)]
+                runs = []
+                for trial in range(args.trials):
+                    runs.append(torchrun_restart(backend, nproc, rdzv, args.late, args.cap))
+                    run = runs[-1]
+                    print(f"{backend} {rdzv} {nproc} #{trial}: exit {run.returncode}, right {run.right}, "
+                          f"{run.seconds:.1f} s", file=sys.stderr, flush=True)
+                    if not run.succeeded and args.failures:
+                        os.makedirs(args.failures, exist_ok=True)
+                        name = f"{backend}-{rdzv}-{nproc}-{trial}.log"
+                        with open(os.path.join(args.failures, name), "w") as log:
+                            log.write(run.output)
                 ok = sum(run.succeeded for run in runs)
                 killed = sum(run.returncode is None for run in runs)
                 print(f"| {backend} | {rdzv} | {nproc} | {ok}/{len(runs)} | {len(runs) - ok - killed} | {killed} | "
                       f"{max(run.seconds for run in runs):.1f} |", flush=True)
-                for run in runs:
-                    if not run.succeeded and os.environ.get("TRIALS_VERBOSE"):
-                        print(run.output[-1500:], file=sys.stderr)
 
 
 if __name__ == "__main__":
