@@ -85,6 +85,38 @@ def test_groups_mixing_hosts_processes(hosts):
     assert failures(results) == []
 
 
+def _first_all_reduce(rank, size):
+    """(this rank's arena made by init, store requests of its first all_reduce, its result)."""
+    import threading
+
+    from pydist.store.tcp import TCPStore
+    engine = dist.group.WORLD.engine
+    made = (engine._arena if len(engine.hosts) == 1 else engine._local_arena) is not None
+    requests = []
+    original = TCPStore._request
+
+    def counted(self, *args):
+        if threading.current_thread() is threading.main_thread():  # not the progress board's
+            requests.append(args[0])
+        return original(self, *args)
+    TCPStore._request = counted
+    try:
+        buf = np.ones(1, np.float32)
+        dist.all_reduce(buf)
+    finally:
+        TCPStore._request = original
+    return made, len(requests), float(buf[0])
+
+
+@pytest.mark.parametrize("hosts", [["x", "x", "x"], ["x", "x", "y", "y"]])
+def test_init_sets_up_the_arena_so_the_first_collective_asks_the_store_nothing(hosts):
+    """Issue 40: the arena (store round trips, the segment) is made by init_process_group,
+    so the first all_reduce is like the others; across hosts, each host's part of it."""
+    rank_env = {r: {"PYDIST_HOST_ID": host} for r, host in enumerate(hosts)}
+    results = run_processes(len(hosts), _first_all_reduce, rank_env=rank_env)
+    assert results == [(True, 0, float(len(hosts)))] * len(hosts)
+
+
 def _disagree(rank, size, case):
     if case == "dtype":  # the same 16 bytes, different dtypes
         call = lambda: dist.all_reduce(np.ones(4, np.float32) if rank == 0 else np.ones(4, np.int32))  # noqa: E731

@@ -88,5 +88,10 @@ class Engine(ABC):
         (it was silent too long); None otherwise, and by default."""
         return None
 
+    def prepare(self, deadline: Deadline) -> None:  # noqa: B027 - optional hook, default no-op
+        """Set up now, within ``deadline``, what the group's first operation would otherwise
+        (native: the shared-memory arena); called by every member while the group is made.
+        Default: nothing."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, default no-op
         """Release what this group's engine owns (the world's transport is closed by the world)."""

@@ -6,7 +6,8 @@
 - ``join_mpi(world, ...)``: a world on MPI.COMM_WORLD (no store, no transport).
 - ``make_group(world, global_ranks, ...)``: a group of the world: its engine (native over
   the world's transport, or MPI), its state kept by the world's GroupStates, its progress
-  board and flight recorder; kept by the world.
+  board and flight recorder; kept by the world. A default group's engine sets up its shared
+  memory there (``Engine.prepare``), not in its first operation: every member makes it.
 - ``standalone_world(...)`` / ``standalone_mpi_world(...)``: a private world of one default
   group, outside the process's state: what the torch plugin makes for each torch group.
 """
@@ -157,6 +158,12 @@ def make_group(world: World, global_ranks: list[int], group_id: int, name: str, 
         assert world.transport is not None  # join_native made it before any group
         engine = NativeEngine(world.transport, group_id, transport_ranks, global_ranks.index(world.rank), state,
                               settings())
+    if default:  # every member makes it now (init, a shrink or grow, a torch group): set up ahead
+        try:
+            engine.prepare(Deadline.after(timeout))
+        except BaseException:
+            engine.close()
+            raise
     group = ProcessGroup(name, group_id, global_ranks, world.rank, engine, state, timeout, desc=desc,
                          job=world.job_rank_and_size(), progress=world.progress, transport_ranks=transport_ranks)
     return world.add_group(group, default)

@@ -91,6 +91,13 @@ class Arena:
             self._keepalive.unlink()
             self._keepalive.close()
 
+    def touch(self) -> None:
+        """Map the first page of every slot into this process (a read: the page faults of
+        the first operations, moved to set-up)."""
+        for parity in self._slots:
+            for slot in parity:
+                _ = slot[0]
+
     def next_parity(self) -> int:
         parity = self._uses & 1
         self._uses += 1
