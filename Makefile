@@ -64,11 +64,12 @@ torch-suite: test-venv
 torch-suite-as-gloo: test-venv
 	WORLD_SIZE=2 $(PY) -m pytest tests/torch_suite/torch_distributed_suite_as_gloo.py -q $(PYTEST_ARGS)
 
-# The plugin's torch tests (tests/test_torch_*.py, the TCPStore protocol, DDP) against each torch
-# release of TORCH_VERSIONS, one venv each (.venv-torch-<version>, made on first use and kept),
-# then a table of passes and failures per release (tools/torch_matrix.sh). PyPI's torch wheels are
-# the CUDA builds: a venv takes about 2 minutes and 5 GB to make. Not in `make test`: the tests
-# take about 10 minutes a release on 2 cores.
+# The plugin's torch tests (tests/test_torch_*.py and the TCPStore protocol; TORCH_MATRIX_TESTS
+# to change) against each torch release of TORCH_VERSIONS, one venv each (.venv-torch-<version>,
+# made on first use and kept), then a table of passes and failures per release
+# (tools/torch_matrix.sh). PyPI's torch wheels are the CUDA builds, whose nvidia-* libraries torch
+# loads at import: a venv is 5-7 GB and 2.5 minutes to make on a quiet machine (2.13.0 here: the
+# local +cpu wheel, 1 GB). Not in `make test`: 15-25 minutes a release on 2 cores.
 TORCH_VERSIONS ?= 2.8.0 2.11.0 2.13.0 2.14.1
 .PHONY: torch-matrix
 torch-matrix:

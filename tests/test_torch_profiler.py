@@ -63,7 +63,13 @@ def _profile_every_op(rank: int, size: int) -> dict:
         results[backend] = {}
         for label, call in _ops(rank, group).items():
             with torch.autograd.profiler.profile(record_shapes=True) as profile:
-                call()
+                try:
+                    call()
+                except RuntimeError as error:  # torch 2.11's gloo has no list all_to_all
+                    if backend != "gloo" or "does not support" not in str(error):
+                        raise
+                    results[backend][label] = None
+                    continue
             results[backend][label] = _events(backend, profile)
     return results
 
@@ -84,8 +90,8 @@ def profiled() -> list:
 def test_every_operation_records_what_gloo_records(profiled):
     for rank, results in enumerate(profiled):
         for label, gloo_events in results["gloo"].items():
-            if label == "reduce_scatter_tensor":
-                continue  # gloo runs it as an all_reduce and names it so; see below
+            if label == "reduce_scatter_tensor" or gloo_events is None:
+                continue  # gloo runs it as an all_reduce and names it so (see below), or lacks it
             assert results["pydist"][label] == gloo_events, (rank, label)
             assert gloo_events, (rank, label)  # torch's gloo records one for each
 

@@ -13,7 +13,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 PYTHON=${PYTHON:-python3}
 VERSIONS=${TORCH_VERSIONS:-"2.8.0 2.11.0 2.13.0 2.14.1"}
-TESTS=${TORCH_MATRIX_TESTS:-"tests/test_torch_*.py tests/test_store_torch_protocol.py tests/test_ddp_training.py"}
+TESTS=${TORCH_MATRIX_TESTS:-"tests/test_torch_*.py tests/test_store_torch_protocol.py"}
 LOGS=build/torch-matrix
 mkdir -p "$LOGS"
 table="$LOGS/table"
