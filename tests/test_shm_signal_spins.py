@@ -18,19 +18,26 @@ from pydist.transport.shm.signal import SPIN_FLOOR, SPIN_START, Signal
 
 
 class _Counter:
-    """Word 0 of a Signal's buffer, read by the waiter: it reaches 1 at read ``arrive_at``
-    (counting from 1; the wait's first look included) or when ``arrive()`` is called."""
+    """A Signal's buffer as words: word 0 is the counter the waiter reads, which reaches 1 at
+    read ``arrive_at`` (counting from 1; the wait's first look included) or when ``arrive()``
+    is called; the other words (the CPUs noted) are plain."""
 
     def __init__(self):
         self.reads = 0
         self.arrive_at = 0
         self.value = 0
+        self.other: dict[int, int] = {}
 
     def __getitem__(self, index: int) -> int:
+        if index:
+            return self.other.get(index, 0)
         self.reads += 1
         if self.arrive_at and self.reads >= self.arrive_at:
             self.value = 1
         return self.value
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self.other[index] = value
 
     def arrive(self) -> None:
         self.value = 1
@@ -119,6 +126,26 @@ def test_a_wait_that_sleeps_halves_the_budget(rig, monkeypatch):
     with pytest.raises(signal_module.WaitTimeout):
         signal.wait_at_least(0, 1, Deadline.after(0.0))
     assert signal.spins == SPIN_START // 2
+
+
+MINE, THEIRS = 1, 2  # the words where the waiter and the writer note their CPU (+1)
+
+
+@pytest.mark.parametrize("writer_cpu, after", [(5, SPIN_START // 2), (7, 2 * SPIN_START), (None, SPIN_START)])
+def test_which_cpu_the_writer_was_noted_on_tells_whether_to_spin_shorter_or_longer(rig, monkeypatch, writer_cpu,
+                                                                                  after):
+    """The counter came during a yield that ran something else: the writer on this CPU (5):
+    halve; on another (7): something else took the core, a longer spin keeps it: double;
+    unknown: keep. The waiter notes its own CPU for the writer to read."""
+    signal, counter, yield_seconds = rig
+    monkeypatch.setattr(signal_module.atomics, "current_cpu", lambda: 5)
+    yield_seconds[0] = 0.001
+    if writer_cpu is not None:
+        counter.other[THEIRS] = writer_cpu + 1
+    counter.reads, counter.value, counter.arrive_at = 0, 0, 0
+    signal.wait_at_least(0, 1, Deadline.after(60), cpus=(MINE, THEIRS))
+    assert signal.spins == after
+    assert counter.other[MINE] == 6
 
 
 def test_an_oversubscribed_machine_keeps_its_short_spin():

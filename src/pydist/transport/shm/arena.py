@@ -1,8 +1,9 @@
 """A group's same-host arena: shared slots every member can read, and phase counters.
 
 Layout: a 64-byte line with the Signal (doorbell, sleepers); one 64-byte line per member
-holding [phase, fingerprint x2] (the fingerprint double-buffered by phase parity, so a
-fast member writing its next one cannot change what a slow one still compares); then
+holding [phase, fingerprint x2, cpu] (the fingerprint double-buffered by phase parity, so a
+fast member writing its next one cannot change what a slow one still compares; the CPU it
+last waited on, for the Signal's spin budget); then
 2 parities x (members + 1) slots of ``slot_bytes``: one slot per member and one shared
 slot. Algorithms alternate parities per
 use (``next_parity``) and separate writing from reading with ``sync``; the invariant that
@@ -29,6 +30,7 @@ from .segment import Keepalive
 from .signal import Signal, WaitTimeout
 
 LINE = 64
+CPU_WORD = 3  # in a member's line: the CPU it last waited on, +1 (see signal)
 
 
 class _Operation(Protocol):
@@ -147,7 +149,8 @@ class Arena:
 
     def _wait(self, member: int, op: _Operation) -> None:
         try:
-            self._signal.wait_at_least(self._line[member], self.phase, op.deadline, self.alive)
+            self._signal.wait_at_least(self._line[member], self.phase, op.deadline, self.alive,
+                                       (self._line[self.rank] + CPU_WORD, self._line[member] + CPU_WORD))
         except WaitTimeout:
             raise OpTimeoutError(f"{op.describe()}: {op.timeout_text} for {self._describe(member)}; that rank has "
                                  "not reached this operation or is stuck") from None

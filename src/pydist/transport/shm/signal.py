@@ -32,9 +32,14 @@ wait burnt the whole budget (20,000 spins, ~0.6-1 ms) before yielding the core t
 on 2 cores beside 2 busy processes took ~1 ms a call for the first ~50 calls, then 7 us once
 the ranks ran apart; 16 ranks on 16 cores 1.4 ms, then 49 us (issue 40; tools/transient.py
 counts it: pinned to one CPU, 15,000-18,000 spins a call). So a wait that ends only after
-the waiter gave its core away (a yield that ran something else, or a sleep) halves the
-budget, and one whose counter came late in the spin, or during yields that ran nothing else
-(the writer runs elsewhere, a little slower), doubles it: a few calls move it either way.
+the waiter gave its core away halves the budget, and one whose counter came late in the
+spin, or during yields that ran nothing else (the writer runs elsewhere, a little slower),
+doubles it: a few calls move it either way. Which core the writer is on tells the two
+cases of a yield that ran something else apart: with ``cpus`` (word indices: where this
+waiter and the writer note the CPU they last ran a slow wait on, +1; 0 unknown), a counter
+that came while the writer was noted on this CPU halves the budget, one noted elsewhere (a
+busy process took this core; a longer spin would have kept it) doubles it, and an unknown
+one keeps it. Without ``cpus`` such a wait halves it.
 
 ``ring`` skips the futex wake while a thread of the owner polls what the ring announces
 (``polling``): waking a sleeping thread of a process whose other thread is already reading
@@ -143,9 +148,9 @@ class Signal:
         return atomics.load_u32_seq_cst(self._sleepers)
 
     def wait_at_least(self, index: int, target: int, deadline: Deadline,
-                      alive: Callable[[], None] | None = None) -> None:
+                      alive: Callable[[], None] | None = None, cpus: tuple[int, int] | None = None) -> None:
         """Return once counter ``index`` >= ``target``; WaitTimeout at the deadline. ``alive()``
-        is called between sleeps and may raise (a dead peer)."""
+        is called between sleeps and may raise (a dead peer). ``cpus``: see the module docstring."""
         words = self._words
         if words[index] >= target and atomics.PLAIN_ORDERING:
             return
@@ -155,10 +160,13 @@ class Signal:
                 if spun >= spins >> 1:  # late in the spin: a longer one would catch the next wait too
                     self.spins = min(spins << 1, self.spin_cap)
                 return self._acquire(index)
+        cpu = 0
+        if cpus is not None:  # noted before yielding: a writer waiting on this rank's next counter reads it
+            cpu = words[cpus[0]] = atomics.current_cpu() + 1
         until, quick = time.perf_counter() + YIELD_SECONDS, True  # real time: it bounds the CPU handed away
         for _ in range(self.yields):
             if words[index] >= target:
-                self._learn(spins, quick)
+                self._learn(spins, True if quick else self._other_core(cpu, cpus))
                 return self._acquire(index)
             now = time.perf_counter()
             if now > until:
@@ -168,11 +176,23 @@ class Signal:
         self._learn(spins, False)
         self._sleep_until(index, target, deadline, alive)
 
-    def _learn(self, spins: int, quick: bool) -> None:
-        """After a wait that outlasted ``spins``: spin twice as long if its yields ran nothing
-        else (the writer runs on another core and came soon after), half as long if it had to
-        give the core away (the writer may share it: spinning only delays it)."""
-        self.spins = min(spins << 1, self.spin_cap) if quick else max(spins >> 1, self.spin_floor)
+    def _other_core(self, cpu: int, cpus: tuple[int, int] | None) -> bool | None:
+        """After a yield that ran something else: was the writer noted on another CPU than
+        this waiter's (``cpu``, +1)? None where either is unknown; False without ``cpus``."""
+        if cpus is None:
+            return False
+        theirs = self._words[cpus[1]]
+        if not theirs or not cpu:
+            return None
+        return theirs != cpu
+
+    def _learn(self, spins: int, longer: bool | None) -> None:
+        """After a wait that outlasted ``spins``: spin twice as long (``longer``: the writer
+        runs on another core and came soon after, or this core was taken by something else
+        than the writer), half as long (False: the writer may share this core, spinning
+        only delays it), or as long (None)."""
+        if longer is not None:
+            self.spins = min(spins << 1, self.spin_cap) if longer else max(spins >> 1, self.spin_floor)
 
     def sleep(self, ready: Callable[[], bool], timeout: float) -> None:
         """Sleep until the doorbell rings or ``timeout`` passes, unless ``ready()`` already
