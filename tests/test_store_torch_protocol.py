@@ -317,12 +317,13 @@ def test_every_method_answers_as_torchs_own_master(tdist, server):
         assert proc.returncode == 0, err
     ours, theirs = (dict(json.loads(out)) for out, _ in results)
     assert ours == theirs
-    assert ours["get"] == "v" and ours["get big"] is True and ours["num_keys with init/"] == 12
+    barrier = hasattr(tdist.Store, "barrier")  # torch 2.11's client has no barrier: its 2 keys are missing
+    assert ours["get"] == "v" and ours["get big"] is True and ours["num_keys with init/"] == (12 if barrier else 10)
     assert ours["get timeout"] == ["DistStoreError", "wait timeout after 1000ms, keys: /never"]
     assert ours["queue_pop empty"] == ["QueueEmptyError", "queue is empty"]
     # The pydist client sees the torch client's keys, without torch's bookkeeping "init/".
     assert server.get("log") == b"abc"
-    if hasattr(tdist.Store, "barrier"):  # torch 2.11's client has no barrier (the steps fail alike)
+    if barrier:  # (on torch 2.11 its steps fail alike on both servers)
         assert server.get("bar2") == b"1"
     user_keys = sorted(ours["list_keys with init/"] + ["init/"])  # the last step's "/init/"
     assert sorted(server.list_keys()) == user_keys and server.num_keys() == len(user_keys)
@@ -415,7 +416,7 @@ def test_many_torch_clients_at_once(tdist, server):
                 client.barrier("all", count, timedelta(seconds=20))
             else:  # the last to arrive releases the others
                 if arrived == count:
-                    client.set("all", "1")
+                    client.set("all", str(count))  # what torch's barrier leaves there
                 client.wait(["all"], timedelta(seconds=20))
             assert client.add("arrived", 0) == count
         except BaseException as e:  # noqa: BLE001 - reported below
