@@ -3,16 +3,19 @@
 Runs N ranks as processes (pydist.testing.run_processes, shared memory unless PYDIST_SHM=0),
 each doing CALLS x 4 B all_reduce straight after init_process_group, and prints, per range
 of call indices (1, 2-10, 11-50, 51-100, 101-300), the slowest rank's time per call (the
-maximum over ranks of each call's time, averaged over the range) and what the waits did per
-call, summed over ranks: arena/ring waits (Signal.wait_at_least), yields (os.sched_yield),
-futex sleeps (atomics.futex_wait) and store requests (TCPStore._request). The counters come
-from wrapping those functions in each rank process: no timing of the counters themselves
-matters, only their counts.
+maximum over ranks of each call's time, averaged over the range) and, per call summed over
+ranks: waits (Signal.wait_at_least), spins (iterations of a wait's spin loop), yields
+(os.sched_yield), futex sleeps (atomics.futex_wait), store requests (TCPStore._request),
+voluntary and involuntary context switches of the calling thread, CPU moves between calls,
+the spin budget the last wait's Signal holds after the call; last, the share of calls after
+which two ranks had last run on one CPU. The counters come from wrapping those functions in
+each rank process (which slows the spins: compare times with --no-counters).
 
-    .venv/bin/python tools/transient.py --ranks 2 --runs 6 [--busy 2] [--calls 300]
+    .venv/bin/python tools/transient.py --ranks 2 --runs 6 [--busy 2] [--pin same|apart]
 
 ``--busy K`` starts K busy processes (``while True: pass``) beside the ranks for the runs
-and kills them (by pid) afterwards: the contended case of the issue.
+and kills them (by pid) afterwards: the contended case of the issue. To compare with an
+older tree, run it with PYTHONPATH=<that tree>/src, alternating with the current one.
 """
 from __future__ import annotations
 
