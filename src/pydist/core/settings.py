@@ -153,6 +153,11 @@ class Settings:
         "Backend of the torch plugin's groups for CUDA tensors when neither the backend string "
         "(\"cpu:pydist,cuda:gloo\") nor pg_options names one: gloo or nccl (a torch backend the "
         "group makes beside pydist), or pydist (refused until pydist stages CUDA tensors itself).")
+    cuda_engine: bool = _setting(
+        "PYDIST_CUDA_ENGINE", False, _flag, "0 / 1",
+        "1: pydist's own CUDA engine (pydist.device: chunked staging through a pinned pool, CUDA "
+        "IPC on one host); not yet checked on a GPU and not yet wired, so today it changes nothing, "
+        "and where CUDA is absent it never does. 0: CUDA tensors go where PYDIST_CUDA says.")
     host_id: str | None = _setting(
         "PYDIST_HOST_ID", None, _text, "any text",
         "Host identity: ranks with equal ones share memory (default: host name, boot id, "
