@@ -95,7 +95,21 @@ def _fsdp2(rank, size, steps):
     return {"losses": losses, "weights": [p.full_tensor().tolist() for p in model.parameters()]}
 
 
+def _avg_reduce_scatter(rank, size):
+    out = torch.empty(2)
+    tdist.reduce_scatter_tensor(out, torch.arange(4, dtype=torch.float32) + 10 * rank, op=tdist.ReduceOp.AVG)
+    return out.tolist()
+
+
 def test_fsdp2_training_equals_gloo_s():
+    """FSDP2 reduces gradients with reduce_scatter_tensor(op=AVG). torch 2.8's gloo returns the
+    sum there (fixed by 2.11): against that gloo the check is pydist's mean, and the training
+    comparison, whose reference is wrong, is skipped saying so."""
+    gloo = run_processes(2, _avg_reduce_scatter, init="gloo", timeout=180)
+    if gloo != [[5.0, 6.0], [7.0, 8.0]]:
+        assert gloo == [[10.0, 12.0], [14.0, 16.0]], gloo  # the sum: the known gloo bug, nothing else
+        assert run_processes(2, _avg_reduce_scatter, init="torch", timeout=180) == [[5.0, 6.0], [7.0, 8.0]]
+        pytest.skip(f"torch {torch.__version__}'s gloo sums reduce_scatter_tensor(op=AVG): no reference for FSDP2")
     results = _on_both(_fsdp2_three_steps)
     assert results[0]["weights"] == results[1]["weights"]  # every rank ends with the same model
     assert results[0]["losses"] != results[1]["losses"]  # trained on different data
