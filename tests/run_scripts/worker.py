@@ -10,8 +10,10 @@ the test can check that no worker outlives the launcher.
 - group-fail MODE: every rank joins a pydist group; rank 1 fails at once (MODE raise: a
   RuntimeError "boom"; exit3: sys.exit(3)); rank 0 calls all_reduce 0.5 s later, so it fails
   too, as an echo of rank 1's failure.
-- late-collective: every rank joins a pydist group; rank 0 enters the first all_reduce (it
-  creates the group's shared memory), rank 1 sleeps 60 s instead (never maps it).
+- late-collective: every rank joins a pydist group and makes a new_group of ranks 0 and 1
+  (whose arena, unlike the default group's, is made at its first collective); rank 0 enters
+  its first all_reduce (it creates the group's shared memory), rank 1 sleeps 60 s instead
+  (never maps it).
 - sleep [ignore-term] [grandchild]: sleep 60 s; optionally ignore SIGTERM / start a grandchild
   whose pid goes to ``$PIDDIR/<rank>.child``.
 - store: set/get a key in the agent's TCPStore through MASTER_ADDR/MASTER_PORT.
@@ -101,8 +103,9 @@ def main() -> None:
         import pydist as dist
 
         dist.init_process_group("pydist")
+        pair = dist.new_group([0, 1])
         if rank == 0:
-            dist.all_reduce(np.ones(4, np.float32))
+            dist.all_reduce(np.ones(4, np.float32), group=pair)
         time.sleep(60)
     elif action == "sleep":
         if "ignore-term" in args:
