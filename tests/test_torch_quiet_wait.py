@@ -30,7 +30,7 @@ COMMAND_TIMEOUT = 240.0  # seconds; a loaded 2-core machine starts two torch pro
 NOISE = ("waitForInput", "timed out after")
 
 PROGRAM = f'''
-import json, sys, time
+import json, os, sys, time
 api = sys.argv[1]
 if api == "torch":
     import torch.distributed as dist
@@ -53,7 +53,7 @@ if rank == 0:
     time.sleep({LATE_SECONDS})  # data loading, a checkpoint read: rank 1 waits at the all_reduce
 tensor = value(rank)
 dist.all_reduce(tensor)
-print("RESULT", rank, json.dumps(listed(tensor)), flush=True)
+os.write(1, ("RESULT %d %s\\n" % (rank, json.dumps(listed(tensor)))).encode())  # one write: torchrun runs ranks with -u
 dist.destroy_process_group()
 '''
 

@@ -27,5 +27,5 @@ if size < want:
         dist.all_reduce(torch.ones(1))
         time.sleep(0.05)
 dist.barrier()
-print(f"RESULT {rank} {restart} {tensor.tolist()}", flush=True)
+os.write(1, f"RESULT {rank} {restart} {tensor.tolist()}\n".encode())  # one write: ranks share a pipe
 dist.destroy_process_group()

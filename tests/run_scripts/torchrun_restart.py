@@ -31,5 +31,5 @@ if attempt == 0 and rank == size - 1:
     sys.stdout.flush()
     os._exit(3)
 dist.barrier()
-print(f"RESULT {rank} {attempt} {tensor.tolist()}", flush=True)
+os.write(1, f"RESULT {rank} {attempt} {tensor.tolist()}\n".encode())  # one write: ranks share a pipe
 dist.destroy_process_group()
