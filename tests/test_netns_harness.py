@@ -91,7 +91,15 @@ if sys.argv[2] == "recv":  # room for every datagram, and patience: only netem m
     except socket.timeout:
         print(count)
 else:  # a TCP connection first (it retransmits what the loss drops): the receiver's address
-    socket.create_connection((sys.argv[1], 6000), timeout=15).close()  # is resolved, none queue behind ARP
+    until = time.monotonic() + 15  # is resolved, none queue behind ARP; the loss may eat every
+    while True:  # ARP probe of one attempt ("No route to host"): try again
+        try:
+            socket.create_connection((sys.argv[1], 6000), timeout=15).close()
+            break
+        except OSError:
+            if time.monotonic() > until:
+                raise
+            time.sleep(0.1)
     for k in range(int(sys.argv[3])):
         s.sendto(b"d" * 100, (sys.argv[1], 6000))
         if k % 50 == 49: time.sleep(0.002)
