@@ -64,16 +64,25 @@ def _refused(host: str, port: int) -> None:
 
 def _an_impostor_cannot_dial_rank_0(store: TCPStore) -> None:
     """Even knowing what the workers' store holds (the job's world token and rank 0's
-    address, which an outsider cannot read), a connection without the secret claiming to be
-    rank 1 is refused by rank 0's listener."""
+    address, which an outsider cannot read), a connection with a wrong secret claiming to be
+    rank 1 is refused by rank 0's listener, which listens on (PYDIST_TCP_CONNECT=lazy: ranks
+    connect when they first talk, so the listener stays up for the job's whole life)."""
     keys = store.list_keys()
     [world_key] = [key for key in keys if key.endswith("tcp/token")]
     [rank0_key] = [key for key in keys if key.endswith("tcp/0")]
     record = PeerRecord(**json.loads(store.get(rank0_key)))
-    # AuthenticationError while rank 0 listens (during init: its HELLO requires the secret, as
-    # tests/test_auth_tokens.py checks byte by byte); DistNetworkError once the mesh is whole
-    with pytest.raises(RuntimeError):
-        connect_to(record, 1, store.get(world_key).decode(), Deadline.after(10), None)
+    with pytest.raises(AuthenticationError):
+        connect_to(record, 1, store.get(world_key).decode(), Deadline.after(10), b"guessed")
+
+
+def _torchs_client_is_refused(host: str, port: int, insider: TCPStore) -> None:
+    """torch's C++ client cannot authenticate: the store drops it, so it cannot read a key
+    that is there (its constructor fails on the closed connection, after its timeout)."""
+    import torch.distributed as tdist
+
+    insider.set("probe/torch", "readable")
+    with pytest.raises(tdist.DistNetworkError, match="Connection was likely closed"):
+        tdist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=2)).get("probe/torch")
 
 
 def _all_text(store: TCPStore) -> str:
@@ -83,25 +92,25 @@ def _all_text(store: TCPStore) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["pydist", "gloo"])
+@pytest.mark.parametrize("mode", ["pydist", "gloo", "gloo-tcp"])
 def test_a_default_job_refuses_an_outsider_and_leaks_no_secret(tmp_path, mode):
+    """gloo-tcp: torch's tcp:// naming the workers' store works under the secret, as env:// does."""
     if mode != "pydist":
         pytest.importorskip("torch")
     port, logs = free_port(), tmp_path / "logs"
     proc = commands.start_command([*LAUNCHER, "--nproc-per-node", "2", "--master-port", str(port),
-                                   "--log-dir", str(logs), "--tee", "3", PROBE, mode, str(tmp_path)], env=_env())
+                                   "--log-dir", str(logs), "--tee", "3", PROBE, mode, str(tmp_path)],
+                                  env=_env(PYDIST_TCP_CONNECT="lazy"))
     try:
         secret = _wait_for(tmp_path / "secret", proc)
         addr, worker_port = _wait_for(tmp_path / "store", proc).split()
         assert len(secret) == 64 and int(secret, 16) >= 0  # secrets.token_hex(32)
         _refused("127.0.0.1", port)  # the agent's rendezvous store (stop records live there)
         _refused(addr, int(worker_port))  # the workers' store (tcp/token, the ranks' addresses)
-        if mode == "gloo":  # torch's own client cannot authenticate: refused too
-            import torch.distributed as tdist
-            with pytest.raises(RuntimeError):
-                tdist.TCPStore(addr, int(worker_port), is_master=False, timeout=timedelta(seconds=2)).get("x")
         for where in (("127.0.0.1", port), (addr, int(worker_port))):
             insider = TCPStore(*where, is_master=False, timeout=SHORT, auth_token=secret)
+            if mode != "pydist" and where[1] == int(worker_port):
+                _torchs_client_is_refused(addr, int(worker_port), insider)
             text = _all_text(insider)
             if mode == "pydist" and where[1] == int(worker_port):
                 _an_impostor_cannot_dial_rank_0(insider)

@@ -135,8 +135,10 @@ def get_backend(group: ProcessGroup | None = None) -> Backend:
 def get_backend_impl(group: str | ProcessGroup | None = None, device: Any = None) -> Engine:
     """The engine that runs ``group``'s operations (default: the world's group; a group may be
     given by its name), as torch 2.14's get_backend_impl returns a group's backend
-    implementation: pydist's native engine or its MPI one. ``device``: None or the CPU (pydist
-    runs host memory only); ValueError outside the group."""
+    implementation: pydist's native engine or its MPI one (an ``Engine``). Not the same result
+    as torch's ``torch.distributed.get_backend_impl`` on a group of the torch plugin, which
+    returns that torch group itself (the plugin's group is its own CPU backend). ``device``:
+    None or the CPU (pydist runs host memory only); ValueError outside the group."""
     if isinstance(group, str):
         named = [g for g in current().groups if g.group_name == group]
         if not named:

@@ -23,6 +23,7 @@ from ..core.deadline import Deadline
 from ..core.errors import DistError, DistNetworkError
 from ..core.settings import settings
 from ..net.auth import warn_if_open
+from ..rendezvous import launch_attempt
 from ..store import PrefixStore, Store
 from ..transport.world import WorldTransport
 from .admission import Ticket, base_store, end_job, found_job
@@ -54,11 +55,12 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
     its progress board, then a barrier of every rank over the transport. The store may live
     in one of the ranks (env://): without the barrier, that rank could return, finish and
     exit while a slower one still needs the store for its own setup. Releases what it made
-    (and ``owned_store``) when it fails."""
+    (and ``owned_store``) when it fails. The job's rank 0 (``world.job``'s rank, else ``rank``)
+    warns when the job is open (net.auth.warn_if_open): a torch subgroup's rank 0 does not."""
     scoped = namespace(world, store)
     deadline = Deadline.after(timeout)
     transport = progress = None
-    if rank == 0 and world.transport_factory is None:  # the network transports: is anyone let in?
+    if (world.job or (rank, size))[0] == 0 and world.transport_factory is None:  # is anyone let in?
         warn_if_open(store)
     try:
         factory = world.transport_factory or default_transport
@@ -176,31 +178,20 @@ def launch_position() -> tuple[int, int] | None:
     return (int(job_rank), int(job_size)) if job_rank.isdigit() and job_size.isdigit() else None
 
 
-def launch_attempt() -> str:
-    """The store namespace of this launch attempt: ``attempt/<run id>/<restart count>/<world
-    size>`` under an elastic agent (torchrun, pydist-run: TORCHELASTIC_RUN_ID set), else "".
-    torchrun's agent keeps one store across restarts and membership changes and torch names
-    its groups' keys alike in every attempt; without this an attempt would read the keys
-    (peer addresses, shared-memory names) a failed one left."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is None:
-        return ""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
-    return f"attempt/{run_id}/{restart}/{os.environ.get('WORLD_SIZE', '')}"
-
-
 def attempt_store(store: Any) -> Any:
-    """``store``'s namespace of this launch attempt (see launch_attempt), or ``store`` itself."""
+    """``store``'s namespace of this launch attempt (see rendezvous.launch_attempt), or ``store`` itself."""
     scope = launch_attempt()
     return prefixed(store, scope) if scope else store
 
 
-def standalone_world(store: Any, rank: int, size: int, timeout: float, name: str) -> World:
+def standalone_world(store: Any, rank: int, size: int, timeout: float, name: str,
+                     job: tuple[int, int] | None = None) -> World:
     """A private world of ``size`` ranks met through ``store`` (in this launch attempt's
-    namespace), with one default group named ``name``; ``world.leave()`` releases it. The store
+    namespace), with one default group named ``name``; ``world.leave()`` releases it. ``job``:
+    this process's (rank, size) in the whole job (default: launch_position()). The store
     lives in rank 0 (torch's env://) unless a launcher's agent serves it
     (TORCHELASTIC_USE_AGENT_STORE=True, as torch reads it): then a shrink past rank 0 keeps it."""
-    world = World(job=launch_position())
+    world = World(job=job or launch_position())
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     join_native(world, rank, size, attempt_store(store), timeout, "pydist", store_host=None if agent_store else 0)
     group_id, _ = world.group_id(list(range(size)))

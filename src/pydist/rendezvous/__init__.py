@@ -5,8 +5,10 @@
   started the process (torchrun, pydist-run, mpiexec, srun; see :mod:`pydist.rendezvous.launch_env`).
   A TCPStore whose server runs on rank 0, or, under pydist-run/torchrun
   (TORCHELASTIC_USE_AGENT_STORE=True), in the launcher's agent: then the store is the
-  agent's seen through ``PrefixStore(f"/worker/attempt_{TORCHELASTIC_RESTART_COUNT}")``,
-  so a restarted attempt never sees an earlier attempt's keys (torch's rule).
+  agent's seen through a namespace of this launch attempt (:func:`launch_attempt`, else
+  ``/worker/attempt_{TORCHELASTIC_RESTART_COUNT}``), so neither a restarted attempt nor the
+  round after a membership change (``--nnodes 1:2``: same restart count) sees an earlier
+  round's keys.
 - ``tcp://host:port``: a TCPStore served by rank 0 at host:port.
 - ``file:///path``: a FileStore on a file every rank can reach.
 ``?rank=R&world_size=N`` in any URL stands for the arguments. Missing pieces raise
@@ -27,7 +29,7 @@ from ..store._base import timeout_error
 from .launch_env import LaunchInfo, job_port, launch_info, parse_hostlist
 
 __all__ = ["rendezvous", "register_rendezvous_handler", "launch_info", "LaunchInfo", "job_port", "parse_hostlist",
-           "agent_store", "OwningPrefixStore", "TorchStore"]
+           "agent_store", "launch_attempt", "OwningPrefixStore", "TorchStore"]
 
 #: Variables torchrun's agent exports and pydist-run's does not: the agent's store is then
 #: torch's C++ TCPStore, reached through torch's client.
@@ -109,12 +111,27 @@ class OwningPrefixStore(PrefixStore):
         self.underlying_store.close()
 
 
+def launch_attempt() -> str:
+    """The store namespace of this launch attempt: ``attempt/<run id>/<restart count>/<world
+    size>`` under an elastic agent (torchrun, pydist-run: TORCHELASTIC_RUN_ID set), else "".
+    torchrun's agent keeps one store across restarts and membership changes (which keep the
+    restart count: the world size tells those rounds apart), and torch and pydist name their
+    keys alike in every attempt; without this an attempt would read the keys (peer addresses,
+    shared-memory names) a failed one left."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return ""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return f"attempt/{run_id}/{restart}/{os.environ.get('WORLD_SIZE', '')}"
+
+
 def agent_store(info: LaunchInfo, timeout: timedelta) -> OwningPrefixStore:
-    """A client of the launcher agent's store at MASTER_ADDR:MASTER_PORT, in the namespace
-    ``/worker/attempt_{TORCHELASTIC_RESTART_COUNT}`` (missing: 0). Under torchrun (see
+    """A client of the launcher agent's store at MASTER_ADDR:MASTER_PORT, in this launch
+    attempt's namespace (:func:`launch_attempt`; without TORCHELASTIC_RUN_ID
+    ``/worker/attempt_{TORCHELASTIC_RESTART_COUNT}``, missing: 0). Under torchrun (see
     :data:`TORCHRUN_MARKERS`; never under pydist-run, which sets PYDIST_RUN_WORKER) with torch
     importable, through torch's TCPStore client."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    scope = launch_attempt() or f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT') or '0'}"
     torchrun = not settings().run_worker and any(os.environ.get(name) for name in TORCHRUN_MARKERS)
     if torchrun and importlib.util.find_spec("torch"):
         import torch.distributed as tdist
@@ -123,7 +140,7 @@ def agent_store(info: LaunchInfo, timeout: timedelta) -> OwningPrefixStore:
     else:
         client = TCPStore(info.master_addr, info.master_port, info.world_size, is_master=False, timeout=timeout,
                           multi_tenant=True)
-    return OwningPrefixStore(f"/worker/attempt_{attempt}", client)
+    return OwningPrefixStore(scope, client)
 
 
 class TorchStore(Store):

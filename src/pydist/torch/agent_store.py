@@ -12,13 +12,22 @@ multi_set, append, queue ops, list_keys). pydist's store errors are raised as to
 (DistNetworkError, DistStoreError), the pydist error as the cause, so torch's handling of a
 store timeout or a lost store is unchanged.
 
-:func:`agent_store_rendezvous` is the env:// handler that yields it; the env:// wrapper
-(:mod:`.env_rendezvous`) uses it under pydist-run (PYDIST_RUN_WORKER=1) when the store
-authenticates, and torch's handler otherwise.
+:func:`agent_store_rendezvous` is the env:// and tcp:// handler that yields it; the wrappers
+(:mod:`.env_rendezvous`) use it under pydist-run (PYDIST_RUN_WORKER=1) when the store
+authenticates (tcp:// only when its host:port is MASTER_ADDR:MASTER_PORT), and torch's
+handlers otherwise. Each rendezvous opens one client; the clients of earlier rendezvous are
+closed by the next one once torch has no default group (every group that used them was
+destroyed), so init/destroy cycles keep at most one client open.
+
+What cannot be helped: a torch C++ ``TCPStore`` client of the workers' store that torch's
+rendezvous does not make (a framework's own ``TCPStore(MASTER_ADDR, MASTER_PORT)``) is
+refused; its constructor fails with torch's DistNetworkError ("Failed to recv, got 0 bytes")
+after its timeout, and the launcher logs "a torch TCPStore client, refused ...".
 """
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import wraps
@@ -34,9 +43,9 @@ from ..net.auth import resolve_token
 from ..store import TCPStore
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-#: The stores handed to torch, alive as long as the process: torch keeps only the C++ half of
-#: a Python Store (in PrefixStore, gloo), and once the Python object is gone, calling it fails
-#: ("Not implemented"). One client per init_process_group.
+#: The stores handed to torch, kept alive while torch may use them: torch keeps only the C++
+#: half of a Python Store (in PrefixStore, gloo), and once the Python object is gone, calling
+#: it fails ("Not implemented"). Closed by the next rendezvous once torch has no default group.
 _KEPT: list[PydistStore] = []
 
 
@@ -56,11 +65,13 @@ def _as_torch_errors(method: _F) -> _F:
 class PydistStore(tdist.Store):
     """A ``torch.distributed.Store`` that forwards to a pydist store (a TCPStore client).
     ``set_timeout`` sets both torch's and the pydist store's timeout; ``clone`` opens another
-    client of the same server; ``close`` closes the pydist store."""
+    client of the same server, kept alive by this store (torch holds only its C++ half);
+    ``close`` closes the pydist store and its clones."""
 
     def __init__(self, store: TCPStore):
         super().__init__()
         self._store = store
+        self._clones: list[PydistStore] = []
         super().set_timeout(store.timeout)
 
     @property
@@ -138,10 +149,15 @@ class PydistStore(tdist.Store):
     @_as_torch_errors
     def clone(self) -> PydistStore:
         store = self._store
-        return PydistStore(TCPStore(store.host, store.port, is_master=False, timeout=store.timeout,
-                                    auth_token=store.auth_token or ""))
+        clone = PydistStore(TCPStore(store.host, store.port, is_master=False, timeout=store.timeout,
+                                     auth_token=store.auth_token or ""))
+        self._clones.append(clone)
+        return clone
 
     def close(self) -> None:
+        for clone in self._clones:
+            clone.close()
+        self._clones.clear()
         self._store.close()
 
 
@@ -163,14 +179,53 @@ def _required(env_var: str) -> str:
     return value
 
 
+def _addresses(host: str, port: int) -> set[Any]:
+    try:
+        return {info[4] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except OSError:  # unresolvable: it is no address of the workers' store
+        return set()
+
+
+def targets_workers_store(url: str) -> bool:
+    """Whether ``url`` (tcp://host:port) names the workers' store, MASTER_ADDR:MASTER_PORT
+    (the same port, and the same host name or an address in common)."""
+    parsed = urlparse(url)
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not parsed.hostname or parsed.port is None or not port.isdigit() or parsed.port != int(port):
+        return False
+    return parsed.hostname == addr or bool(_addresses(parsed.hostname, parsed.port) & _addresses(addr, int(port)))
+
+
+def _release_unused() -> None:
+    """Close the stores of earlier rendezvous when torch has no default group: every torch
+    group that used them was destroyed (destroy_process_group)."""
+    if not tdist.is_initialized():
+        while _KEPT:
+            _KEPT.pop().close()
+
+
 def agent_store_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30),
                            **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
-    """torch's env:// handler under pydist-run's agent store, with pydist's client (see the
-    module docstring): rank and world size from the URL, else RANK and WORLD_SIZE."""
-    query = parse_qs(urlparse(url).query)
+    """torch's env:// or tcp:// handler under pydist-run's agent store, with pydist's client
+    (see the module docstring): rank and world size from the URL, else (env:// only, as
+    torch) RANK and WORLD_SIZE; the store at the tcp:// URL's host:port, else
+    MASTER_ADDR:MASTER_PORT; torch's ValueError for what is missing. As torch 2.13's
+    handlers under an agent store, the store is the client itself, with no attempt prefix
+    (each pydist-run round has a store of its own); other ``kwargs`` are ignored as torch's
+    handlers ignore them."""
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    if parsed.scheme == "tcp":  # torch's tcp:// reads no variable: rank and world size are in the URL
+        for name, what in (("rank", "rank parameter"), ("world_size", "world size parameter")):
+            if name not in query:
+                raise ValueError(f"Error initializing torch.distributed using tcp:// rendezvous: {what} missing")
     rank = int(query["rank"][0]) if "rank" in query else int(_required("RANK"))
     world_size = int(query["world_size"][0]) if "world_size" in query else int(_required("WORLD_SIZE"))
-    master_addr, master_port = _required("MASTER_ADDR"), int(_required("MASTER_PORT"))
+    if parsed.scheme == "tcp" and parsed.hostname and parsed.port is not None:
+        master_addr, master_port = parsed.hostname, parsed.port
+    else:
+        master_addr, master_port = _required("MASTER_ADDR"), int(_required("MASTER_PORT"))
+    _release_unused()
     try:
         client = TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
     except DistNetworkError as error:
@@ -180,4 +235,4 @@ def agent_store_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30),
     store = PydistStore(client)
     _KEPT.append(store)
     yield store, rank, world_size
-    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+    raise RuntimeError(f"Unable to perform re-rendezvous using {parsed.scheme}:// method")

@@ -29,6 +29,7 @@ import torch.distributed as tdist
 
 import pydist
 
+from ..api.groups import timeout_seconds
 from ..api.grow import join_standalone
 from ..core.ops import RedOpType, ReduceOp
 from ..core.settings import settings
@@ -146,6 +147,15 @@ def _create_extended(opts, options: Any) -> ProcessGroupPydist:
                                 list(opts.global_ranks_in_group or []))
 
 
+def _job_position(rank: int, size: int, global_ranks: list[int] | None) -> tuple[int, int]:
+    """This process's (rank, size) in torch's world: a subgroup's member ``rank`` is world rank
+    ``global_ranks[rank]`` (of torch's world size; outside one, at least its highest member's);
+    the default group (no ``global_ranks``) is the world."""
+    if not global_ranks:
+        return rank, size
+    return global_ranks[rank], tdist.get_world_size() if tdist.is_initialized() else max(global_ranks) + 1
+
+
 def _op(reduce_op: Any) -> ReduceOp:
     """torch's ReduceOp (with PREMUL_SUM's factor) as pydist's."""
     kind = getattr(reduce_op, "op", reduce_op)
@@ -195,7 +205,8 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         elif engine == "mpi":
             self._world = standalone_mpi_world(global_ranks, rank, size, timeout.total_seconds(), "torch")
         else:
-            self._world = standalone_world(TorchStore(store), rank, size, timeout.total_seconds(), "torch")
+            self._world = standalone_world(TorchStore(store), rank, size, timeout.total_seconds(), "torch",
+                                           job=_job_position(rank, size, global_ranks))
         self._group: ProcessGroup | None = self._world.default_group
         self.engine = engine
         self._name = ""
@@ -228,8 +239,14 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     def set_timeout(self, timeout: timedelta) -> None:
         """Make ``timeout`` the default timeout of the group's later operations, on pydist and on
-        the backends attached for other devices (torch 2.14's ``set_timeout`` calls this)."""
-        self.pydist_group.set_timeout(timeout.total_seconds())
+        the backends attached for other devices (torch 2.14's ``set_timeout`` calls this).
+        ValueError for a timeout that is not positive, AttributeError on a torch whose
+        ProcessGroup has no ``set_timeout``: both before anything changed."""
+        seconds = timeout_seconds(timeout)
+        if not hasattr(tdist.ProcessGroup, "set_timeout"):
+            raise AttributeError(f"set_timeout: this torch ({torch.__version__}) has no ProcessGroup.set_timeout; "
+                                 "pydist.set_timeout(timeout, group.pydist_group) sets pydist's half")
+        self.pydist_group.set_timeout(seconds)
         super().set_timeout(timeout)
 
     def route(self, operation: str, args: tuple) -> Any:

@@ -14,18 +14,20 @@ LOCAL_RANK and LOCAL_WORLD_SIZE when missing and known; then torch's handler run
 ``torch.distributed.init_process_group("pydist")`` works under those launchers, as
 DeepSpeed's MPI discovery does it.
 
-What does not change: with the four set (or rank/world size in the URL) nothing is read or
-set and torch's handler runs alone, for every backend; without any launcher's variables
-torch's own error stands. A launcher's variables that cannot give what is missing (mpiexec
-across hosts without MASTER_ADDR) raise a ValueError naming each missing variable and why.
-The wrapper serves every backend's env:// (gloo too), only where torch's handler would
-have failed.
+The variables set are removed again when the rendezvous then fails (a store that cannot be
+reached), so a later attempt looks the launcher up anew. What does not change: with the
+four set (or rank/world size in the URL) nothing is read or set and torch's handler runs
+alone, for every backend; without any launcher's variables torch's own error stands. A
+launcher's variables that cannot give what is missing (mpiexec across hosts without
+MASTER_ADDR) raise a ValueError naming each missing variable and why. The wrapper serves
+every backend's env:// (gloo too), only where torch's handler would have failed.
 
 Under pydist-run (PYDIST_RUN_WORKER=1, TORCHELASTIC_USE_AGENT_STORE=True) with a token
 (PYDIST_AUTH_TOKEN, which pydist-run sets by default) or TLS (PYDIST_TLS_*), torch's C++
 store client would be refused by the workers' store; there the wrapper yields
 :class:`~pydist.torch.agent_store.PydistStore` (a torch Store over pydist's authenticated
-client) instead of running torch's handler, for every backend.
+client) instead of running torch's handler, for every backend; torch's ``tcp://`` handler is
+wrapped alike, for a URL naming MASTER_ADDR:MASTER_PORT (the workers' store).
 """
 from __future__ import annotations
 
@@ -74,30 +76,51 @@ def fill_from_launcher(url: str, environ: MutableMapping[str, str] | None = None
 Handler = Callable[..., Iterator[tuple[Any, int, int]]]
 
 
+def _env_wrapper(original: Handler) -> Handler:
+    def env_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+        filled = fill_from_launcher(url)
+        from . import agent_store  # lazily: it imports pydist's store
+
+        try:
+            handler = agent_store.agent_store_rendezvous if agent_store.applies() else original
+            inner = handler(url, **kwargs)
+            found = next(inner)
+        except BaseException:
+            for name in filled:
+                os.environ.pop(name, None)
+            raise
+        yield found
+        yield from inner
+    return env_rendezvous
+
+
+def _tcp_wrapper(original: Handler) -> Handler:
+    def tcp_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+        from . import agent_store  # lazily: it imports pydist's store
+
+        if agent_store.applies() and agent_store.targets_workers_store(url):
+            return agent_store.agent_store_rendezvous(url, **kwargs)
+        return original(url, **kwargs)
+    return tcp_rendezvous
+
+
 def install() -> None:
-    """Wrap torch's registered env:// handler (idempotent; see the module docstring)."""
+    """Wrap torch's registered env:// and tcp:// handlers (idempotent; see the module docstring)."""
     from torch.distributed.rendezvous import _rendezvous_handlers
 
     handlers: dict[str, Handler] = _rendezvous_handlers
-    original = handlers.get(SCHEME)
-    if original is None or getattr(original, _MARK, None) is not None:
-        return
-
-    def env_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
-        fill_from_launcher(url)
-        from . import agent_store  # lazily: it imports pydist's store
-
-        if agent_store.applies():
-            return agent_store.agent_store_rendezvous(url, **kwargs)
-        return original(url, **kwargs)
-
-    setattr(env_rendezvous, _MARK, original)
-    handlers[SCHEME] = env_rendezvous  # register_rendezvous_handler refuses a scheme already registered
+    for scheme, wrap in ((SCHEME, _env_wrapper), ("tcp", _tcp_wrapper)):
+        original = handlers.get(scheme)
+        if original is None or getattr(original, _MARK, None) is not None:
+            continue
+        wrapper = wrap(original)
+        setattr(wrapper, _MARK, original)
+        handlers[scheme] = wrapper  # register_rendezvous_handler refuses a scheme already registered
 
 
-def torch_handler() -> Handler | None:
-    """torch's own env:// handler, under the wrapper if installed (None if torch has none)."""
+def torch_handler(scheme: str = SCHEME) -> Handler | None:
+    """torch's own handler of ``scheme`` (env://), under the wrapper if installed (None if torch has none)."""
     from torch.distributed.rendezvous import _rendezvous_handlers
 
-    handler = _rendezvous_handlers.get(SCHEME)
+    handler = _rendezvous_handlers.get(scheme)
     return getattr(handler, _MARK, handler)
