@@ -67,6 +67,12 @@ def sleep(seconds: float) -> None:
         _fake.sleep(seconds)
 
 
+def pause(seconds: float) -> None:
+    """Pause ``seconds`` as a timed wait on the current clock: a poll's pace. A fake clock
+    ends it only by a jump (when every party waits), unlike ``sleep``, which moves it on."""
+    timed_wait(threading.Event().wait, seconds)
+
+
 def timed_wait(wait: Callable[[float | None], bool], timeout: float | None) -> bool:
     """``wait(timeout)`` on the current clock: the real clock calls it; a fake one may let the
     timeout pass without waiting it out. ``wait`` is a blocking primitive's wait (True: done)."""

@@ -22,6 +22,7 @@ AVG and PREMUL_SUM run as sums with a step before or after (core.ops: prescale, 
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -57,6 +58,7 @@ from ..algorithms import (
     scatter_shm,
 )
 from ..algorithms.comm import Comm, Hierarchy, as_bytes
+from ..core import deadline as _deadline
 from ..core.deadline import Deadline
 from ..core.errors import DistError, OpTimeoutError
 from ..core.ops import RedOpType, ReduceOp, postscale, prescale
@@ -85,6 +87,11 @@ SMALL_ALL_GATHER_BYTES = 64 * 1024
 
 #: calls whose algorithm a group's engine remembers (then it forgets them all and starts again)
 CHOICES_KEPT = 1024
+#: The most seconds a group's creation waits for its shared memory (``prepare``): the members
+#: passed a rendezvous just before, so a longer wait means one is stuck.
+PREPARE_SECONDS = 30.0
+
+_log = logging.getLogger("pydist")
 
 #: per collective, its algorithms by name (their signatures differ by collective)
 ALGORITHMS: dict[str, dict[str, Callable[..., None]]] = {
@@ -202,8 +209,11 @@ class NativeEngine(Engine):
         segment's creation, page faults: 3.5-4.9 ms of a 4 B all_reduce at 8-16 ranks). Best
         effort: where it fails (a member died meanwhile) the first operation tries again and
         fails as that operation, as before (a shrink then shrinks the new group again). No
-        barrier follows: a member that fails it would leave the arena's phases out of step."""
-        ctx = OpContext("process group setup", 0, deadline)
+        barrier follows: a member that fails it would leave the arena's phases out of step.
+        It waits at most PREPARE_SECONDS of ``deadline`` (a member stuck before making it then
+        costs init that much, not the group's whole timeout, before the first operation waits
+        for it again and names it at its timeout) and logs a warning when it fails."""
+        ctx = OpContext("process group setup", 0, _bounded(deadline, PREPARE_SECONDS))
         try:
             if self.size > 1 and not self.spans_hosts:
                 arena = self.arena(ctx)
@@ -211,8 +221,10 @@ class NativeEngine(Engine):
                 arena = self._local_arena = self._arena_for(ctx, self.local)
             else:
                 return
-        except DistError:
+        except DistError as error:
             self._arena_tried = False
+            _log.warning("pydist: group %d's shared memory was not set up at init; its first operation "
+                         "tries again: %s", self.group_id, error)
             return
         if arena is not None:
             arena.touch()
@@ -354,6 +366,8 @@ class NativeEngine(Engine):
         return self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
 
     def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> str:
+        if op.op is RedOpType.SUM:  # the common case: nothing to scale before or after
+            return self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
         prescale(buf, op)
         algorithm = self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
         postscale(buf, op, self.size)
@@ -433,3 +447,9 @@ def _payload_bytes(args: tuple) -> int:
         elif isinstance(arg, list):
             total += sum(item.nbytes for item in arg if isinstance(item, np.ndarray))
     return total
+
+
+def _bounded(deadline: Deadline, seconds: float) -> Deadline:
+    """``deadline``, or ``seconds`` from now if that comes first."""
+    soon = _deadline.now() + seconds
+    return Deadline(soon if deadline.at is None else min(deadline.at, soon))

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
+from ..core import deadline as _deadline
 from ..core.deadline import Deadline
 from ..core.errors import DistBackendError, DistStoreError
 from ..store import Store
@@ -105,7 +105,7 @@ def await_decision(base: Store, ticket: Ticket, timeout: float) -> dict[str, Any
             raise DistStoreError(f"rank joining as transport rank {ticket.transport_rank}: no decision about it "
                                  f"(store key {key!r}) within {timeout:g} s")
         left = deadline.remaining()
-        time.sleep(pause if left is None else min(pause, left))  # real time: a poll's rate, not a timeout
+        _deadline.pause(pause if left is None else min(pause, left))  # on pydist's clock, as the deadline
         pause = min(2 * pause, ENDED_POLL_SECONDS)
     decision = json.loads(base.get(key))
     if not decision["admitted"]:

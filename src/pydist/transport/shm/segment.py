@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -18,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ...core import deadline as _deadline
 from ...core.deadline import Deadline
 from ...core.errors import DistStoreError, OpTimeoutError
 
@@ -175,5 +175,5 @@ def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Cal
             raise OpTimeoutError(f"Timed out waiting for rank {creator} to create the shared memory (it has not "
                                  "reached this operation or is stuck)") from None
         if alive is not None:
-            time.sleep(pause if left is None else min(pause, left))  # real time: a poll's rate, not a timeout
+            _deadline.pause(pause if left is None else min(pause, left))  # on pydist's clock, as the deadline
             pause = min(2 * pause, ALIVE_POLL_SECONDS)
