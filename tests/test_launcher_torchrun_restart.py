@@ -81,12 +81,19 @@ def test_torchrun_restarts_a_pydist_job_whose_rank_exited(rdzv, nproc):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)  # two agents, six ranks importing torch one after another on 2 cores
-def test_a_second_torchrun_agent_joining_later_restarts_the_workers_into_the_larger_world():
+@pytest.mark.parametrize("api", ["pydist", "pydist-api"])
+def test_a_second_torchrun_agent_joining_later_restarts_the_workers_into_the_larger_world(api):
     """``--nnodes 1:2``: the first agent's 2 ranks start alone and all_reduce; a second agent
     joins; torchrun restarts both into a world of 4 (same restart count: a membership change),
-    whose every rank gets the sum of 1..4. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with two
-    agents on one host, torch 2.13's shared rendezvous store loses the second round for gloo
-    as for pydist (the agents wait 60 s for each other's keys and fail)."""
+    whose every rank gets the sum of 1..4, rank 0 coming late so that the others read the
+    store first. ``api``: the torch plugin, or pydist's own init_process_group. With the
+    share disabled each round's workers get a store of their own (torch's agent serves one
+    on a free port per round), so no stale keys can be read here: the namespace of each
+    round of one shared store is checked in process (test_torch_store_rendezvous, review
+    finding 8).
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with two agents on one host, torch 2.13's shared
+    rendezvous store loses the second round for gloo as for pydist (the agents wait 60 s for
+    each other's keys and fail)."""
     pytest.importorskip("torch")
     import threading
 
@@ -97,7 +104,7 @@ def test_a_second_torchrun_agent_joining_later_restarts_the_workers_into_the_lar
     port = free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"grow-{port}",
-               "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2", str(GROW_SCRIPT), "4"]
+               "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2", str(GROW_SCRIPT), "4", api]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     first = start_command(command, env=env, stderr=subprocess.STDOUT)
     seen: list[str] = []
