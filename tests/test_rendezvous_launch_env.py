@@ -366,7 +366,7 @@ def test_restarted_attempt_reuses_the_agent_store():
                 MASTER_PORT=str(agent.port), TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RUN_ID="job",
                 TORCHELASTIC_RESTART_COUNT=str(attempt))) for r in range(2)]
             check_allreduce(results_of(run_all(commands)), 2, "torchrun")
-        prefixes = {key.split("/")[2] for key in agent.list_keys() if key.startswith("/worker/")}
-        assert prefixes == {"attempt_0", "attempt_1"}
+        prefixes = {tuple(key.split("/")[1:4]) for key in agent.list_keys() if key.startswith("attempt/")}
+        assert prefixes == {("job", "0", "2"), ("job", "1", "2")}  # run id, restart count, world size
     finally:
         agent.close()
