@@ -4,7 +4,8 @@ the good clients keep working. The limits are lowered here (module constants the
 reads at each use) so that a few connections reach them.
 
 - with a token: bytes one connection sends before authenticating, the bytes of all such
-  connections together, and how many may wait to authenticate (the oldest are dropped);
+  connections together, and how many may wait to authenticate (past the cap the oldest
+  silent ones are dropped, with TLS too; a burst of clients that talk is never cut);
 - token or not: the bytes of unfinished messages held for all connections together (they
   were 512 MiB per connection, with no total).
 """
@@ -19,6 +20,7 @@ from datetime import timedelta
 import pytest
 
 from pydist import TCPStore
+from pydist.core.deadline import Deadline, poll_until
 from pydist.store import _service
 from pydist.store._protocol import REQUESTS, WIRE_MAGIC, auth_hello, hello
 from pydist.store._tcp_server import READ_BYTES
@@ -107,6 +109,7 @@ def test_bytes_of_all_unauthenticated_connections_are_capped(store, monkeypatch)
 @pytest.mark.parametrize("store", [TOKEN], indirect=True)
 def test_idle_unauthenticated_connections_are_capped_oldest_first(store, monkeypatch, caplog):
     monkeypatch.setattr(_service, "MAX_UNAUTHENTICATED", 5)
+    monkeypatch.setattr(_service, "SILENT_SECONDS", 0.0)  # silent at once: dropped as the next one comes
     with caplog.at_level(logging.WARNING, logger="pydist.store"):
         idle = [_raw(store) for _ in range(12)]
         try:
@@ -117,7 +120,57 @@ def test_idle_unauthenticated_connections_are_capped_oldest_first(store, monkeyp
         finally:
             for sock in idle:
                 sock.close()
-    assert "5 connections were waiting to authenticate; the oldest is dropped" in caplog.text
+    assert "5 connections were waiting to authenticate; the oldest silent for 0 s is dropped" in caplog.text
+
+
+@pytest.fixture
+def tls_store(tmp_path, monkeypatch):
+    """A TLS store (no token) and its clients' settings."""
+    pytest.importorskip("cryptography")
+    from pydist.testing.tls import Authority
+    for name, value in Authority(str(tmp_path / "ca")).issue("store").env().items():
+        monkeypatch.setenv(name, value)
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=SECONDS))
+    yield master
+    master.close()
+
+
+def test_idle_connections_in_their_tls_handshake_are_capped_oldest_first(tls_store, monkeypatch, caplog):
+    """The TLS handshake's cap is read at each use, like the service's."""
+    monkeypatch.setattr(_service, "MAX_UNAUTHENTICATED", 5)
+    monkeypatch.setattr(_service, "SILENT_SECONDS", 0.0)
+    with caplog.at_level(logging.WARNING, logger="pydist.store"):
+        idle = [_raw(tls_store) for _ in range(12)]
+        try:
+            assert all(_closed_by_server(sock) for sock in idle[:7])  # the oldest, dropped for newer ones
+            assert _stats(tls_store)["dropped_for_limits"] == 7
+            _works(tls_store, None)
+        finally:
+            for sock in idle:
+                sock.close()
+    assert "5 connections were in their TLS handshake; the oldest silent for 0 s is dropped" in caplog.text
+
+
+@pytest.mark.parametrize("store", [TOKEN], indirect=True)
+def test_a_burst_of_clients_that_talk_is_not_cut_by_the_cap(store, monkeypatch):
+    """Twelve connections in the middle of their opening (real clients on a busy host), cap
+    5: none is dropped, while a silent one is; a good client works."""
+    monkeypatch.setattr(_service, "MAX_UNAUTHENTICATED", 5)
+    monkeypatch.setattr(_service, "SILENT_SECONDS", SECONDS)  # the server reads them before any counts as silent
+    talking = [_raw(store, _partial_auth_hello()) for _ in range(12)]
+    try:
+        poll_until(lambda: _stats(store)["unauthenticated_bytes"] == 12 * 37, Deadline.after(SECONDS))
+        monkeypatch.setattr(_service, "SILENT_SECONDS", 0.0)
+        with _raw(store) as silent:
+            assert _closed_by_server(silent)  # the one silent connection is dropped for the cap
+        stats = _stats(store)
+        assert stats["dropped_for_limits"] == 1 and stats["unauthenticated"] == 12
+        assert not select.select(talking, [], [], 0)[0]  # none of them was closed (nothing to read)
+        monkeypatch.setattr(_service, "SILENT_SECONDS", SECONDS)
+        _works(store, TOKEN)
+    finally:
+        for sock in talking:
+            sock.close()
 
 
 @pytest.mark.parametrize("store", [None, TOKEN], indirect=True, ids=["no-token", "token"])

@@ -27,8 +27,10 @@ naming authentication, after its refusal reply is sent.
 What a connection may make the server hold is bounded, so that clients that never prove
 anything cannot exhaust its memory (each drop is logged by the I/O loop with its reason):
 with a token, a connection sends at most ``UNAUTHENTICATED_BYTES`` before it has
-authenticated, all of them together at most ``UNAUTHENTICATED_TOTAL``, and at most
-``MAX_UNAUTHENTICATED`` connections wait to authenticate (a new one drops the oldest);
+authenticated, all of them together at most ``UNAUTHENTICATED_TOTAL``, and past
+``MAX_UNAUTHENTICATED`` connections waiting to authenticate the oldest that has sent nothing
+for ``SILENT_SECONDS`` is dropped (:class:`Waiting`: a burst of real clients, each sending
+its opening at once, is never cut; the I/O loop applies the same cap to TLS handshakes);
 token or not, the bytes of unfinished messages held for all connections together stay under
 ``BUFFERED_TOTAL`` (a message is at most ``MAX_MESSAGE_BYTES``), the connection whose bytes
 pass it being dropped. ``stats`` counts what is held, its peaks, and the drops.
@@ -72,10 +74,56 @@ OUTPUT_LIMIT = 4 << 20
 UNAUTHENTICATED_BYTES = 64 << 10
 #: Bytes all connections that have not authenticated yet may have the server hold together.
 UNAUTHENTICATED_TOTAL = 16 << 20
-#: Connections waiting to authenticate (or, with TLS, in their TLS handshake); one more drops the oldest.
+#: Connections waiting to authenticate (or, with TLS, in their TLS handshake) past which the
+#: oldest silent one is dropped (see Waiting).
 MAX_UNAUTHENTICATED = 1024
+#: Seconds a connection may stay silent (no byte since it was accepted) before that cap may drop it.
+SILENT_SECONDS = 2.0
 #: Bytes of unfinished messages held for all connections together (one whole message fits).
 BUFFERED_TOTAL = MAX_MESSAGE_BYTES + (128 << 20)
+
+
+class Waiting:
+    """Connections not proven yet (ids, oldest first), capped: past ``MAX_UNAUTHENTICATED``
+    (read at each use), ``over`` names the oldest connections that sent nothing for
+    ``SILENT_SECONDS``, to drop; one that sent a byte (``heard``) is never named, so a burst
+    of real clients is never cut (what talking ones hold is capped by bytes and, with TLS,
+    by the handshake's deadline)."""
+
+    def __init__(self) -> None:
+        self.since: dict[int, float | None] = {}  # id -> when accepted while silent, None once heard
+
+    def __len__(self) -> int:
+        return len(self.since)
+
+    def __contains__(self, cid: int) -> bool:
+        return cid in self.since
+
+    def add(self, cid: int, now: float) -> None:
+        self.since[cid] = now
+
+    def heard(self, cid: int) -> None:
+        if cid in self.since:
+            self.since[cid] = None
+
+    def discard(self, cid: int) -> bool:
+        """Forget ``cid``; whether it was waiting."""
+        return self.since.pop(cid, 0) != 0
+
+    def over(self, now: float) -> list[int]:
+        """The connections to drop now, oldest first (see the class)."""
+        excess = len(self.since) - MAX_UNAUTHENTICATED
+        if excess <= 0:
+            return []
+        silent = (cid for cid, since in self.since.items() if since is not None and now - since >= SILENT_SECONDS)
+        return list(itertools.islice(silent, excess))
+
+    def due(self) -> float | None:
+        """When ``over`` may name one next (None: not over the cap, or none silent)."""
+        if len(self.since) <= MAX_UNAUTHENTICATED:
+            return None
+        silent = [since for since in self.since.values() if since is not None]
+        return min(silent) + SILENT_SECONDS if silent else None
 
 
 class PydistCodec(RequestParser):
@@ -185,27 +233,27 @@ class StoreService:
         self._changed: deque[str] = deque()
         self._output: dict[int, bytearray] = {}
         self._dropped: dict[int, str] = {}
-        self._unproven: dict[int, None] = {}  # with a token: connections not authenticated yet, oldest first
+        self._unproven = Waiting()  # with a token: connections not authenticated yet
 
     # -- the I/O loop's interface ----------------------------------------------------
-    def open(self, cid: int) -> None:
-        """A new connection; its first bytes will say which protocol it speaks."""
+    def open(self, cid: int, now: float = 0.0) -> None:
+        """A new connection (accepted at ``now``); its first bytes will say which protocol it speaks."""
         self._conns[cid] = _Conn(cid)
         stats = self.stats
         stats.connections += 1
         stats.opened += 1
         stats.peak_connections = max(stats.peak_connections, stats.connections)
         if self.auth_token is not None:
-            self._unproven[cid] = None
-            if len(self._unproven) > MAX_UNAUTHENTICATED:
-                self._over_limit(next(iter(self._unproven)), f"{MAX_UNAUTHENTICATED} connections were waiting to "
-                                                             "authenticate; the oldest is dropped for a new one")
+            self._unproven.add(cid, now)
+            self._cap_unproven(now)
             self.stats.unauthenticated = len(self._unproven)
+
     def receive(self, cid: int, data: bytes, now: float) -> None:
         """Bytes from connection ``cid``; answers what they complete."""
         conn = self._conns.get(cid)
         if conn is None or cid in self._dropped or not data:
             return
+        self._unproven.heard(cid)
         if conn.codec is None and not self._start(conn, data[:1]):
             return
         if conn.opening is not None:
@@ -246,13 +294,17 @@ class StoreService:
             self._account(conn)
 
     def next_deadline(self) -> float | None:
-        """When the earliest parked request times out (monotonic seconds), if any."""
+        """When the earliest parked request times out, or a silent connection may be dropped
+        for the cap (monotonic seconds), if any."""
         while self._timers and self._timers[0][2].done:
             heapq.heappop(self._timers)
-        return self._timers[0][0] if self._timers else None
+        due = [d for d in (self._timers[0][0] if self._timers else None, self._unproven.due()) if d is not None]
+        return min(due, default=None)
 
     def expire(self, now: float) -> None:
-        """Answer ``timeout`` to every parked request whose deadline is past."""
+        """Answer ``timeout`` to every parked request whose deadline is past; drop the silent
+        connections the cap on those waiting to authenticate names (see Waiting)."""
+        self._cap_unproven(now)
         while self._timers and self._timers[0][0] <= now:
             waiter = heapq.heappop(self._timers)[2]
             if not waiter.done:
@@ -303,6 +355,11 @@ class StoreService:
             self._over_limit(conn.cid, f"unfinished messages hold {stats.buffered_bytes} bytes of the store's memory "
                                        f"(limit {BUFFERED_TOTAL}); this connection's {held}")
 
+    def _cap_unproven(self, now: float) -> None:
+        for cid in self._unproven.over(now):
+            self._over_limit(cid, f"{MAX_UNAUTHENTICATED} connections were waiting to authenticate; the oldest "
+                                  f"silent for {SILENT_SECONDS:g} s is dropped")
+
     def _over_limit(self, cid: int, reason: str) -> None:
         if cid not in self._dropped:
             self.stats.dropped_for_limits += 1
@@ -314,7 +371,7 @@ class StoreService:
     def _forget(self, conn: _Conn) -> None:
         """Stop counting what ``conn`` holds (it is closed, dropped, or authenticated)."""
         self.stats.buffered_bytes -= conn.held
-        if self._unproven.pop(conn.cid, 0) is None:
+        if self._unproven.discard(conn.cid):
             self.stats.unauthenticated_bytes -= conn.held
             self.stats.unauthenticated = len(self._unproven)
         conn.held = 0

@@ -8,11 +8,14 @@ DistNetworkError naming host:port, a failed authentication
 :class:`~pydist.net.auth.AuthenticationError`.
 
 With TLS (a client ``ssl.SSLContext``, see :mod:`pydist.net.tls`) a connection opens with a TLS
-handshake, then the store's opening inside it. Until that opening is done a TLS error or a
-closed connection is a refusal (:class:`Refused`, never retried) saying which side refused
-what: the store refused this client's certificate (a TLS alert, which TLS 1.3 delivers only
-at the first read), this client refused the store's, or the store does not use TLS. A
-server that requires TLS answers a plain client with an ``error``, also a Refused.
+handshake, then the store's opening inside it. Until that opening is done a TLS error, or a
+connection closed during the TLS handshake, is a refusal (:class:`Refused`, never retried)
+saying which side refused what: the store refused this client's certificate (a TLS alert,
+which TLS 1.3 delivers only at the first read), this client refused the store's, or the
+store does not use TLS (it closes a TLS client's connection). A connection closed without
+an alert after the TLS handshake was cut by the server (its cap on connections not proven
+yet) and is retried like any closed connection. A server that requires TLS answers a plain
+client with an ``error``, also a Refused.
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ from ._protocol import AuthRequired, Message, ProtocolError, ResponseParser, enc
 
 _MAX_IDLE = 8
 _CLOSED_ERRORS = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+#: a TLS connection closed without an alert (a cut, once the TLS handshake is done)
+_TLS_CLOSED = (ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
 class Refused(DistNetworkError, DistStoreError):
@@ -75,6 +80,7 @@ class Connection:
         self._parser = ResponseParser()
         self.local_address: str = sock.getsockname()[0]
         self._tls_opening = False  # a TLS connection before its store opening is done
+        self._tls_up = False  # its TLS handshake is done
 
     @classmethod
     def open(cls, host: str, port: int, deadline: Deadline, retry: bool,
@@ -124,6 +130,7 @@ class Connection:
             self._sock.settimeout(_socket_timeout(deadline))
             self._sock = context.wrap_socket(self._sock, do_handshake_on_connect=False)
             self._sock.do_handshake()
+        self._tls_up = True
 
     def _check_refusal(self, answer: Message | None) -> None:
         """Raise Refused if the server's first answer is an error (e.g. it requires TLS)."""
@@ -133,11 +140,13 @@ class Connection:
     @contextlib.contextmanager
     def _io(self, what: str):
         """Socket failures during ``what`` as DistNetworkError naming the server (during a TLS
-        opening, a TLS error or a closed connection as Refused)."""
+        opening, a TLS error or a closed connection as Refused, unless TLS is up and it closed
+        without an alert: a cut, retried)."""
         try:
             yield
         except OSError as e:
-            if self._tls_opening and isinstance(e, (ssl.SSLError, *_CLOSED_ERRORS)):
+            cut = self._tls_up and isinstance(e, (*_CLOSED_ERRORS, *_TLS_CLOSED))  # closed without an alert
+            if self._tls_opening and isinstance(e, (ssl.SSLError, *_CLOSED_ERRORS)) and not cut:
                 raise _tls_refused(self._where, e) from None
             if isinstance(e, _CLOSED_ERRORS):
                 raise DistNetworkError(f"store server at {self._where} closed the connection (during {what})") from None

@@ -21,9 +21,11 @@ warning. A TLS socket gives one record per ``recv``: it is read until WantRead, 
 would never make the socket readable again).
 
 What clients that prove nothing can make the server hold is bounded (the limits are the
-service's, see :mod:`._service`; with TLS, at most ``MAX_UNAUTHENTICATED`` connections are in
-their TLS handshake, a new one dropping the oldest); the listener takes ``ACCEPT_BATCH``
-connections per wake-up, so a burst's first bytes are read before more come in.
+service's, see :mod:`._service`; with TLS, past ``MAX_UNAUTHENTICATED`` connections in their
+TLS handshake the oldest that has sent nothing for ``SILENT_SECONDS`` is dropped, as
+:class:`~._service.Waiting` says); the listener takes ``ACCEPT_BATCH`` connections per
+wake-up, so a burst's first bytes are read before more come in. A failed accept (out of
+file descriptors) pauses the loop ``ACCEPT_BACKOFF_S``: the connection still waits.
 """
 from __future__ import annotations
 
@@ -44,8 +46,9 @@ from ..core.errors import DistNetworkError, DistStoreError
 from ..net.addresses import family_unusable, host_port
 from ..net.tls import HANDSHAKE_RECORD
 from ..net.tls import reason as tls_reason
+from . import _service
 from ._protocol import WIRE_MAGIC, Message, encode_response, error_code, hello
-from ._service import MAX_UNAUTHENTICATED, OUTPUT_LIMIT, StoreService
+from ._service import OUTPUT_LIMIT, StoreService, Waiting
 
 logger = logging.getLogger("pydist.store")
 #: Seconds a connection may take to finish its TLS handshake before it is dropped.
@@ -54,6 +57,8 @@ HANDSHAKE_TIMEOUT_S = 30.0
 READ_BYTES = 262144
 #: Connections accepted per readiness event of the listener (then the others' bytes are read).
 ACCEPT_BATCH = 64
+#: Seconds the loop pauses after a failed accept (real time: for the CPU's sake, not a timeout).
+ACCEPT_BACKOFF_S = 0.01
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _TLS_REQUIRED = DistStoreError("this store requires TLS: set PYDIST_TLS_CERT, PYDIST_TLS_KEY and PYDIST_TLS_CA "
                                "for this client too")
@@ -109,6 +114,7 @@ class Server:
         self._service = StoreService(auth_token)
         self._peers: dict[int, _Peer] = {}
         self._handshakes: dict[int, float] = {}  # TLS connections not open yet: their deadlines, oldest first
+        self._waiting = Waiting()  # the same connections, capped (see _cap_handshakes)
         self._drained: set[int] = set()  # held connections whose answers went out
         self._ids = itertools.count()
         self._stopping = False
@@ -156,7 +162,7 @@ class Server:
     def _timeout(self) -> float | None:
         """Seconds until a parked request or a TLS handshake is due (None: nothing is)."""
         handshake = next(iter(self._handshakes.values()), None)  # the oldest: deadlines grow with accept time
-        due = [d for d in (self._service.next_deadline(), handshake) if d is not None]
+        due = [d for d in (self._service.next_deadline(), handshake, self._waiting.due()) if d is not None]
         return max(0.0, min(due) - _deadline.now()) if due else None
 
     def _select(self) -> list[tuple[selectors.SelectorKey, int]]:
@@ -205,21 +211,28 @@ class Server:
                 return
             except OSError as e:  # e.g. out of file descriptors: back off a little
                 logger.warning("store server %s:%d: accept failed: %s", self.host, self.port, e)
-                time.sleep(0.01)  # real time: a pause for the CPU's sake, not a timeout
+                time.sleep(ACCEPT_BACKOFF_S)
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = _Peer(next(self._ids), sock, address)
             self._peers[peer.cid] = peer
             self._sel.register(sock, selectors.EVENT_READ, peer)
+            now = _deadline.now()
             if self.tls is None:
-                self._service.open(peer.cid)
+                self._service.open(peer.cid, now)
                 continue
-            self._handshakes[peer.cid] = _deadline.now() + HANDSHAKE_TIMEOUT_S
-            if len(self._handshakes) > MAX_UNAUTHENTICATED:  # the oldest is dropped for a new one
-                self._service.stats.dropped_for_limits += 1
-                self._drop(self._peers[next(iter(self._handshakes))],
-                           f"over a limit: {MAX_UNAUTHENTICATED} connections were in their TLS handshake")
+            self._handshakes[peer.cid] = now + HANDSHAKE_TIMEOUT_S
+            self._waiting.add(peer.cid, now)
+            self._cap_handshakes(now)
+
+    def _cap_handshakes(self, now: float) -> None:
+        """Drop the silent TLS connections past the cap (see Waiting)."""
+        for cid in self._waiting.over(now):
+            self._service.stats.dropped_for_limits += 1
+            self._drop(self._peers[cid], f"over a limit: {_service.MAX_UNAUTHENTICATED} connections were in "
+                                         f"their TLS handshake; the oldest silent for {_service.SILENT_SECONDS:g} s "
+                                         "is dropped")
 
     def _handshake(self, peer: _Peer) -> None:
         """Advance a TLS connection's opening (see the module docstring); once done, the
@@ -239,7 +252,8 @@ class Server:
             self._drop(peer, f"TLS handshake failed: {tls_reason(e)}")
         else:
             del self._handshakes[peer.cid]
-            self._service.open(peer.cid)
+            self._waiting.discard(peer.cid)
+            self._service.open(peer.cid, _deadline.now())
             self._watch(peer, selectors.EVENT_READ)
             self._read(peer)
 
@@ -247,6 +261,8 @@ class Server:
         """Wrap a connection whose first byte starts a TLS handshake; refuse any other (None)."""
         assert self.tls is not None  # only TLS servers have handshakes
         first = peer.sock.recv(1, socket.MSG_PEEK)
+        if first:
+            self._waiting.heard(peer.cid)
         if first == bytes([HANDSHAKE_RECORD]):
             self._sel.unregister(peer.sock)
             sock = peer.sock = self.tls.wrap_socket(peer.sock, server_side=True, do_handshake_on_connect=False)
@@ -267,7 +283,9 @@ class Server:
         return None
 
     def _expire_handshakes(self, now: float) -> None:
-        """Drop the connections whose TLS handshake is past its deadline."""
+        """Drop the connections whose TLS handshake is past its deadline, and the silent
+        ones past the cap."""
+        self._cap_handshakes(now)
         while self._handshakes:
             cid, deadline = next(iter(self._handshakes.items()))  # the oldest
             if deadline > now:
@@ -352,6 +370,7 @@ class Server:
         if reason is not None:
             logger.warning("store server %s:%d: dropping client %s: %s", self.host, self.port, peer.address, reason)
         self._service.close(peer.cid)
+        self._waiting.discard(peer.cid)
         if self._handshakes.pop(peer.cid, None) is not None:
             _discard_input(peer.sock)
         del self._peers[peer.cid]
