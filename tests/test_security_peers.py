@@ -242,13 +242,14 @@ def test_an_impostor_without_the_token_is_refused_at_startup(monkeypatch, caplog
 # ---------------------------------------------------------------------------------------------
 def test_a_second_claim_of_a_connected_rank_is_refused_without_a_secret(caplog):
     claim = "rank 1's published claim"
-    mine, joined, delivered = _listening_rank_0(lambda peer: claim)
+    mine, joined, delivered, arrived = _listening_rank_0(lambda peer: claim)
     try:
         real = connect_to(mine, 1, "world", Deadline.after(SECONDS), None, claim=claim)
-        _send(real, PAYLOAD)  # once rank 0 read it, rank 1 is delivered (installed)
+        _send(real, PAYLOAD)  # buffered by the kernel until rank 0 reads it from the delivered socket
         with caplog.at_level(logging.WARNING, logger="pydist.transport"):
             with pytest.raises(AuthenticationError, match="it refused this rank: it does not carry rank 1's claim"):
                 connect_to(mine, 1, "world", Deadline.after(SECONDS), None, claim="a guess")
+            assert arrived.wait(SECONDS)  # rank 1 delivered (installed)
             (peer, [accepted]), = delivered
             assert peer == 1 and _recv(accepted, len(PAYLOAD)) == PAYLOAD
             with pytest.raises(AuthenticationError, match="rank 1 is connected to rank 0 already"):
@@ -287,19 +288,25 @@ def test_idle_connections_do_not_hold_up_a_token_protected_startup(monkeypatch, 
 
 
 def _listening_rank_0(claim_of=lambda peer: None):
-    """A listener that stays open (lazy connections' JoinListener): (record, joined, delivered)."""
+    """A listener that stays open (lazy connections' JoinListener): (record, joined,
+    delivered, an event set once a peer was delivered)."""
     listener = socket.create_server(("127.0.0.1", 0))
     mine = own_record(0, "host0", "id0", ["127.0.0.1"], [listener])
     delivered: list = []
-    joined = JoinListener(mine, [listener], "world", 0.0, None, None, {1}, lambda *got: delivered.append(got),
-                          claim_of=claim_of)
-    return mine, joined, delivered
+    arrived = threading.Event()
+
+    def deliver(*got) -> None:
+        delivered.append(got)
+        arrived.set()
+
+    joined = JoinListener(mine, [listener], "world", 0.0, None, None, {1}, deliver, claim_of=claim_of)
+    return mine, joined, delivered, arrived
 
 
 def test_an_idle_connection_is_cut_after_the_handshake_timeout(monkeypatch, caplog):
     monkeypatch.setenv("PYDIST_HANDSHAKE_TIMEOUT", "0.5")
     with caplog.at_level(logging.WARNING, logger="pydist.transport"):
-        mine, joined, delivered = _listening_rank_0()
+        mine, joined, _, _ = _listening_rank_0()
         try:
             with socket.create_connection((mine.address, mine.port), timeout=SECONDS) as idle:
                 assert _until_closed(idle) == b""

@@ -127,8 +127,10 @@ class Acceptor:
 
     Without a secret (no token, no TLS) the acceptor may be given ``claim_of(peer)``, the
     claim peer's record publishes (None or "": not checked), and ``taken(peer)``, whether
-    peer is connected already: a HELLO without the claim, or claiming a rank connected
-    already, is refused (only a secret tells a rank from a process that read the store)."""
+    peer is connected already, asked once per HELLO that carries the claim, before it is
+    answered (the Admission reserves peer for this connection when it answers False): a
+    HELLO without the claim, or claiming a rank connected or claimed already, is refused
+    (only a secret tells a rank from a process that read the store)."""
 
     def __init__(self, rank: int, world: str, expected: set[int], auth_token: bytes | None,
                  claim_of: Callable[[int], str | None] | None = None, taken: Callable[[int], bool] | None = None):

@@ -14,6 +14,7 @@ import socket
 import threading
 from collections.abc import Callable
 
+from ...core import deadline as _deadline
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
 from ...core.settings import settings
@@ -36,6 +37,9 @@ from .mesh_tls import secured
 log = logging.getLogger("pydist.transport")
 #: seconds between two looks at whether the listener is closing
 POLL_SECONDS = 0.2
+#: seconds the listener pauses after a failed accept (out of file descriptors): the
+#: connection still waits, so accepting again at once would spin
+ACCEPT_BACKOFF_SECONDS = 0.05
 
 
 class JoinListener:
@@ -45,7 +49,9 @@ class JoinListener:
     once all ``lanes_of(peer)`` of its lanes are in (lazy connections, see lazy.py).
     Handshakes run side by side (:mod:`.admission`); without a secret a HELLO must carry the
     ``claim_of(peer)`` of the rank's record (None: not checked), and a second connection
-    claiming a (rank, lane) accepted already is refused."""
+    claiming a (rank, lane) accepted already is refused. A failed accept (out of file
+    descriptors) is logged once until one succeeds, and paced by ACCEPT_BACKOFF_SECONDS;
+    an error that ends the listener's thread is logged, and cuts the handshakes in flight."""
 
     def __init__(self, record: PeerRecord, listeners: list[socket.socket], token: str, peer_timeout: float,
                  auth_token: bytes | None, tls: Contexts | None, expected: set[int] | None = None,
@@ -60,30 +66,35 @@ class JoinListener:
         self._arrived: dict[tuple[int, int], Connection] = {}  # (peer, lane) -> its connection
         self._met: set[tuple[int, int]] = set()  # (peer, lane) accepted once (see _arrive)
         timeout = settings().handshake_timeout
-        self._admissions = [Admission(record.rank, lane_token(token, lane), auth_token, tls, claim_of, timeout)
-                            for lane in range(len(listeners))]
+        self._admissions = [Admission(record.rank, lane_token(token, lane), auth_token, tls, claim_of, timeout,
+                                      len(self._expected)) for lane in range(len(listeners))]
         self._changed = threading.Condition()
         self._closing = False
+        self._failing = False  # the last accept failed (logged once until one succeeds)
         self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-join-{record.rank}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            for lane, listener in enumerate(self._listeners):
-                listener.setblocking(False)
-                selector.register(listener, selectors.EVENT_READ, lane)
-                selector.register(self._admissions[lane].wake_fd, selectors.EVENT_READ, None)
-            while not self._closing:
-                due = [d for d in (a.due() for a in self._admissions) if d is not None]
-                for key, _ in selector.select(min([POLL_SECONDS, *due])):
-                    if key.data is not None:
-                        self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
-                for lane, admission in enumerate(self._admissions):
-                    admission.reap()
-                    for peer, sock, where in admission.take():
-                        self._arrive(peer, lane, sock, where, admission)
-        for admission in self._admissions:
-            admission.close()
+        try:
+            with selectors.DefaultSelector() as selector:
+                for lane, listener in enumerate(self._listeners):
+                    listener.setblocking(False)
+                    selector.register(listener, selectors.EVENT_READ, lane)
+                    selector.register(self._admissions[lane].wake_fd, selectors.EVENT_READ, None)
+                while not self._closing:
+                    due = [d for d in (a.due() for a in self._admissions) if d is not None]
+                    for key, _ in selector.select(min([POLL_SECONDS, *due])):
+                        if key.data is not None:
+                            self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
+                    for lane, admission in enumerate(self._admissions):
+                        admission.reap()
+                        for peer, sock, where in admission.take():
+                            self._arrive(peer, lane, sock, where, admission)
+        except Exception:  # a bug: this rank accepts no more connections; say so
+            log.exception("pydist rank %d: the listener of lazy connections stopped", self.record.rank)
+        finally:
+            for admission in self._admissions:
+                admission.close()
 
     def _accept(self, listener: socket.socket, lane: int) -> None:
         """Start the handshakes of what waits on ``lane``'s listener (a few at a time)."""
@@ -93,29 +104,30 @@ class JoinListener:
                 return
             try:
                 sock, where = listener.accept()
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
-            except OSError as error:  # e.g. out of file descriptors
+            except OSError as error:  # e.g. out of file descriptors: the connection still waits
                 if self._closing:
                     return
-                log.warning("pydist rank %d: accepting a connection failed: %s", self.record.rank, error)
+                if not self._failing:
+                    log.warning("pydist rank %d: accepting a connection failed: %s (retried every %g s)",
+                                self.record.rank, error, ACCEPT_BACKOFF_SECONDS)
+                self._failing = True
+                _deadline.sleep(ACCEPT_BACKOFF_SECONDS)
                 return
+            self._failing = False
             sock.setblocking(True)
-            admission.start(sock, where, self._expected, lambda peer: (peer, lane) in self._met)  # noqa: B023
+            admission.start(sock, where, self._expected, lambda peer: (peer, lane) in self._met)
 
     def _arrive(self, peer: int, lane: int, sock: socket.socket, where, admission: Admission) -> None:
         """A proven connection of ``peer`` on ``lane``: kept (with a secret a later one of the
-        same lane replaces it: a retry whose first try failed on its side), or, without a
-        secret, refused when that lane of ``peer`` was accepted already."""
+        same lane replaces it: a retry whose first try failed on its side; without one the
+        Admission refused a second claim in its HELLO)."""
         with self._changed:
             if self._closing:
                 sock.close()
                 return
-            if (peer, lane) in self._met and not admission.secret:  # two claims raced: the first is kept
-                admission.refused(where, f"a second connection claiming rank {peer}")
-                sock.close()
-                return
-            self._met.add((peer, lane))
+            self._met.add((peer, lane))  # without a secret, the Admission lets one claim of it through
             connection = secured(_tune(sock, self._peer_timeout))
             stale = self._arrived.pop((peer, lane), None)
             if stale is not None:

@@ -37,7 +37,7 @@ from ...store._base import StoreTimeoutError
 from .admission import Admission
 from .hello import Connector, read_frame
 from .liveness import process_identity
-from .mesh_tls import client_side, refused_by, secured
+from .mesh_tls import refused_by, secured
 from .tls_socket import TlsSocket
 
 log = logging.getLogger("pydist.transport")
@@ -139,11 +139,14 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                auth_token: bytes | None = None, tls: Contexts | None = None,
                peer_timeout: float = 0.0, refused_for: float = 0.0, claim: str = "") -> socket.socket | TlsSocket:
     """Connect to a lower rank (with ``tls``: over mutual TLS), retrying with backoff until
-    the deadline (failed authentication or TLS is not retried: AuthenticationError, TlsRefused);
-    ``peer_timeout``: the connection's heartbeat (see _tune). The peer listened before it
-    published its record, so a refused connection means it is gone: after ``refused_for``
-    seconds of nothing but refusals (0: at the first) DistNetworkError names it and its address;
-    ``claim``: this rank's record's (see hello.Connector)."""
+    the deadline. Failed authentication (AuthenticationError) and a TLS refusal (an alert, a
+    certificate this rank rejects, a peer not using TLS: TlsRefused) are not retried; a
+    connection closed or reset without a word, before or after TLS, is: the acceptor cut it
+    (a burst past its cap, a late handshake), which says nothing about this rank's
+    certificate. ``peer_timeout``: the connection's heartbeat (see _tune). The peer listened
+    before it published its record, so a refused connection means it is gone: after
+    ``refused_for`` seconds of nothing but refusals (0: at the first) DistNetworkError names
+    it and its address; ``claim``: this rank's record's (see hello.Connector)."""
     delay = 0.01
     last_error: BaseException | None = None
     refused_since: float | None = None
@@ -153,21 +156,19 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
             sock = socket.create_connection((record.address, record.port), timeout=min(timeout or 30, 30))
             try:
                 if tls is not None:
-                    sock = client_side(sock, tls, rank, record.rank, record.dialled)
+                    sock = tls.client.wrap_socket(sock)
                 handshake = Connector(rank, token, record.rank, auth_token, claim)
                 sock.sendall(handshake.first)
                 while not handshake.done:
                     reply = handshake.on_hello(read_frame(sock))
                     if reply:
                         sock.sendall(reply)
+            except _CUT:
+                sock.close()
+                raise
             except ssl.SSLError as error:  # TLS 1.3: a refused certificate shows at the first read
                 sock.close()
                 raise refused_by(rank, record.rank, record.dialled, error) from None
-            except OSError as error:
-                sock.close()
-                if isinstance(sock, ssl.SSLSocket):  # it accepted TLS, then hung up: it refused this rank
-                    raise refused_by(rank, record.rank, record.dialled, error) from None
-                raise
             except BaseException:
                 sock.close()
                 raise
@@ -191,6 +192,11 @@ def connect_to(record: PeerRecord, rank: int, token: str, deadline: Deadline,
                            f"{last_error}") from last_error
 
 
+#: how a cut connection shows on the connector's side (an EOF, or a reset; under TLS also
+#: an EOF the TLS layer reports): retried, never taken for a refusal
+_CUT = (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
 def _gone(rank: int, record: PeerRecord, refused_for: float, error: OSError) -> DistNetworkError:
     """The error of a peer whose published address refuses connections."""
     during = f" for {refused_for:g} s (PYDIST_CONNECT_TIMEOUT)" if refused_for else ""
@@ -207,17 +213,14 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
     (:mod:`.admission`): strays, garbage, TLS failures and mismatches, failed authentication
     and (without a secret) HELLOs without the claim of the rank's record in ``records`` or
     claiming a rank accepted already are dropped and logged, never raised; DistNetworkError
-    at the deadline names the ranks missing and the connections refused meanwhile."""
+    at the deadline names the ranks missing and the connections refused meanwhile, and when
+    accepting fails (out of file descriptors) names this rank and its listener."""
     claims = (lambda peer: records[peer].claim) if records is not None else (lambda peer: None)
-    admission = Admission(rank, token, auth_token, tls, claims, settings().handshake_timeout)
+    admission = Admission(rank, token, auth_token, tls, claims, settings().handshake_timeout, len(expected))
     accepted: dict[int, socket.socket | TlsSocket] = {}
     try:
         while len(accepted) < len(expected):
-            for peer, sock, where in admission.take():
-                if peer in accepted and not admission.secret:  # two claims raced: the first is kept
-                    admission.refused(where, f"a second connection claiming rank {peer}")
-                    sock.close()
-                    continue
+            for peer, sock, _ in admission.take():  # without a secret, one per rank (Admission)
                 if peer in accepted:  # proven: the rank retried (its first try failed on its side)
                     accepted.pop(peer).close()
                 accepted[peer] = secured(_tune(sock, peer_timeout))
@@ -229,7 +232,7 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
                 raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}"
                                        f"{refused}")
             if _pending(listener, admission, deadline):
-                _accept_into(listener, admission, expected - accepted.keys(), accepted.__contains__)
+                _accept_into(listener, admission, expected - accepted.keys(), accepted.__contains__, rank)
             admission.reap()
     except BaseException:
         for done in accepted.values():
@@ -258,19 +261,32 @@ def _pending(listener: socket.socket, admission: Admission, deadline: Deadline) 
     return any(fd == listener.fileno() for fd, _ in ready)
 
 
-def _accept_into(listener: socket.socket, admission: Admission, expected: set[int], taken) -> None:
-    """Accept what waits on ``listener`` (a few at a time) and start each one's handshake."""
+def _accept_into(listener: socket.socket, admission: Admission, expected: set[int], taken, rank: int) -> None:
+    """Accept what waits on ``listener`` (a few at a time) and start each one's handshake;
+    DistNetworkError naming ``rank`` when accepting fails (out of file descriptors)."""
     listener.setblocking(False)
     try:
         for _ in range(16):
             try:
                 sock, where = listener.accept()
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
+            except OSError as error:
+                raise DistNetworkError(f"rank {rank} could not accept connections on {_listening_at(listener)}: "
+                                       f"{error} (out of file descriptors? see ulimit -n)") from error
             sock.setblocking(True)
             admission.start(sock, where, expected, taken)
     finally:
         listener.setblocking(True)
+
+
+def _listening_at(listener: socket.socket) -> str:
+    """``host:port`` of a listening socket, for errors."""
+    try:
+        address = listener.getsockname()
+    except OSError:
+        return "its listener"
+    return host_port(address[0], address[1])
 
 
 Connection = socket.socket | TlsSocket
