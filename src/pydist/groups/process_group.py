@@ -117,9 +117,15 @@ class ProcessGroup:
         """Execute ``body`` (the call ``spec`` describes) in order with the others; Work when
         async, else None after it ends. ``timeout`` (seconds) narrows the group's timeout for
         this operation."""
+        queue = self._queue
+        seq = None if async_op else queue.claim()
+        if seq is not None:  # the latency path: run now in this thread, no Work
+            try:
+                self._operate(seq, spec, body, outputs, self._trace.queued(spec, False), timeout)
+            finally:
+                queue.release()
+            return None
         entry = self._trace.queued(spec, async_op)
-        if not async_op and self._queue.run_inline(self._operate, spec, body, outputs, entry, timeout):
-            return None  # the latency path: run now in this thread, no Work
         work = Work(f"{spec.name} on group {self.group_name}",
                     results if results is not None else [b.obj for b in outputs])
         self._queue.submit(lambda seq: self._operate(seq, spec, body, outputs, entry, timeout), work,

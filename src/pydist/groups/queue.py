@@ -58,27 +58,41 @@ class OpQueue:
             self._execute_and_release(seq, operation, work)
         return work
 
-    def run_inline(self, body: Callable[..., None], *args: Any) -> bool:
-        """The latency path: run ``body(seq, *args)`` now in the caller's thread if the group
-        is idle (True), else do nothing (False: the caller submits instead). Errors propagate."""
+    def claim(self) -> int | None:
+        """The latency path: if the group is idle, mark it busy and return the next sequence
+        number (the caller runs that operation now in its thread, then calls ``release``);
+        else None (the caller submits instead). A broken group raises, released."""
         state = self.state
         with self._lock:
             if state.state is DESTROYED:
                 raise self._destroyed_error()
             if self._busy or self._pending:
-                return False
+                return None
             self._busy = True
             self._seq += 1
             seq = self._seq
+        if state.failed is not None:
+            self.release()
+            raise self._broken_error(seq)
+        return seq
+
+    def release(self) -> None:
+        """End the operation ``claim`` let run: the next queued one may go."""
+        with self._lock:
+            self._busy = False
+            if self._pending:
+                self._cond.notify_all()
+
+    def run_inline(self, body: Callable[..., None], *args: Any) -> bool:
+        """Run ``body(seq, *args)`` now in the caller's thread if the group is idle (True),
+        else do nothing (False: the caller submits instead). Errors propagate."""
+        seq = self.claim()
+        if seq is None:
+            return False
         try:
-            if state.failed is not None:
-                raise self._broken_error(seq)
             body(seq, *args)
         finally:
-            with self._lock:
-                self._busy = False
-                if self._pending:
-                    self._cond.notify_all()
+            self.release()
         return True
 
     def _destroyed_error(self) -> DistBackendError:

@@ -106,7 +106,7 @@ class Signal:
 
     def publish(self, index: int, value: int) -> None:
         """Set counter ``index`` to ``value`` and wake sleepers, if any."""
-        atomics.exchange_u64(self._base + 8 * index, value)
+        atomics.store_seq_cst(self._words, self._base, index, value)
         if self._sleeping():
             atomics.fetch_add_u32(self._doorbell, 1)
             atomics.futex_wake(self._doorbell)

@@ -120,11 +120,7 @@ class ShmTransport(HostLocalTransport):
 
     def _store(self, ring: _Ring, word: int, value: int) -> None:
         """Store ``value``, then a full barrier (later loads see it ordered)."""
-        if atomics.PLAIN_ORDERING:
-            self._words[word] = value
-            atomics.fence()
-        else:
-            atomics.exchange_u64(ring.base + 8 * word, value)
+        atomics.store_seq_cst(self._words, ring.base, word, value)
 
     # -- sending --------------------------------------------------------------------------
     def isend(self, peer: int, data: memoryview, key: MessageKey, call: int = 0) -> Request:
