@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp, reduce_many
+from ..core.ops import ReduceOp, reduce_many, reduce_rows
 from ._partition import block_bounds, chunks
 from .comm import Comm
 
@@ -29,10 +29,11 @@ def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0
     """Reduce ``buf`` over the group, in place on every rank."""
     arena = comm.arena
     if buf.nbytes <= arena.slot_bytes and _alone(arena.size, buf.nbytes):  # the latency path: one chunk
-        slots = arena.slots(arena.next_parity(), buf.dtype, buf.size)
+        parity = arena.next_parity()
+        slots = arena.slots(parity, buf.dtype, buf.size)
         slots[arena.rank][...] = buf
         arena.sync(comm, comm.call)
-        reduce_many(slots, buf, op)
+        reduce_all(arena, parity, slots, buf, op)
         return
     reduce_chunks(comm, buf, op, comm.call, deliver=True)
 
@@ -46,32 +47,46 @@ def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver:
     for a, b in chunks(buf.size, arena.slot_bytes // buf.itemsize):
         parity = arena.next_parity()
         slots = arena.slots(parity, buf.dtype, b - a)
-        if sole and arena.rank < 2 and _alone(arena.size, (b - a) * buf.itemsize):
+        in_place = sole and arena.rank < 2 and _alone(arena.size, (b - a) * buf.itemsize)
+        if in_place:
             slots = slots[:arena.rank] + [buf[a:b]] + slots[arena.rank + 1:]  # (the arena caches its list)
             # reduce_many reads this part before it writes the result over it
         else:
             slots[arena.rank][...] = buf[a:b]
         arena.sync(comm, call)
         call = 0
-        reduce_chunk(comm, parity, slots, buf[a:b], op, deliver)
+        reduce_chunk(comm, parity, slots, buf[a:b], op, deliver, in_place)
 
 
 def reduce_chunk(comm: Comm, parity: int, slots: list[np.ndarray], out: np.ndarray, op: ReduceOp,
-                 deliver: bool) -> None:
+                 deliver: bool, in_place: bool = False) -> None:
     """Reduce every member's ``slots`` (of ``parity``, after the sync that follows copying
-    in); write the result into ``out`` when ``deliver``."""
+    in); write the result into ``out`` when ``deliver``. ``in_place``: this rank's part in
+    ``slots`` is its own buffer, not its slot."""
     arena = comm.arena
     n, length = arena.size, out.size
     if _alone(n, length * out.itemsize):
         if deliver:
-            reduce_many(slots, out, op)
+            reduce_all(arena, parity, slots, out, op, in_place)
         return
     lo, hi = block_bounds(length, n)[arena.rank]
     result = arena.shared(parity, out.dtype)
-    reduce_many([s[lo:hi] for s in slots], result[lo:hi], op)
+    reduce_rows(arena.rows(parity, out.dtype, length)[:, lo:hi], result[lo:hi], op)
     arena.sync(comm)
     if deliver:
         out[...] = result[:length]
+
+
+def reduce_all(arena, parity: int, slots: list[np.ndarray], out: np.ndarray, op: ReduceOp,
+               in_place: bool = False) -> None:
+    """``out`` = every member's part (``slots``, of ``parity``) reduced in member order: two
+    by one ufunc call on them (cheaper than a ufunc's reduce), more as the rows of the
+    arena's view (one call, not one per member), unless a part is not in its slot
+    (``in_place``)."""
+    if arena.size <= 2 or in_place:
+        reduce_many(slots, out, op)
+    else:
+        reduce_rows(arena.rows(parity, out.dtype, out.size), out, op)
 
 
 def _alone(ranks: int, nbytes: int) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.fingerprint import fingerprint
-from ..core.ops import ReduceOp, reduce_many
+from ..core.ops import ReduceOp, reduce_rows
 from ._partition import chunks
 from .comm import Comm
 
@@ -33,5 +33,4 @@ def reduce_scatter(comm: Comm, output: np.ndarray, inputs: list[np.ndarray], op:
         arena.sync(comm, call)
         call = 0
         out = output[a:b]
-        parts = [arena.slot(parity, m, dtype)[me * sub:me * sub + out.size] for m in range(n)]
-        reduce_many(parts, out, op)
+        reduce_rows(arena.rows(parity, dtype, n * sub)[:, me * sub:me * sub + out.size], out, op)

@@ -162,3 +162,17 @@ def reduce_many(parts: list[np.ndarray], out: np.ndarray, op: ReduceOp) -> None:
     ufunc(parts[0], parts[1], out=out)
     for part in parts[2:]:
         ufunc(out, part, out=out)
+
+
+def reduce_rows(rows: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
+    """``out = rows[0] op rows[1] op ...`` over the rows of a 2-D array, in that order (the
+    bits of reduce_many): one ufunc call for any number of rows, where reduce_many makes one
+    per row (16 rows of 4 B: ~1 us instead of ~12; two rows go to the ufunc itself, cheaper
+    than its reduce)."""
+    ufunc = _UFUNC[op.op]
+    if len(rows) == 2:
+        ufunc(rows[0], rows[1], out=out)
+    elif len(rows) == 1:
+        out[...] = rows[0]
+    else:
+        ufunc.reduce(rows, axis=0, out=out, dtype=out.dtype)

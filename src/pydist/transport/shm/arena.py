@@ -69,8 +69,12 @@ class Arena:
         self._slots = [[memory[start + (p * (self.size + 1) + m) * slot_bytes:
                                start + (p * (self.size + 1) + m + 1) * slot_bytes] for m in range(self.size + 1)]
                        for p in (0, 1)]
+        # the members' slots of a parity lie one after another: as the rows of one array
+        self._rows = [memory[start + p * (self.size + 1) * slot_bytes:
+                             start + (p * (self.size + 1) + self.size) * slot_bytes].reshape(self.size, slot_bytes)
+                      for p in (0, 1)]
         self._typed: dict[np.dtype, list[list[np.ndarray]]] = {}
-        self._slot_cache: dict[tuple, list[np.ndarray]] = {}
+        self._slot_cache: dict[tuple, list[np.ndarray] | np.ndarray] = {}
         self.phase = self._words[self._line[index]]
         self._uses = 0
         self.alive: Callable[[], None] | None = None
@@ -86,7 +90,7 @@ class Arena:
         """Give the memory back: unlink the segment if nobody did yet (a member never
         attached), drop this handle's views into it and unmap it."""
         # released: dropped so that the segment unmaps, never read again
-        self._signal = self._words = self._slots = None  # type: ignore[assignment]
+        self._signal = self._words = self._slots = self._rows = None  # type: ignore[assignment]
         self._typed, self._slot_cache = {}, {}
         self.alive = None
         if self._keepalive is not None:
@@ -126,7 +130,18 @@ class Arena:
             if len(self._slot_cache) > 256:
                 self._slot_cache.clear()
             views = self._slot_cache[key] = [self.slot(parity, m, dtype)[:length] for m in range(self.size)]
-        return views
+        return views  # type: ignore[return-value]
+
+    def rows(self, parity: int, dtype: np.dtype, length: int) -> np.ndarray:
+        """The first ``length`` elements of every member's slot of ``parity``, as the rows of
+        one 2-D view (cached): one ufunc call reduces them all (core.ops.reduce_rows)."""
+        key = (parity, dtype, length, "rows")
+        view = self._slot_cache.get(key)
+        if view is None:
+            if len(self._slot_cache) > 256:
+                self._slot_cache.clear()
+            view = self._slot_cache[key] = self._rows[parity].view(dtype)[:, :length]
+        return view  # type: ignore[return-value]
 
     def shared(self, parity: int, dtype: np.dtype) -> np.ndarray:
         """The shared slot of ``parity`` as ``dtype`` elements."""
