@@ -152,3 +152,35 @@ def test_an_oversubscribed_machine_keeps_its_short_spin():
     memory, base = anonymous(4096)
     signal = Signal(memory.data, base, 64, oversubscribed=True)
     assert signal.spins == signal.spin_cap == signal.spin_floor == 30
+
+
+def _yields_of_a_missed_wait(signal: Signal, yields: list) -> int:
+    """Yields of one wait whose counter never comes (its deadline has passed: after the yield
+    phase it raises instead of sleeping)."""
+    before = len(yields)
+    with pytest.raises(signal_module.WaitTimeout):
+        signal.wait_at_least(0, 1, Deadline.after(0.0))
+    return len(yields) - before
+
+
+@pytest.mark.parametrize("oversubscribed", [True, False])
+def test_a_yield_that_ran_a_busy_process_makes_oversubscribed_waits_sleep_for_a_while(monkeypatch, oversubscribed):
+    """A yield that took a scheduler slice (5 ms) handed the core to a busy process: with more
+    ranks than cores, the waits of the next SKIP_YIELDS_SECONDS sleep after their spin
+    instead of yielding again; then one tries. With a core per rank nothing changes."""
+    memory, base = anonymous(4096)
+    signal = Signal(memory.data, base, 64, oversubscribed=oversubscribed)
+    signal._words = _Counter()
+    now, yields = [0.0], []
+    monkeypatch.setattr(signal_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(signal_module.atomics, "PLAIN_ORDERING", True)
+
+    def busy_slice():
+        yields.append(now[0])
+        now[0] += 0.005
+    monkeypatch.setattr(os, "sched_yield", busy_slice)
+    assert _yields_of_a_missed_wait(signal, yields) == 1  # the slice ends the yield phase (YIELD_SECONDS)
+    now[0] += 0.01
+    skipped = _yields_of_a_missed_wait(signal, yields)
+    now[0] += signal_module.SKIP_YIELDS_SECONDS
+    assert (skipped, _yields_of_a_missed_wait(signal, yields)) == ((0, 1) if oversubscribed else (1, 1))

@@ -24,6 +24,17 @@ busy processes, 512 B to 4 KiB all_reduce: 2.4 ms a call after 50 yields (gloo 0
 the count ends the phase first, as before: 4 ranks on 2 cores, where the yields hand the
 core to the rank waited for, and 2 ranks, 4 B to 64 MiB, within the runs' noise.
 
+A yield that took longer than LONG_YIELD handed the core to something that ran a whole
+scheduler slice: not a rank (a rank waits or works for microseconds) but a busy process.
+Yields then only cost slices, while a futex sleeper is woken at once when its counter comes
+(the scheduler favours a task that slept over one that ran), so the waits of the next
+SKIP_YIELDS_SECONDS skip yielding and sleep after their spin; then one tries again. Only
+where ranks outnumber cores (their spin is short): 4 ranks on 2 cores beside 2 busy
+processes, barrier then 4 B all_reduce, 0.77-0.96 ms a call yielding, 0.20-0.47 ms sleeping
+(alone, sleeping at once was slower: 0.12-0.19 ms, 0.05-0.11 yielding). With a core each,
+the learnt spin keeps the ranks ahead of the busy processes instead: 2 ranks beside 2 busy
+processes took 17 us a call, and 60-130 us with this rule (the budget learnt down to sleeping).
+
 The spin budget is learnt per Signal (``spins``, between SPIN_FLOOR and the cap above): a
 spin is worth it only while the writer runs on another core. Where it shares this core (two
 ranks the scheduler put on one CPU: right after start-up until its load balancer moves one,
@@ -71,6 +82,10 @@ SPIN_START = 2048
 SPIN_FLOOR = 256
 #: A yield that returns within this many seconds ran nothing else on this core.
 QUICK_YIELD = 0.00001
+#: A yield that returns after this many seconds handed the core to something that ran a whole
+#: scheduler slice (a busy process, not a rank): yielding is then skipped for SKIP_YIELDS_SECONDS.
+LONG_YIELD = 0.001
+SKIP_YIELDS_SECONDS = 0.1
 
 
 class WaitTimeout(Exception):
@@ -94,6 +109,9 @@ class Signal:
         self.spin_cap, self.yields = (30, 300) if oversubscribed else (20000, 50)
         self.spin_floor = min(SPIN_FLOOR, self.spin_cap)
         self.spins = min(SPIN_START, self.spin_cap)  # learnt by the waits (see the module docstring)
+        # oversubscribed: perf_counter time before which waits skip yielding (see LONG_YIELD)
+        # oversubscribed: a long yield makes the waits skip yielding until then (see LONG_YIELD)
+        self._skips_busy, self._yield_again = oversubscribed, 0.0
 
     def address(self, index: int) -> int:
         return self._base + 8 * index
@@ -163,8 +181,9 @@ class Signal:
         cpu = 0
         if cpus is not None:  # noted before yielding: a writer waiting on this rank's next counter reads it
             cpu = words[cpus[0]] = atomics.current_cpu() + 1
-        until, quick = time.perf_counter() + YIELD_SECONDS, True  # real time: it bounds the CPU handed away
-        for _ in range(self.yields):
+        now = time.perf_counter()  # real time: it bounds the CPU handed away
+        until, quick = now + YIELD_SECONDS, True
+        for _ in range(self.yields if now >= self._yield_again else 0):
             if words[index] >= target:
                 self._learn(spins, True if quick else self._other_core(cpu, cpus))
                 return self._acquire(index)
@@ -172,7 +191,11 @@ class Signal:
             if now > until:
                 break
             os.sched_yield()
-            quick = quick and time.perf_counter() - now < QUICK_YIELD
+            took = time.perf_counter() - now
+            quick = quick and took < QUICK_YIELD
+            if took > LONG_YIELD and self._skips_busy:  # the core went to a busy process: sleep instead
+                self._yield_again = now + took + SKIP_YIELDS_SECONDS
+                break
         self._learn(spins, False)
         self._sleep_until(index, target, deadline, alive)
 
