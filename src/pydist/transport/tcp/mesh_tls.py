@@ -1,9 +1,10 @@
 """Mutual TLS on the mesh's connections (PYDIST_TLS_*, see :mod:`pydist.net.tls`), before the
 HELLO exchange, and the refusals that name the peer on both sides.
 
-The connecting rank starts TLS; a certificate the acceptor rejects, or an acceptor that does
-not use TLS when this rank does (or the reverse), fails the connector at once with an error
-naming the other rank and its host, never retried: a job's ranks must agree. The accepting
+The connecting rank starts TLS; a certificate the acceptor rejects (an alert), or an acceptor
+that does not use TLS when this rank does (or the reverse), fails the connector at once with
+an error naming the other rank and its host, never retried: a job's ranks must agree. A
+connection closed without an alert is retried: the acceptor cuts handshakes past its cap. The accepting
 rank tells a TLS connection from a plain one by its first byte (a TLS record starts with
 0x16, a HELLO frame with 'P'); it answers a mismatched connection with a plain HELLO
 ``refused`` the connector reports, and drops it and any TLS failure, logged, never raised: a
@@ -16,7 +17,7 @@ import socket
 import ssl
 
 from ...core.errors import DistNetworkError
-from ...net.tls import HANDSHAKE_RECORD, Contexts, reason
+from ...net.tls import HANDSHAKE_RECORD, reason
 from .tls_socket import TlsSocket
 
 _NOT_TLS = ("it does not use TLS and this rank does (set PYDIST_TLS_CERT, PYDIST_TLS_KEY, PYDIST_TLS_CA on "
@@ -40,17 +41,10 @@ def peer_uses_tls(sock: socket.socket) -> bool:
     return first[0] == HANDSHAKE_RECORD
 
 
-def client_side(sock: socket.socket, tls: Contexts, rank: int, peer: int, where: str) -> ssl.SSLSocket:
-    """The connector's TLS handshake with rank ``peer`` at ``where``; TlsRefused naming it."""
-    try:
-        return tls.client.wrap_socket(sock)
-    except ssl.SSLError as error:
-        raise refused_by(rank, peer, where, error) from None
-
-
 def refused_by(rank: int, peer: int, where: str, error: OSError) -> TlsRefused:
-    """The connector's error for a TLS failure with ``peer`` (during or after the handshake: an
-    alert, or the connection closed on it)."""
+    """The connector's error for a TLS failure with ``peer``: an alert or a certificate error
+    (a connection closed without an alert is retried instead: the acceptor may have cut it,
+    see mesh.connect_to)."""
     if isinstance(error, ssl.SSLCertVerificationError):
         return TlsRefused(f"rank {rank} refused the certificate of rank {peer} at {where}: {reason(error)} "
                           "(is it signed by the CA in this rank's PYDIST_TLS_CA?)")
