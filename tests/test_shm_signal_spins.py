@@ -165,13 +165,15 @@ def _yields_of_a_missed_wait(signal: Signal, yields: list) -> int:
 
 @pytest.mark.parametrize("oversubscribed", [True, False])
 def test_a_yield_that_ran_a_busy_process_makes_oversubscribed_waits_sleep_for_a_while(monkeypatch, oversubscribed):
-    """A yield that took a scheduler slice (5 ms) handed the core to a busy process: with more
-    ranks than cores, the waits of the next SKIP_YIELDS_SECONDS sleep after their spin
-    instead of yielding again; then one tries. With a core per rank nothing changes."""
+    """A yield that took a scheduler slice (5 ms) while more tasks ran than the job's ranks
+    here handed the core to a busy process: with more ranks than cores, the waits of the
+    next SKIP_YIELDS_SECONDS sleep after their spin instead of yielding again; then one
+    tries. With a core per rank nothing changes."""
     memory, base = anonymous(4096)
-    signal = Signal(memory.data, base, 64, oversubscribed=oversubscribed)
+    signal = Signal(memory.data, base, 64, oversubscribed=oversubscribed, ranks_here=4)
     signal._words = _Counter()
     now, yields = [0.0], []
+    monkeypatch.setattr(signal_module, "others_running", lambda ranks: True)
     monkeypatch.setattr(signal_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     monkeypatch.setattr(signal_module.atomics, "PLAIN_ORDERING", True)
 
@@ -184,3 +186,28 @@ def test_a_yield_that_ran_a_busy_process_makes_oversubscribed_waits_sleep_for_a_
     skipped = _yields_of_a_missed_wait(signal, yields)
     now[0] += signal_module.SKIP_YIELDS_SECONDS
     assert (skipped, _yields_of_a_missed_wait(signal, yields)) == ((0, 1) if oversubscribed else (1, 1))
+
+
+def test_a_long_yield_among_ranks_alone_keeps_the_waits_yielding(monkeypatch):
+    """No more runnable tasks than the job's ranks here: a long yield ran other ranks (8 on 2
+    cores), and the waits go on yielding."""
+    memory, base = anonymous(4096)
+    signal = Signal(memory.data, base, 64, oversubscribed=True, ranks_here=8)
+    signal._words = _Counter()
+    now, yields, looked = [0.0], [], []
+    monkeypatch.setattr(signal_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(signal_module.atomics, "PLAIN_ORDERING", True)
+    monkeypatch.setattr(signal_module, "others_running", lambda ranks: looked.append(ranks) or False)
+
+    def long_yield():
+        yields.append(now[0])
+        now[0] += 0.005
+    monkeypatch.setattr(os, "sched_yield", long_yield)
+    assert [_yields_of_a_missed_wait(signal, yields) for _ in range(3)] == [1, 1, 1]
+    assert looked == [8, 8, 8]
+
+
+def test_others_running_counts_the_runnable_tasks_beyond_the_ranks():
+    """This process runs while it reads: at least one task is runnable."""
+    assert signal_module.others_running(0)
+    assert not signal_module.others_running(10 ** 6)

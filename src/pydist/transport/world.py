@@ -83,6 +83,7 @@ class WorldTransport:
         machine = machine_of(host_id)
         on_machine = size if joining else sum(machine_of(h) == machine for h in self.hosts.values())
         self.oversubscribed = shares_interpreter or machine_oversubscribed(on_machine)
+        self.ranks_on_machine = on_machine
         if fabric is None:
             site = dataclasses.replace(site, local=self.local, token=self.network.token,
                                        oversubscribed=self.oversubscribed, on_peer_gone=events.peer_gone)
@@ -200,7 +201,8 @@ class WorldTransport:
         else:
             segment = share(self.store, key, members, self.rank, nbytes, self.network.token, "arena", deadline, alive)
             memory, base, keepalive = segment.array, segment.base, segment
-        arena = Arena(memory, base, group_ranks, index, slot, self.oversubscribed, describe, keepalive=keepalive)
+        arena = Arena(memory, base, group_ranks, index, slot, self.oversubscribed, describe, keepalive=keepalive,
+                      ranks_here=self.ranks_on_machine)
         self._live_arenas.add(arena)
         return arena
 

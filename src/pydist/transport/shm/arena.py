@@ -55,14 +55,15 @@ class Arena:
     """One member's handle on a shared arena (each member has its own object)."""
 
     def __init__(self, memory: np.ndarray, base: int, group_ranks: list[int], index: int, slot_bytes: int,
-                 oversubscribed: bool, describe: Callable[[int], str] = str, keepalive: Keepalive | None = None):
+                 oversubscribed: bool, describe: Callable[[int], str] = str, keepalive: Keepalive | None = None,
+                 ranks_here: int = 0):
         self.group_ranks = group_ranks  # of the members, in arena order
         self.size = len(group_ranks)
         self.rank = index
         self.slot_bytes = slot_bytes
         self._keepalive = keepalive  # the segment that owns ``memory``
         self._describe = describe
-        self._signal = Signal(memory.data, base, 0, oversubscribed)  # .data: memoryview(memory)
+        self._signal = Signal(memory.data, base, 0, oversubscribed, ranks_here)  # .data: memoryview(memory)
         self._words = memory.data.cast("Q")
         self._line = [(LINE * (1 + m)) // 8 for m in range(self.size)]
         start = _data_offset(self.size)

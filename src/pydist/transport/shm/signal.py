@@ -25,15 +25,22 @@ the count ends the phase first, as before: 4 ranks on 2 cores, where the yields 
 core to the rank waited for, and 2 ranks, 4 B to 64 MiB, within the runs' noise.
 
 A yield that took longer than LONG_YIELD handed the core to something that ran a whole
-scheduler slice: not a rank (a rank waits or works for microseconds) but a busy process.
-Yields then only cost slices, while a futex sleeper is woken at once when its counter comes
-(the scheduler favours a task that slept over one that ran), so the waits of the next
-SKIP_YIELDS_SECONDS skip yielding and sleep after their spin; then one tries again. Only
-where ranks outnumber cores (their spin is short): 4 ranks on 2 cores beside 2 busy
-processes, barrier then 4 B all_reduce, 0.77-0.96 ms a call yielding, 0.20-0.47 ms sleeping
-(alone, sleeping at once was slower: 0.12-0.19 ms, 0.05-0.11 yielding). With a core each,
-the learnt spin keeps the ranks ahead of the busy processes instead: 2 ranks beside 2 busy
-processes took 17 us a call, and 60-130 us with this rule (the budget learnt down to sleeping).
+scheduler slice. Where more tasks are runnable than the job has ranks here
+(``others_running``), that was a busy process: yields then only cost slices, while a futex
+sleeper is woken at once when its counter comes (the scheduler favours a task that slept
+over one that ran), so the waits of the next SKIP_YIELDS_SECONDS skip yielding and sleep
+after their spin; then one tries again. Only where ranks outnumber cores (their spin is
+short). Measured on 2 cores, a barrier then a 4 B all_reduce per call:
+- 4 ranks beside 2 busy processes: 0.85-0.95 ms a call yielding, 0.17-0.47 ms sleeping;
+  alone, sleeping at once was slower (0.12-0.19 ms, 0.05-0.11 yielding);
+- 8 ranks alone, where a few yields in a thousand take 1-10 ms running other ranks:
+  sleeping after each long yield 0.46-0.50 ms, not sleeping 0.40-0.42; with the count,
+  within the noise (0.37-0.48, 0.30-0.43 ms). The count errs where a rank's own thread
+  runs too (9 to 11 runnable of 8 ranks in 1 look in 5); requiring two looks in a row
+  lost most of the gain beside busy processes (0.51-0.85 ms);
+- ranks with a core each keep their learnt spin instead: 2 ranks beside 2 busy
+  processes took 17 us a call, and 60-130 us with this rule (the budget learnt down to
+  sleeping).
 
 The spin budget is learnt per Signal (``spins``, between SPIN_FLOOR and the cap above): a
 spin is worth it only while the writer runs on another core. Where it shares this core (two
@@ -85,7 +92,7 @@ QUICK_YIELD = 0.00001
 #: A yield that returns after this many seconds handed the core to something that ran a whole
 #: scheduler slice (a busy process, not a rank): yielding is then skipped for SKIP_YIELDS_SECONDS.
 LONG_YIELD = 0.001
-SKIP_YIELDS_SECONDS = 0.1
+SKIP_YIELDS_SECONDS = 0.05
 
 
 class WaitTimeout(Exception):
@@ -96,7 +103,9 @@ class Signal:
     """Doorbell + sleepers + pollers at ``offset`` (12 bytes) of a shared buffer whose base
     address is ``base``."""
 
-    def __init__(self, memory: memoryview, base: int, offset: int, oversubscribed: bool):
+    def __init__(self, memory: memoryview, base: int, offset: int, oversubscribed: bool, ranks_here: int = 0):
+        """``ranks_here``: the job's ranks on this machine (0: unknown), which an oversubscribed
+        wait tells from busy processes (see LONG_YIELD)."""
         self._words = memory.cast("Q")  # the whole buffer as 64-bit words
         self._halves = memory.cast("I")
         self._base = base
@@ -110,8 +119,9 @@ class Signal:
         self.spin_floor = min(SPIN_FLOOR, self.spin_cap)
         self.spins = min(SPIN_START, self.spin_cap)  # learnt by the waits (see the module docstring)
         # oversubscribed: perf_counter time before which waits skip yielding (see LONG_YIELD)
-        # oversubscribed: a long yield makes the waits skip yielding until then (see LONG_YIELD)
-        self._skips_busy, self._yield_again = oversubscribed, 0.0
+        # oversubscribed: a long yield beside busy processes makes the waits skip yielding until
+        # _yield_again (see LONG_YIELD)
+        self._ranks_here, self._yield_again = (ranks_here if oversubscribed else 0), 0.0
 
     def address(self, index: int) -> int:
         return self._base + 8 * index
@@ -193,8 +203,8 @@ class Signal:
             os.sched_yield()
             took = time.perf_counter() - now
             quick = quick and took < QUICK_YIELD
-            if took > LONG_YIELD and self._skips_busy:  # the core went to a busy process: sleep instead
-                self._yield_again = now + took + SKIP_YIELDS_SECONDS
+            if took > LONG_YIELD and self._ranks_here and others_running(self._ranks_here):
+                self._yield_again = now + took + SKIP_YIELDS_SECONDS  # a busy process took the core: sleep
                 break
         self._learn(spins, False)
         self._sleep_until(index, target, deadline, alive)
@@ -257,6 +267,17 @@ class Signal:
         ``seconds``): a blocking primitive's wait for ``Deadline.wait``, True once it rang."""
         atomics.futex_wait(self._doorbell, bell, SLEEP_SLICE if seconds is None else min(seconds, SLEEP_SLICE))
         return atomics.load_u32_seq_cst(self._doorbell) != bell
+
+
+def others_running(ranks_here: int) -> bool:
+    """Whether more tasks are runnable on this machine right now than the job's ranks here
+    (/proc/loadavg's count; False where it cannot be read)."""
+    try:
+        with open("/proc/loadavg", "rb") as loadavg:
+            running = int(loadavg.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return running > ranks_here
 
 
 def oversubscribed(ranks: int) -> bool:
