@@ -192,6 +192,7 @@ def test_a_long_yield_among_ranks_alone_keeps_the_waits_yielding(monkeypatch):
     """No more runnable tasks than the job's ranks here: a long yield ran other ranks (8 on 2
     cores), and the waits go on yielding."""
     memory, base = anonymous(4096)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     signal = Signal(memory.data, base, 64, oversubscribed=True, ranks_here=8)
     signal._words = _Counter()
     now, yields, looked = [0.0], [], []
@@ -203,11 +204,22 @@ def test_a_long_yield_among_ranks_alone_keeps_the_waits_yielding(monkeypatch):
         yields.append(now[0])
         now[0] += 0.005
     monkeypatch.setattr(os, "sched_yield", long_yield)
-    assert [_yields_of_a_missed_wait(signal, yields) for _ in range(3)] == [1, 1, 1]
-    assert looked == [8, 8, 8]
+    assert [_yields_of_a_missed_wait(signal, yields) for _ in range(2)] == [1, 1]
+    assert looked == [8]  # within LOOK_SECONDS of the first look: what it saw
+    now[0] += signal_module.LOOK_SECONDS
+    assert _yields_of_a_missed_wait(signal, yields) == 1
+    assert looked == [8, 8]
 
 
 def test_others_running_counts_the_runnable_tasks_beyond_the_ranks():
     """This process runs while it reads: at least one task is runnable."""
     assert signal_module.others_running(0)
     assert not signal_module.others_running(10 ** 6)
+
+
+def test_many_ranks_per_core_never_skip_yields(monkeypatch):
+    """Past BUSY_RULE_RANKS_PER_CORE the ranks' own threads outnumber them: no looks at all."""
+    memory, base = anonymous(4096)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    signal = Signal(memory.data, base, 64, oversubscribed=True, ranks_here=32)
+    assert signal._ranks_here == 0

@@ -93,6 +93,10 @@ QUICK_YIELD = 0.00001
 #: scheduler slice (a busy process, not a rank): yielding is then skipped for SKIP_YIELDS_SECONDS.
 LONG_YIELD = 0.001
 SKIP_YIELDS_SECONDS = 0.05
+LOOK_SECONDS = 0.01
+#: The rule holds up to this many ranks per core (measured helping at 2, neutral at 4, and
+#: slowing 32 ranks on 2 cores down 1.5-3x: 1.6-3.8 -> 3.9-7.3 ms a call).
+BUSY_RULE_RANKS_PER_CORE = 4
 
 
 class WaitTimeout(Exception):
@@ -118,10 +122,12 @@ class Signal:
         self.spin_cap, self.yields = (30, 300) if oversubscribed else (20000, 50)
         self.spin_floor = min(SPIN_FLOOR, self.spin_cap)
         self.spins = min(SPIN_START, self.spin_cap)  # learnt by the waits (see the module docstring)
-        # oversubscribed: perf_counter time before which waits skip yielding (see LONG_YIELD)
-        # oversubscribed: a long yield beside busy processes makes the waits skip yielding until
-        # _yield_again (see LONG_YIELD)
-        self._ranks_here, self._yield_again = (ranks_here if oversubscribed else 0), 0.0
+        # oversubscribed, a few ranks per core: a long yield beside busy processes makes the
+        # waits skip yielding until _yield_again (see LONG_YIELD)
+        cores = os.cpu_count() or 1
+        self._ranks_here = ranks_here if oversubscribed and ranks_here <= BUSY_RULE_RANKS_PER_CORE * cores else 0
+        self._yield_again = 0.0
+        self._busy_seen = (-1.0, False)  # (when, what) others_running said last (see _busy_beside)
 
     def address(self, index: int) -> int:
         return self._base + 8 * index
@@ -203,11 +209,20 @@ class Signal:
             os.sched_yield()
             took = time.perf_counter() - now
             quick = quick and took < QUICK_YIELD
-            if took > LONG_YIELD and self._ranks_here and others_running(self._ranks_here):
+            if took > LONG_YIELD and self._ranks_here and self._busy_beside(now):
                 self._yield_again = now + took + SKIP_YIELDS_SECONDS  # a busy process took the core: sleep
                 break
         self._learn(spins, False)
         self._sleep_until(index, target, deadline, alive)
+
+    def _busy_beside(self, now: float) -> bool:
+        """``others_running``, looked at most once per LOOK_SECONDS: at 32 ranks on 2 cores
+        most yields are long, and reading /proc/loadavg at each made calls 1.5-2x slower."""
+        when, busy = self._busy_seen
+        if now - when >= LOOK_SECONDS:
+            busy = others_running(self._ranks_here)
+            self._busy_seen = (now, busy)
+        return busy
 
     def _other_core(self, cpu: int, cpus: tuple[int, int] | None) -> bool | None:
         """After a yield that ran something else: was the writer noted on another CPU than
