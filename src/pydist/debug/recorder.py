@@ -89,6 +89,17 @@ class GroupTrace:
         self.destroyed = False
 
     def queued(self, spec: OpSpec, async_op: bool) -> Entry:
+        return self._record(spec, async_op, QUEUED, _monotonic())
+
+    def begin(self, spec: OpSpec, seq: int) -> Entry:
+        """``queued`` and ``started`` at one time: a blocking call that runs at once."""
+        now = _monotonic()
+        entry = self._record(spec, False, STARTED, now)
+        entry.seq, entry.started = seq, now
+        self.running = entry
+        return entry
+
+    def _record(self, spec: OpSpec, async_op: bool, state: int, now: float) -> Entry:
         index = self.recorded % self.capacity
         entry = self.ring[index]
         if entry is None or entry.state < COMPLETED:  # first round, or still running: a new one
@@ -96,7 +107,7 @@ class GroupTrace:
         self.recorded += 1
         # only what the state makes current is set: readers ignore seq and the times of a
         # queued entry, the error of one that did not fail (see _registry.entry_record)
-        entry.spec, entry.async_op, entry.state, entry.queued = spec, async_op, QUEUED, _monotonic()
+        entry.spec, entry.async_op, entry.state, entry.queued = spec, async_op, state, now
         entry.algorithm = None  # until the operation completes: the algorithm its engine ran
         if self.detail:
             entry.call_site = call_site()
@@ -138,10 +149,12 @@ class GroupTrace:
 
 
 class Trace(Protocol):
-    """The four hooks a ProcessGroup calls (and destroy): each gets back the entry ``queued``
-    returned (an Entry from GroupTrace, None from NullTrace)."""
+    """The hooks a ProcessGroup calls (and destroy): each gets back the entry ``queued`` or
+    ``begin`` returned (an Entry from GroupTrace, None from NullTrace)."""
 
     def queued(self, spec: OpSpec, async_op: bool) -> Entry | None: ...
+
+    def begin(self, spec: OpSpec, seq: int) -> Entry | None: ...
 
     def started(self, entry: Any, seq: int) -> None: ...
 
@@ -156,6 +169,9 @@ class NullTrace:
     """The hooks when the recorder is off (PYDIST_TRACE_BUFFER=0, no timeline)."""
 
     def queued(self, spec: OpSpec, async_op: bool) -> None:
+        return None
+
+    def begin(self, spec: OpSpec, seq: int) -> None:
         return None
 
     def started(self, entry: None, seq: int) -> None:

@@ -121,27 +121,32 @@ class ProcessGroup:
         seq = None if async_op else queue.claim()
         if seq is not None:  # the latency path: run now in this thread, no Work
             try:
-                self._operate(seq, spec, body, outputs, self._trace.queued(spec, False), timeout)
+                self._operate(seq, spec, body, outputs, self._trace.begin(spec, seq), timeout)
             finally:
                 queue.release()
             return None
         entry = self._trace.queued(spec, async_op)
         work = Work(f"{spec.name} on group {self.group_name}",
                     results if results is not None else [b.obj for b in outputs])
-        self._queue.submit(lambda seq: self._operate(seq, spec, body, outputs, entry, timeout), work,
+        self._queue.submit(lambda seq: self._started(seq, spec, body, outputs, entry, timeout), work,
                            blocking=not async_op)
         if async_op:
             return work
         work.wait()
         return None
 
+    def _started(self, seq: int, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
+                 entry: Any, timeout: float | None) -> None:
+        """A queued operation's turn: the recorder told it started, then ``_operate``."""
+        self._trace.started(entry, seq)
+        self._operate(seq, spec, body, outputs, entry, timeout)
+
     def _operate(self, seq: int, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
                  entry: Any, timeout: float | None) -> None:
-        """Run operation ``seq``: ``body`` within the deadline, then the staged outputs
-        written back; the recorder and the progress board told. A failure takes the
-        group's FailurePath."""
+        """Run operation ``seq`` (its recorder ``entry`` started): ``body`` within the
+        deadline, then the staged outputs written back; the recorder and the progress board
+        told. A failure takes the group's FailurePath."""
         trace = self._trace
-        trace.started(entry, seq)
         try:
             if self._progress is not None:
                 self._progress.started(self.group_id, seq, spec.name)

@@ -66,6 +66,7 @@ class Arena:
         self._signal = Signal(memory.data, base, 0, oversubscribed, ranks_here)  # .data: memoryview(memory)
         self._words = memory.data.cast("Q")
         self._line = [(LINE * (1 + m)) // 8 for m in range(self.size)]
+        self._peers = [(m, word) for m, word in enumerate(self._line) if m != index]  # what sync waits on
         start = _data_offset(self.size)
         self._slots = [[memory[start + (p * (self.size + 1) + m) * slot_bytes:
                                start + (p * (self.size + 1) + m + 1) * slot_bytes] for m in range(self.size + 1)]
@@ -157,8 +158,8 @@ class Arena:
             self._words[line + 1 + (self.phase & 1)] = fingerprint
         self._signal.publish(line, self.phase)
         words, phase = self._words, self.phase
-        for member, word in enumerate(self._line):
-            if words[word] < phase and member != self.rank:  # not there yet: spin, yield, sleep
+        for member, word in self._peers:
+            if words[word] < phase:  # not there yet: spin, yield, sleep
                 self._wait(member, op)
         if fingerprint:
             self._check(fingerprint, op)

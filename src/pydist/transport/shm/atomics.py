@@ -66,13 +66,13 @@ def available() -> bool:
     return _LIBS is not None and os.path.isdir("/dev/shm")
 
 
-_FENCE = threading.Lock()
+FENCE = threading.Lock()  # taken and released: a full barrier on x86-64 (see fence)
 
 
 def fence() -> None:
     """x86-64 only (PLAIN_ORDERING): every store before it is visible to other cores before
     any load after it reads."""
-    with _FENCE:
+    with FENCE:
         pass
 
 
@@ -86,7 +86,7 @@ def store_seq_cst(words: memoryview, base: int, index: int, value: int) -> None:
     consistent: on x86-64 a plain store and ``fence`` (~0.3 us less than the exchange)."""
     if PLAIN_ORDERING:
         words[index] = value
-        with _FENCE:
+        with FENCE:
             pass
     else:
         _LIBS[0].__atomic_exchange_8(base + 8 * index, value, _SEQ_CST)
