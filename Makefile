@@ -39,7 +39,7 @@ test-fast: test-venv
 	$(PYTEST) -m "not slow and not soak" $(PYTEST_ARGS)
 
 # Frameworks on pydist against gloo, 2 ranks each (tests/integration/, marker integration, which
-# make test deselects): Lightning, Fabric, accelerate, torch DCP, Ray Train, DeepSpeed ZeRO. Their
+# make test deselects): Lightning, Fabric, accelerate, torch DCP, Ray Train, DeepSpeed ZeRO, submitit. Their
 # install (pyproject's integration extra) takes about a minute and 0.5 GB on top of the test venv,
 # the tests 5-7 minutes on 2 cores; -rP prints each test's gloo and pydist results side by side.
 # faulthandler's stack dump (100 s in pyproject) is pushed past the longest test (Ray Train, ~3 min).

@@ -4,6 +4,7 @@ and with a shared token (the store's ``auth_token``, else PYDIST_AUTH_TOKEN; see
 proved they hold the token (:class:`Connector` dials, :class:`Acceptor` answers)."""
 from __future__ import annotations
 
+import hmac
 import json
 import socket
 from collections.abc import Callable
@@ -154,7 +155,7 @@ class Acceptor:
         if peer not in self.expected:
             raise FramingError(f"unexpected HELLO from rank {peer}")
         claim = self._claim_of(peer) if self._claim_of is not None else None
-        if claim and fields.get("claim") != claim:
+        if claim and not hmac.compare_digest(str(fields.get("claim", "")).encode(), claim.encode()):
             raise Refused(f"a HELLO claiming rank {peer} without its published claim",
                           f"it does not carry rank {peer}'s claim")
         if self._taken is not None and self._taken(peer):
