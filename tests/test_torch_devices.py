@@ -115,3 +115,29 @@ def test_every_routed_operation_exists_on_torchs_backend():
     assert len(routed) >= 17
     for name in routed:  # gather_single: torch 2.14's, which an older torch never calls
         assert hasattr(Backend, PAIR_BY_PAIR.get(name, name)) or not hasattr(tdist.ProcessGroup, name), name
+
+
+def test_asking_for_the_cuda_engine_before_it_exists_is_answered_once(caplog, monkeypatch):
+    """PYDIST_CUDA_ENGINE=1 (issue 38's engine, not wired in): one warning naming where CUDA
+    tensors go instead, however many groups are made."""
+    import logging
+
+    from pydist.torch import backend
+    backend.note_cuda_engine.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="pydist"):
+        backend.note_cuda_engine("gloo")
+        backend.note_cuda_engine("gloo")
+    notes = [r.getMessage() for r in caplog.records if "PYDIST_CUDA_ENGINE" in r.getMessage()]
+    assert len(notes) == 1 and "not available yet" in notes[0] and "go to gloo" in notes[0], notes
+    backend.note_cuda_engine.cache_clear()
+
+
+def _cuda_engine_noted(rank, size):
+    from pydist.torch import backend
+    return backend.note_cuda_engine.cache_info().currsize
+
+
+@pytest.mark.slow
+def test_init_notes_the_cuda_engine_setting_only_when_set():
+    assert run_processes(1, _cuda_engine_noted, init="torch", env={"PYDIST_CUDA_ENGINE": "1"}, timeout=120) == [1]
+    assert run_processes(1, _cuda_engine_noted, init="torch", timeout=120) == [0]

@@ -156,8 +156,8 @@ class Settings:
     cuda_engine: bool = _setting(
         "PYDIST_CUDA_ENGINE", False, _flag, "0 / 1",
         "1: pydist's own CUDA engine (pydist.device: chunked staging through a pinned pool, CUDA "
-        "IPC on one host); not yet checked on a GPU and not yet wired, so today it changes nothing, "
-        "and where CUDA is absent it never does. 0: CUDA tensors go where PYDIST_CUDA says.")
+        "IPC on one host), once wired; not yet checked on a GPU, so today the torch plugin's "
+        "init only warns that it is not available. 0: CUDA tensors go where PYDIST_CUDA says.")
     host_id: str | None = _setting(
         "PYDIST_HOST_ID", None, _text, "any text",
         "Host identity: ranks with equal ones share memory (default: host name, boot id, "

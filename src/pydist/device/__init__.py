@@ -1,8 +1,8 @@
 """pydist's own engine for CUDA tensors (issue 38): the pieces that need no CUDA, checked on the CPU.
 
 Off by default: PYDIST_CUDA_ENGINE=1 asks for it; nothing calls these pieces yet, so today
-the setting changes nothing (CUDA tensors still go where PYDIST_CUDA says), and where CUDA is
-absent it never will. No piece here imports torch or CUDA: each takes the device's
+the torch plugin's init only warns that it is not available (CUDA tensors still go where
+PYDIST_CUDA says). No piece here imports torch or CUDA: each takes the device's
 operations as callables, which the CUDA layer will supply and tests fake.
 
 - ``staged_schedule``: a tensor cut in chunks, each copied down to a host buffer, through
@@ -40,10 +40,3 @@ What the CUDA layer still has to supply, none of it run on a GPU yet:
   dispatch of a CUDA tensor to this engine: not written yet.
 """
 from __future__ import annotations
-
-
-def engine_wanted(requested: bool, cuda_available: bool) -> bool:
-    """Whether pydist's own CUDA engine should take a CUDA tensor: asked for
-    (PYDIST_CUDA_ENGINE=1) and CUDA present; False otherwise, so the default stays the
-    checked path."""
-    return requested and cuda_available

@@ -20,6 +20,7 @@ event "pydist:<op>" named as gloo names its own (see _profiling).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -95,6 +96,17 @@ def _engine(options: Any, default_group: bool) -> str:
     return settings().backend
 
 
+_log = logging.getLogger("pydist")
+
+
+@functools.cache
+def note_cuda_engine(cuda: str) -> None:
+    """Once per process: PYDIST_CUDA_ENGINE=1 asks for pydist's own CUDA engine, which is not
+    wired in (issue 38: its pieces wait for their GPU checks); say where CUDA tensors go."""
+    _log.warning("pydist: PYDIST_CUDA_ENGINE=1 is set, but pydist's own CUDA engine is not available yet "
+                 "(its GPU checks have not run); CUDA tensors go to %s (PYDIST_CUDA, or the backend string)", cuda)
+
+
 def _cuda_choice(options: Any, default_group: bool) -> str:
     """The backend of a group's CUDA tensors where its backend string names none: its
     ``pg_options``, else (a new_group) the default group's, else PYDIST_CUDA."""
@@ -121,7 +133,10 @@ def create_process_group(store, rank: int, size: int, timeout: timedelta, option
     default_group = not global_ranks
     engine = _engine(options, default_group)
     cuda = _cuda_choice(options, default_group)
-    devices = other_devices(backend_string_map(), cuda)
+    named = backend_string_map()
+    devices = other_devices(named, cuda)
+    if settings().cuda_engine:
+        note_cuda_engine((named or {}).get("cuda", cuda))
     if default_group and engine == "pydist" and settings().join:  # a replacement joins the running job
         if devices:
             raise ValueError(f"init_process_group: a replacement rank (PYDIST_JOIN=1) runs on pydist only; "
