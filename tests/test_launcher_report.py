@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pydist.run.failure import WorkerExit, classify_exits
+from pydist.run.workers import Worker, spawn
 from pydist.testing.commands import run_command
 
 LAUNCHER = [sys.executable, "-m", "pydist.run"]
@@ -63,8 +65,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _exit(rank: int, code: int, wall: float, recorded: float = 0.0, stopped: bool = False) -> WorkerExit:
-    return WorkerExit(rank, rank, 100 + rank, code, wall, wall, "h:1", "E: x" if recorded else "",
+def _exit(rank: int, code: int, wall: float, recorded: float = 0.0, stopped: bool = False,
+          error: str = "E: x") -> WorkerExit:
+    return WorkerExit(rank, rank, 100 + rank, code, wall, wall, "h:1", error if recorded else "",
                       recorded_at=recorded, stopped=stopped)
 
 
@@ -105,6 +108,56 @@ def test_the_root_cause_from_another_node_with_every_local_rank_stopped():
     local = [_exit(0, -15, 11.0, stopped=True), _exit(1, -9, 16.0, recorded=10.5, stopped=True)]
     got_root, others, stopped = classify_exits(remote, local)
     assert got_root is remote and others == [] and stopped == [0, 1]
+
+
+ECHO = "PeerFailedError: rank 1 on h:1 died (connection reset)"
+
+
+def test_an_echo_recorded_before_an_unrecorded_crash_was_reaped_is_not_the_root_cause():
+    """Finding 14: rank 1 was SIGKILLed (nothing recorded; its time is the agent's reap time),
+    rank 0 recorded its PeerFailedError before that reap and its exit reached the agent first."""
+    echo = _exit(0, 1, 10.15, recorded=10.1, error=ECHO)
+    killed = _exit(1, -9, 10.2)
+    got_root, others, stopped = classify_exits(echo, [echo, killed])
+    assert got_root is killed and _ranks(others) == [0] and stopped == []
+
+
+def test_an_echo_is_not_the_root_cause_of_a_later_recorded_failure_either():
+    echo = _exit(0, 1, 10.15, recorded=10.1, error="pydist.GroupAbortedError: rank 2 failed")
+    crash = _exit(2, 139, 10.3)  # a segfault under a shell: an exit code, no record
+    other = _exit(3, 1, 10.5, recorded=10.4)  # a real exception of its own, later
+    got_root, others, stopped = classify_exits(echo, [other, echo, crash])
+    assert got_root is crash and _ranks(others) == [0, 3] and stopped == []
+
+
+def test_when_every_known_failure_is_an_echo_the_first_echo_is_named():
+    """The root cause was on a node whose report lost the race: nothing better is known here."""
+    first = _exit(0, 1, 10.15, recorded=10.1, error=ECHO)
+    later = _exit(1, 1, 10.3, recorded=10.2, error=ECHO)
+    got_root, others, _ = classify_exits(later, [later, first])
+    assert got_root is first and _ranks(others) == [1]
+
+
+def _spawned(code: str) -> Worker:
+    worker = spawn([sys.executable, "-c", code], dict(os.environ), rank=0, local_rank=0)
+    os.close(worker.stdout_fd)
+    os.close(worker.stderr_fd)
+    return worker
+
+
+def test_a_worker_that_ended_before_the_stop_is_not_marked_stopped():
+    """It died (SIGKILL here) before the launcher's signal but was not reaped yet: its exit
+    is its own failure, not the launcher's doing."""
+    worker = _spawned("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)  # until it ended, without reaping it
+    worker.stop(signal.SIGTERM)
+    assert worker.proc.wait() == -signal.SIGKILL and not worker.stopped
+
+
+def test_a_running_worker_the_launcher_signals_is_marked_stopped():
+    worker = _spawned("import signal; signal.pause()")
+    worker.stop(signal.SIGTERM)
+    assert worker.proc.wait() == -signal.SIGTERM and worker.stopped
 
 
 def test_stopped_survives_the_json_round_trip():

@@ -12,10 +12,15 @@ Who is what (:func:`classify_exits`): a worker the launcher signalled while it s
 signal came: an exception it raised once a peer had died (PeerFailedError) is an echo of
 the root cause, and its exit code is the launcher's doing. The one exception is the root
 cause itself, the earliest failure by its recorded time, which may still have been running
-(slow to exit) when the launcher stopped it. The other failures are the workers that exited
-with an error on their own, before the launcher signalled them (one that ended a moment
-before the signal but was not reaped yet counts as stopped: the report never blames a
-worker for what may be the launcher's doing).
+(slow to exit) when the launcher stopped it. An echo (a recorded PeerFailedError or
+GroupAbortedError: the rank failed because another one had) is never the root cause while a
+failure that is not an echo is known, e.g. a rank killed by SIGKILL, the OOM killer or a
+segfault, which records nothing: its time is only when the launcher reaped it, which may
+come after the echo's own recorded time. Only when every known failure is an echo (the
+root cause was on a node whose report lost the race) is the earliest echo named. The
+other failures are the workers that exited with an error on their own, before the launcher
+signalled them (one that had already ended when the signal came, reaped or not, counts as
+failed on its own; see :meth:`.workers.Worker.stop`).
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 _NO_TRACEBACK = " <N/A> (nothing on stderr)"
+
+#: Exception types whose record marks an echo: the worker failed because another rank had.
+ECHO_ERRORS = ("PeerFailedError", "GroupAbortedError")
 
 
 @dataclass
@@ -52,6 +60,13 @@ class WorkerExit:
     @property
     def failed(self) -> bool:
         return self.returncode != 0
+
+    @property
+    def echo(self) -> bool:
+        """True when the recorded exception is an echo of another rank's failure
+        (:data:`ECHO_ERRORS`, by its type's name, module-qualified or not)."""
+        kind = self.error.split(":", 1)[0].rsplit(".", 1)[-1] if self.recorded_at else ""
+        return kind in ECHO_ERRORS
 
     def signal_name(self) -> str | None:
         """The name of the signal that killed the worker, None if it exited by itself."""
@@ -102,7 +117,8 @@ def classify_exits(
         return e.failed and (not e.stopped or bool(e.recorded_at))
 
     by_rank = {(e.host, e.rank): e for e in [reported, *(e for e in exits if candidate(e))]}
-    root = min(by_rank.values(), key=lambda e: e.failed_at)
+    causes = [e for e in by_rank.values() if not e.echo] or list(by_rank.values())
+    root = min(causes, key=lambda e: e.failed_at)
     others = sorted((e for e in exits if e.failed and not e.stopped and (e.host, e.rank) != (root.host, root.rank)),
                     key=lambda e: e.failed_at)
     stopped = sorted(e.rank for e in exits if e.stopped and (e.host, e.rank) != (root.host, root.rank))

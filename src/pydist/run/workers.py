@@ -44,10 +44,23 @@ class Worker:
     stopped: bool = False  # signalled by the launcher stopping the round while it ran
 
     def stop(self, sig: int) -> None:
-        """Signal the worker to stop the round, and remember it did (its exit is then not a failure)."""
+        """Signal the worker's group to stop the round; remember it (its exit is then not a
+        failure) unless the worker had already ended, reaped by its watcher or not: a worker
+        killed a moment before (SIGKILL, OOM) failed on its own, not by the launcher's doing."""
         if self.proc.returncode is None:
-            self.stopped = True
+            self.stopped = self.stopped or not self.ended()
             self.signal_group(sig)
+
+    def ended(self) -> bool:
+        """True when the worker process has exited, whether or not it was reaped yet (it is
+        not reaped here: its watcher does that). False where ``os.waitid`` is missing."""
+        waitid = getattr(os, "waitid", None)
+        if waitid is None:
+            return False
+        try:
+            return waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # reaped by the watcher meanwhile
+            return True
 
     @property
     def pid(self) -> int:
