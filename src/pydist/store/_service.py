@@ -25,8 +25,8 @@ speaks torch's protocol (torch's clients cannot authenticate), is dropped with a
 naming authentication, after its refusal reply is sent.
 
 What a connection may make the server hold is bounded, so that clients that never prove
-anything cannot exhaust its memory (each drop is logged by the I/O loop with its reason):
-with a token, a connection sends at most ``UNAUTHENTICATED_BYTES`` before it has
+anything cannot exhaust its memory (each drop is logged by the I/O loop with its reason,
+rate limited): with a token, a connection sends at most ``UNAUTHENTICATED_BYTES`` before it has
 authenticated, all of them together at most ``UNAUTHENTICATED_TOTAL``, and past
 ``MAX_UNAUTHENTICATED`` connections waiting to authenticate the oldest that has sent nothing
 for ``SILENT_SECONDS`` is dropped (:class:`Waiting`: a burst of real clients, each sending

@@ -4,10 +4,11 @@ The thread runs a ``selectors`` loop around a sans-IO
 :class:`~pydist.store._service.StoreService` (no thread per client). It binds only the
 address it is given, answers blocking requests when their keys arrive or ``timeout`` at
 their deadline, and drops only a connection that sends garbage or fails (logging one
-warning); an internal error costs that connection, never the server. A client that does not
-read its answers is not read from until they drain (``OUTPUT_LIMIT``). Multi-tenant masters
-of one process share the server of a (host, port) through :func:`acquire_server` /
-:func:`release_server`; the last release stops it.
+warning: a server's first few in full, then one summary line per interval, see
+:class:`~pydist.net.log_limit.LogLimit`); an internal error costs that connection, never
+the server. A client that does not read its answers is not read from until they drain
+(``OUTPUT_LIMIT``). Multi-tenant masters of one process share the server of a (host, port)
+through :func:`acquire_server` / :func:`release_server`; the last release stops it.
 
 With TLS (a server ``ssl.SSLContext``, see :mod:`pydist.net.tls`) a connection reaches the
 service only after its TLS handshake, run in the same loop without blocking: the first byte
@@ -44,6 +45,7 @@ from typing import Any
 from ..core import deadline as _deadline
 from ..core.errors import DistNetworkError, DistStoreError
 from ..net.addresses import family_unusable, host_port
+from ..net.log_limit import LogLimit
 from ..net.tls import HANDSHAKE_RECORD
 from ..net.tls import reason as tls_reason
 from . import _service
@@ -112,6 +114,7 @@ class Server:
         self.users = 1
         self.auth_token, self.tls = auth_token, tls
         self._service = StoreService(auth_token)
+        self._warnings = LogLimit(logger, f"store server {self.host}:{self.port}: clients dropped")
         self._peers: dict[int, _Peer] = {}
         self._handshakes: dict[int, float] = {}  # TLS connections not open yet: their deadlines, oldest first
         self._waiting = Waiting()  # the same connections, capped (see _cap_handshakes)
@@ -158,6 +161,7 @@ class Server:
             self._listener.close()
             self._wake_r.close()
             self._sel.close()
+            self._warnings.flush()
 
     def _timeout(self) -> float | None:
         """Seconds until a parked request or a TLS handshake is due (None: nothing is)."""
@@ -366,9 +370,11 @@ class Server:
                 self._deliver()
 
     def _drop(self, peer: _Peer, reason: str | None) -> None:
-        """Close one client connection; ``reason`` (if any) is logged as a warning."""
+        """Close one client connection; ``reason`` (if any) is logged as a warning (rate
+        limited: the first few in full, then a summary line per interval, see LogLimit)."""
         if reason is not None:
-            logger.warning("store server %s:%d: dropping client %s: %s", self.host, self.port, peer.address, reason)
+            self._warnings.warning("store server %s:%d: dropping client %s: %s", self.host, self.port,
+                                   peer.address, reason)
         self._service.close(peer.cid)
         self._waiting.discard(peer.cid)
         if self._handshakes.pop(peer.cid, None) is not None:

@@ -17,8 +17,10 @@ claim gets the ``refused`` HELLO, even while the first is still in flight.
 A connection that does not prove it belongs (another job's world token, a rank not
 expected, garbage, a failed TLS handshake, TLS when this rank uses none or the reverse,
 a failed token proof, without a secret a HELLO not carrying the claimed rank's published
-claim or claiming a rank already connected) is dropped and logged with its address, and
-noted in ``refusals`` for the caller's timeout error: it never takes a rank's place, never
+claim or claiming a rank already connected) is dropped and logged with its address (the first few of each
+listener in full, then one summary line per interval: :class:`~pydist.net.log_limit.LogLimit`,
+so a flood of connections cannot flood the job's log), and noted in ``refusals`` for the
+caller's timeout error: it never takes a rank's place, never
 raises and never names the rank it claimed as at fault. A real rank refused this way learns
 why on its own side (the acceptor's ``refused`` HELLO, or the TLS alert; see connect_to).
 """
@@ -33,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ...core import deadline as _deadline
+from ...net.log_limit import LogLimit
 from ...net.tls import Contexts, reason
 from .hello import Acceptor, Refused, fields_of, hello_frame, rank_of, read_frame
 from .mesh_tls import REQUIRES_TLS, peer_uses_tls
@@ -70,6 +73,7 @@ class Admission:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.refusals: deque[str] = deque(maxlen=_KEPT_REFUSALS)
+        self._warnings = LogLimit(log, f"pydist rank {rank}: connections refused or dropped")
 
     @property
     def wake_fd(self) -> int:
@@ -128,9 +132,9 @@ class Admission:
         return f"no handshake within {self._timeout:g} s (PYDIST_HANDSHAKE_TIMEOUT)"
 
     def refused(self, where, why: str, done: str = "dropped") -> None:
-        """Log a connection ``done`` (dropped, refused) and why; note it for the caller's
-        timeout error."""
-        log.warning("pydist rank %d %s a connection from %s: %s", self.rank, done, where, why)
+        """Log a connection ``done`` (dropped, refused) and why (rate limited); note it for
+        the caller's timeout error."""
+        self._warnings.warning("pydist rank %d %s a connection from %s: %s", self.rank, done, where, why)
         self.refusals.append(f"{_address(where)}: {why}")
 
     def close(self) -> None:
@@ -144,6 +148,7 @@ class Admission:
             self._proven = []
         self._wake_r.close()
         self._wake_w.close()
+        self._warnings.flush()
 
     def _cut(self, key: int, why: str | None) -> None:
         """Shut a handshake's connection down (its thread's blocked read returns); lock held."""
