@@ -33,7 +33,10 @@ def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0
         slots = arena.slots(parity, buf.dtype, buf.size)
         slots[arena.rank][...] = buf
         arena.sync(comm, comm.call)
-        reduce_all(arena, parity, slots, buf, op)
+        if arena.size <= 2:  # reduce_all written out: the latency path
+            reduce_many(slots, buf, op)
+        else:
+            reduce_rows(arena.rows(parity, buf.dtype, buf.size), buf, op)
         return
     reduce_chunks(comm, buf, op, comm.call, deliver=True)
 
