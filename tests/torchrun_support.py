@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydist.testing.commands import CommandTimeout, finish, start_command
+from pydist.testing.processes import free_port
 
 SCRIPT = Path(__file__).resolve().parent / "run_scripts" / "torchrun_restart.py"
 GROW_SCRIPT = SCRIPT.with_name("torchrun_grow.py")
@@ -34,12 +34,6 @@ class Attempt:
     @property
     def succeeded(self) -> bool:
         return self.returncode == 0 and self.right
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun_command(backend: str, nproc: int, rdzv: str, late: float, script: Path = SCRIPT) -> list[str]:

@@ -11,10 +11,11 @@ from _layer_timing import N, best
 
 import pydist as dist
 from pydist.core.deadline import Deadline, now
-from pydist.core.opspec import describe
 from pydist.core.ops import ReduceOp
+from pydist.core.opspec import describe
 from pydist.engines.base import OpContext
 from pydist.engines.native import ALGORITHMS
+
 
 def main():
     dist.init_process_group("pydist")

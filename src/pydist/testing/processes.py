@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import random
 import socket
 import tempfile
 import time
@@ -29,8 +30,22 @@ def start_ranks(target: Callable[..., Any], size: int, *args: Any) -> tuple[list
     return procs, queue
 
 
+#: Where free_port looks first: below Linux's default ephemeral range (32768-60999), which
+#: the kernel hands to outgoing connections, so a port chosen there can be taken by any
+#: client socket of a busy test run before the test binds it.
+QUIET_PORTS = range(20000, 32768)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host`` (an IPv4 or IPv6 address)."""
+    """A TCP port that was free a moment ago on ``host`` (an IPv4 or IPv6 address): a random
+    one of QUIET_PORTS that binds, else one the kernel picks."""
+    for port in random.sample(QUIET_PORTS, 20):
+        with socket.socket(family_of(host)) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(family_of(host)) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
