@@ -33,10 +33,7 @@ def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0
         slots = arena.slots(parity, buf.dtype, buf.size)
         slots[arena.rank][...] = buf
         arena.sync(comm, comm.call)
-        if arena.size <= 2:  # reduce_all written out: the latency path
-            reduce_many(slots, buf, op)
-        else:
-            reduce_rows(arena.rows(parity, buf.dtype, buf.size), buf, op)
+        reduce_all(arena, parity, slots, buf, op)
         return
     reduce_chunks(comm, buf, op, comm.call, deliver=True)
 
