@@ -297,6 +297,18 @@ class Engine:
         return None  # the others did not declare this rank dead
 
 
+def _run_now(queue: OpQueue, body) -> bool:
+    """``body(seq)`` on the latency path, as ProcessGroup.run takes it (True: it ran)."""
+    seq = queue.claim()
+    if seq is None:
+        return False
+    try:
+        body(seq)
+    finally:
+        queue.release()
+    return True
+
+
 def test_a_failed_operation_breaks_the_group_and_later_ones_fail_fast():
     state, engine = GroupState(7, [0, 1]), Engine()
     failures = FailurePath(7, engine, state, [0, 1], [0, 1], None, 30.0)
@@ -310,11 +322,11 @@ def test_a_failed_operation_breaks_the_group_and_later_ones_fail_fast():
             raise failures.collective(error, seq) from None
 
     with pytest.raises(OpTimeoutError):
-        queue.run_inline(failing)
+        _run_now(queue, failing)
     assert (state.state, state.failed) == (BROKEN, timeout) and engine.aborts == [timeout]
     ran = []
     with pytest.raises(DistBackendError, match=r"g is broken: an earlier operation failed \(all_reduce seq 1"):
-        queue.run_inline(ran.append)
+        _run_now(queue, ran.append)
     work = queue.submit(lambda seq: ran.append(seq), Work("op", []), blocking=False)
     with pytest.raises(DistBackendError, match="seq 3 was not run"):
         work.wait()
@@ -328,7 +340,7 @@ def test_an_aborted_group_still_runs_operations_and_a_non_dist_error_does_not_br
     queue = OpQueue("g", state)
     state.abort(GroupAbortedError("rank 1 aborted", rank=1))
     ran = []
-    assert queue.run_inline(ran.append) and ran == [1]
+    assert _run_now(queue, ran.append) and ran == [1]
     assert failures.collective(ValueError("misuse"), 2).args == ("misuse",)
     assert state.state == ABORTED and engine.aborts == []
     peer_abort = GroupAbortedError("rank 1 aborted", rank=1)
@@ -345,7 +357,7 @@ def test_close_destroys_the_group_and_later_submissions_raise():
     assert done.wait() and state.state == DESTROYED
     queue.close(1.0)  # idempotent
     with pytest.raises(DistBackendError, match="g has been destroyed"):
-        queue.run_inline(lambda seq: None)
+        _run_now(queue, lambda seq: None)
     with pytest.raises(DistBackendError, match="g has been destroyed"):
         queue.submit(lambda seq: None, Work("op", []), blocking=True)
 

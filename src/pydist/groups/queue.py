@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from ..core import deadline as _deadline
 from ..core.errors import DistBackendError
@@ -82,18 +81,6 @@ class OpQueue:
             self._busy = False
             if self._pending:
                 self._cond.notify_all()
-
-    def run_inline(self, body: Callable[..., None], *args: Any) -> bool:
-        """Run ``body(seq, *args)`` now in the caller's thread if the group is idle (True),
-        else do nothing (False: the caller submits instead). Errors propagate."""
-        seq = self.claim()
-        if seq is None:
-            return False
-        try:
-            body(seq, *args)
-        finally:
-            self.release()
-        return True
 
     def _destroyed_error(self) -> DistBackendError:
         return DistBackendError(f"process group {self.name} has been destroyed")
