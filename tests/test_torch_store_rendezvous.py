@@ -126,6 +126,7 @@ def test_a_clone_lives_as_long_as_its_store_and_closes_with_it(workers_store):
         clone.get("k")
 
 
+@pytest.mark.slow  # a real connect timeout / two worlds made over a store: seconds
 def test_a_failed_env_rendezvous_takes_back_the_variables_it_set(clean_env):
     from torch.distributed.rendezvous import rendezvous as torch_rendezvous
 
@@ -169,6 +170,7 @@ def test_pydists_env_rendezvous_keeps_each_round_of_a_membership_change_apart(cl
         agent.close()
 
 
+@pytest.mark.slow  # a real connect timeout / two worlds made over a store: seconds
 def test_only_the_jobs_rank_0_says_the_job_is_open(clean_env, caplog):
     """Two ranks of a torch subgroup over ranks 1 and 2 of the job: its rank 0 (job rank 1)
     says nothing; the same group as ranks 0 and 1 of the job says it once."""
