@@ -12,9 +12,11 @@ of several ranks that all share this host's memory.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from ..core.ops import ReduceOp, reduce_many, reduce_rows
+from ..core.ops import ReduceOp, reduce_many, reduce_rows, ufunc_of
 from ._partition import block_bounds, chunks
 from .comm import Comm
 
@@ -25,17 +27,59 @@ from .comm import Comm
 SPLIT_MIN_BYTES = 64 * 1024
 
 
+#: latency paths bound per arena (distinct dtype, count and op of small calls): beyond this
+#: many the arena's are dropped and bound again as calls come
+LATENCY_PATHS_KEPT = 256
+
+
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
-    arena = comm.arena
-    if buf.nbytes <= arena.slot_bytes and _alone(arena.size, buf.nbytes):  # the latency path: one chunk
-        parity = arena.next_parity()
-        slots = arena.slots(parity, buf.dtype, buf.size)
-        slots[arena.rank][...] = buf
-        arena.sync(comm, comm.call)
-        reduce_all(arena, parity, slots, buf, op)
+    latency = latency_path(comm.arena, buf.dtype, buf.size, op)
+    if latency is not None:
+        latency(comm, buf)
         return
     reduce_chunks(comm, buf, op, comm.call, deliver=True)
+
+
+def latency_path(arena, dtype: np.dtype, count: int, op: ReduceOp) -> Callable[[Comm, np.ndarray], None] | None:
+    """The all_reduce of ``count`` elements of ``dtype`` under ``op`` where it is one chunk
+    that every rank reduces whole (the latency path): ``run(comm, buf)`` copies ``buf`` into
+    this rank's slot, syncs once and reduces every slot into ``buf``, with the slot views and
+    the ufunc looked up once per arena (small calls repeat; the engine keeps the function per
+    call spec and calls it directly). None for calls that take several chunks or split the
+    reduction."""
+    key = ("all_reduce", dtype, count, op.op)
+    run = arena.bound.get(key)
+    if run is None:
+        nbytes = count * dtype.itemsize
+        if nbytes > arena.slot_bytes or not _alone(arena.size, nbytes):
+            return None
+        if len(arena.bound) >= LATENCY_PATHS_KEPT:
+            arena.bound.clear()
+        run = arena.bound[key] = _bind(arena, dtype, count, op)
+    return run
+
+
+def _bind(arena, dtype: np.dtype, count: int, op: ReduceOp) -> Callable[[Comm, np.ndarray], None]:
+    slots = [arena.slots(parity, dtype, count) for parity in (0, 1)]
+    mine = arena.rank
+    if arena.size == 2:  # one ufunc call on the two parts (reduce_many's order)
+        ufunc = ufunc_of(op.op)
+
+        def run(comm: Comm, buf: np.ndarray) -> None:
+            parts = slots[arena.next_parity()]
+            parts[mine][...] = buf
+            arena.sync(comm, comm.call)
+            ufunc(parts[0], parts[1], out=buf)
+        return run
+    rows = [arena.rows(parity, dtype, count) for parity in (0, 1)]
+
+    def run_rows(comm: Comm, buf: np.ndarray) -> None:
+        parity = arena.next_parity()
+        slots[parity][mine][...] = buf
+        arena.sync(comm, comm.call)
+        reduce_rows(rows[parity], buf, op)
+    return run_rows
 
 
 def reduce_chunks(comm: Comm, buf: np.ndarray, op: ReduceOp, call: int, deliver: bool, sole: bool = False) -> None:

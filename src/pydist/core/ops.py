@@ -124,6 +124,12 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype, dtype_name: str) -> None:
                             f"so it cannot scale an integer tensor ({dtype_name})")
 
 
+def ufunc_of(op: RedOpType) -> np.ufunc:
+    """The numpy ufunc that combines two parts under ``op`` (AVG and PREMUL_SUM add: their
+    scaling is prescale's and postscale's)."""
+    return _UFUNC[op]
+
+
 def reduce_into(acc: np.ndarray, incoming: np.ndarray, op: ReduceOp) -> None:
     """``acc = acc op incoming`` elementwise, in place."""
     if acc.size:
