@@ -15,7 +15,7 @@ from ..algorithms._partition import block_bounds
 from ..core.buffers import Buffer, as_buffer
 from ..core.deadline import to_seconds
 from ..core.ops import RedOpType, as_reduce_op, check_op_dtype
-from ..core.opspec import describe
+from ..core.opspec import OpSpec, describe
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from .groups import member_group
@@ -121,9 +121,33 @@ def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op
             from .sparse import all_reduce_sparse
             return all_reduce_sparse(tensor, op, target, async_op)
         raise
-    reduce_op = _reduce_op(op, buf)
-    spec = describe("all_reduce", "all_reduce", buf, reduce_op=reduce_op.op)
+    reduce_op, spec = _all_reduce_call(op, buf)
     return target.run(spec, lambda ctx: target.engine.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
+
+
+#: (op, dtype name, count) -> (the checked ReduceOp, the OpSpec) of an all_reduce: the
+#: latency path's two look-ups in one (~0.25 us of a 4 B call). Bounded like describe's specs;
+#: ops with a factor are not kept (see _CHECKED_OPS).
+_ALL_REDUCE_CALLS: dict = {}
+_ALL_REDUCE_CALLS_KEPT = 4096
+
+
+def _all_reduce_call(op: Any, buf: Buffer) -> tuple[Any, OpSpec]:
+    key = (op, buf.dtype_name, buf.array.size)
+    try:
+        return _ALL_REDUCE_CALLS[key]
+    except (KeyError, TypeError):
+        pass
+    reduce_op = _reduce_op(op, buf)
+    call = reduce_op, describe("all_reduce", "all_reduce", buf, reduce_op=reduce_op.op)
+    if reduce_op.factor is None:
+        if len(_ALL_REDUCE_CALLS) >= _ALL_REDUCE_CALLS_KEPT:
+            _ALL_REDUCE_CALLS.clear()
+        try:
+            _ALL_REDUCE_CALLS[key] = call
+        except TypeError:  # an unhashable op object: not kept
+            pass
+    return call
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: Any = None,
