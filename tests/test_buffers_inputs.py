@@ -113,3 +113,43 @@ def test_as_bytes_is_the_arrays_own_memory(dtype):
     assert values.reshape(-1)[0] == 0 and not view.readonly
     values.flags.writeable = False
     assert as_bytes(values).readonly
+
+
+def _general(obj):
+    """as_buffer's Buffer for ``obj`` as its general path makes it (the plain-tensor path off)."""
+    from pydist.core import buffers
+    saved = set(buffers._TENSOR_CLASSES)
+    buffers._TENSOR_CLASSES.clear()
+    try:
+        return as_buffer(obj, "t")
+    finally:
+        buffers._TENSOR_CLASSES.update(saved)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(6, dtype=torch.float32).reshape(2, 3),
+    lambda: torch.nn.Parameter(torch.ones(4, dtype=torch.float64)),
+    lambda: torch.zeros(0, dtype=torch.int64),
+    lambda: torch.tensor([True, False]),
+    lambda: torch.ones(4, dtype=torch.complex64) * 1j,
+    lambda: torch.arange(8, dtype=torch.int32).reshape(2, 4)[:, 1],  # strided: staged
+    lambda: (torch.ones(4, dtype=torch.complex64) * 1j).conj(),  # a lazy view: resolved, refused for writing
+    lambda: torch.ones(3, dtype=torch.bfloat16),
+], ids=["2d", "parameter", "empty", "bool", "complex", "strided", "conj", "bf16"])
+def test_a_tensor_met_again_gets_the_buffer_of_the_general_path(make):
+    """The second tensor of a class and dtype takes the plain-tensor path where it applies:
+    the same view of the same memory, name, shape and staging as the general path's."""
+    as_buffer(make().detach(), "t", writable=False)  # the class and dtype are met once
+    tensor = make()
+    try:
+        expected = _general(tensor)
+    except ValueError as error:
+        with pytest.raises(ValueError, match=str(error)[:40]):
+            as_buffer(tensor, "t")
+        return
+    got = as_buffer(tensor, "t")
+    assert (got.dtype_name, got.shape, got.staged, got.array.dtype, got.array.shape, got.obj) == (
+        expected.dtype_name, expected.shape, expected.staged, expected.array.dtype, expected.array.shape, tensor)
+    assert np.array_equal(got.array, expected.array)
+    if not got.staged and got.array.size:
+        assert got.array.ctypes.data == tensor.data_ptr()
