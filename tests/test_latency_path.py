@@ -1,6 +1,8 @@
 """The shared-memory latency path of all_reduce (issue 40): a small call that repeats runs the
 path its engine bound at the first call (allreduce_shm.latency_path, kept per call spec),
 with the results, the desync check and the failure reports of the general path."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,7 @@ def _repeat_every_op(rank, size):
                 dist.all_reduce(buf, op=getattr(dist.ReduceOp, op))
                 if not np.array_equal(buf, _expected(op, size, call, dtype, count)):
                     wrong.append((op, count, call, buf.tolist()))
-    kept = len(engine._latency)
+    kept = len(engine._kept)
     return wrong, kept
 
 
@@ -62,7 +64,7 @@ def _premul(rank, size):
         buf = np.full(3, rank + 1.0, np.float64)
         dist.all_reduce(buf, op=dist._make_nccl_premul_sum(factor))
         results.append(buf.tolist())
-    return results, len(dist.group.WORLD.engine._latency)
+    return results, len(dist.group.WORLD.engine._kept)
 
 
 def test_premul_sum_scales_by_each_calls_factor():
@@ -77,7 +79,7 @@ def _kept_bounded(rank, size):
             buf = np.full(count, rank + 1, np.int64)
             dist.all_reduce(buf)
             assert buf.tolist() == [3] * count
-    return len(dist.group.WORLD.engine._latency)
+    return len(dist.group.WORLD.engine._kept)
 
 
 def test_the_kept_paths_are_bounded(monkeypatch):
@@ -103,10 +105,59 @@ def _destroyed(rank, size):
     dist.all_reduce(np.ones(1))
     dist.all_reduce(np.ones(1))
     engine = dist.group.WORLD.engine
-    kept = len(engine._latency)
+    kept = len(engine._kept)
     dist.destroy_process_group()
-    return kept, len(engine._latency)
+    return kept, len(engine._kept)
 
 
 def test_destroying_the_group_drops_the_kept_paths():
     assert run_threads(2, _destroyed, transport="tcp") == [(1, 0), (1, 0)]
+
+
+def _recorded(rank, size):
+    for _ in range(3):
+        dist.all_reduce(np.ones(2, np.float32))
+    entries = dist.group.WORLD._trace.entries()[-3:]
+    return [(e.spec.name, e.state, e.algorithm) for e in entries], [e.seq for e in entries]
+
+
+def test_the_flight_recorder_sees_kept_calls_as_any_other():
+    from pydist.debug._format import COMPLETED
+    for calls, seqs in run_threads(2, _recorded, transport="tcp"):
+        assert calls == [("all_reduce", COMPLETED, "shm")] * 3
+        assert seqs == [seqs[0], seqs[0] + 1, seqs[0] + 2]
+
+
+def _behind_an_async_call(rank, size):
+    for _ in range(2):
+        dist.all_reduce(np.ones(1, np.float64))  # kept from here on
+    first = np.full(1 << 16, rank + 1.0)
+    work = dist.all_reduce(first, async_op=True)
+    second = np.full(1, rank + 1.0)
+    dist.all_reduce(second)  # the group is busy (or was): queued behind, or run after it
+    work.wait()
+    return float(first[0]), float(first[-1]), float(second[0])
+
+
+def test_a_kept_call_behind_an_async_one_runs_after_it():
+    assert run_threads(2, _behind_an_async_call, transport="tcp") == [(3.0, 3.0, 3.0)] * 2
+
+
+def _one_stops(rank, size, done):
+    for _ in range(2):
+        dist.all_reduce(np.ones(1, np.float32))
+    if rank == 1:  # alive, but never calls again (until rank 0 has its error)
+        done.wait(60)
+        return "stopped"
+    try:
+        with pytest.raises(dist.DistBackendError) as caught:
+            dist.all_reduce(np.ones(1, np.float32))
+    finally:
+        done.set()
+    return str(caught.value)
+
+
+@pytest.mark.slow
+def test_a_kept_call_whose_peer_never_comes_times_out_naming_it():
+    message = run_threads(2, _one_stops, threading.Event(), transport="tcp", pg_timeout=1)[0]
+    assert "all_reduce (seq 3)" in message and "Timed out" in message and "rank 1" in message, message

@@ -122,7 +122,12 @@ def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op
             return all_reduce_sparse(tensor, op, target, async_op)
         raise
     reduce_op, spec = _all_reduce_call(op, buf)
-    return target.run(spec, lambda ctx: target.engine.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
+    engine = target.engine
+    kept = None if async_op else engine.kept(spec)
+    if kept is not None:  # a blocking call the engine ran before and kept: the latency path
+        target.run_kept(spec, kept, buf, reduce_op)
+        return None
+    return target.run(spec, lambda ctx: engine.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
 
 
 #: (op, dtype name, count) -> (the checked ReduceOp, the OpSpec) of an all_reduce: the

@@ -67,7 +67,7 @@ from ..core.settings import Settings
 from ..groups.state import GroupState
 from ..transport.base import MessageKey, Request
 from ..transport.world import WorldTransport
-from .base import Engine, OpContext
+from .base import Engine, KeptCall, OpContext
 
 #: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
 #: up to this size, the pipelined ring (2(p-1) rounds of 1/p of it) above. Recursive doubling
@@ -176,7 +176,7 @@ class NativeEngine(Engine):
         self._arena_tried = False
         self._local_arena = None
         self._shm_comm: Comm | None = None  # see _shm
-        self._latency: dict[OpSpec, Callable[[Comm, np.ndarray], None]] = {}  # see _remember_latency
+        self._kept: dict[OpSpec, KeptCall] = {}  # see _keep_all_reduce
 
     # -- algorithm choice -----------------------------------------------------------------
     def _arena_for(self, ctx: OpContext, group_ranks: list[int]):
@@ -295,7 +295,7 @@ class NativeEngine(Engine):
             if arena is not None:
                 arena.release()
         self._arena = self._local_arena = self._shm_comm = None
-        self._latency.clear()
+        self._kept.clear()
 
     def _hierarchy(self, ctx: OpContext, collective: str, algorithm: str, call: int, sizes: tuple[int, int],
                    root: int | None) -> Hierarchy:
@@ -373,31 +373,49 @@ class NativeEngine(Engine):
         return self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
 
     def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> str:
+        spec = ctx.spec
+        kept = self._kept.get(spec)
+        if kept is not None:  # a small call over the arena run before
+            return kept(ctx.seq, ctx.deadline, ctx.timeout_text, buf, op)
         scaled = op.op is not RedOpType.SUM  # the common case: nothing to scale before or after
         if scaled:
             prescale(buf, op)
-        spec = ctx.spec
-        latency = self._latency.get(spec)
-        if latency is not None:  # a small call over the arena seen before: its bound path at once
-            latency(self._shm(ctx, spec.call), buf)
-            algorithm = "shm"
-        else:
-            algorithm = self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
-            if algorithm == "shm" and spec.kind == "all_reduce":
-                self._remember_latency(spec, buf, op)
+        algorithm = self._run(ctx, "all_reduce", buf, op, self.segment_bytes, sizes=(buf.nbytes, buf.size))
         if scaled:
             postscale(buf, op, self.size)
+        if algorithm == "shm" and spec.kind == "all_reduce":
+            self._keep_all_reduce(spec, buf, op)
         return algorithm
 
-    def _remember_latency(self, spec: OpSpec, buf: np.ndarray, op: ReduceOp) -> None:
-        """Keep the shared-memory latency path of the all_reduce ``spec`` describes, if it
-        takes one: its next calls skip the algorithm choice and the Comm set-up (``_run``),
-        ~1 us of a 4 B call's ~7 (issue 40). Bounded as the choices are."""
-        latency = allreduce_shm.latency_path(self._arena, buf.dtype, buf.size, op)
-        if latency is not None:
-            if len(self._latency) >= CHOICES_KEPT:
-                self._latency.clear()
-            self._latency[spec] = latency
+    def kept(self, spec: OpSpec) -> KeptCall | None:
+        return self._kept.get(spec)
+
+    def _keep_all_reduce(self, spec: OpSpec, buf: np.ndarray, op: ReduceOp) -> None:
+        """Keep the all_reduce ``spec`` describes as a KeptCall where it takes the arena's
+        latency path (allreduce_shm.latency_path): its next calls skip the algorithm choice,
+        the OpContext and the Comm's set-up, and the group runs it without its general path
+        (ProcessGroup.run_kept): ~2.5 us of a 4 B call's ~6.5 us of Python (issue 40).
+        Bounded as the choices are; dropped by close."""
+        path = allreduce_shm.latency_path(self._arena, buf.dtype, buf.size, op)
+        if path is None:
+            return
+        comm = self._shm_comm
+        assert comm is not None  # the call just ran over the arena
+        name, call, size = spec.name, spec.call, self.size
+
+        def kept(seq: int, deadline: Deadline, timeout_text: str, array: np.ndarray, this_op: ReduceOp) -> str:
+            comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call = (
+                seq, deadline, name, timeout_text, call)
+            if this_op.op is RedOpType.SUM:
+                path(comm, array)
+            else:  # (PREMUL_SUM's factor is this call's)
+                prescale(array, this_op)
+                path(comm, array)
+                postscale(array, this_op, size)
+            return "shm"
+        if len(self._kept) >= CHOICES_KEPT:
+            self._kept.clear()
+        self._kept[spec] = kept
 
     def reduce(self, ctx: OpContext, buf: np.ndarray, root: int, op: ReduceOp) -> str:
         is_root = self.rank == root
