@@ -161,3 +161,59 @@ def _one_stops(rank, size, done):
 def test_a_kept_call_whose_peer_never_comes_times_out_naming_it():
     message = run_threads(2, _one_stops, threading.Event(), transport="tcp", pg_timeout=1)[0]
     assert "all_reduce (seq 3)" in message and "Timed out" in message and "rank 1" in message, message
+
+
+def _broadcasts(rank, size):
+    """Broadcasts from every root, three times, of two shapes; barriers between."""
+    wrong = []
+    for call in range(3):
+        for root in range(size):
+            for dtype, count in ((np.float32, 1), (np.int64, 7)):
+                buf = _inputs(rank, call, dtype, count)
+                dist.broadcast(buf, src=root)
+                if not np.array_equal(buf, _inputs(root, call, dtype, count)):
+                    wrong.append((root, count, call, buf.tolist()))
+        dist.barrier()
+    return wrong, len(dist.group.WORLD.engine._kept)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_repeated_broadcasts_and_barriers_take_kept_paths(size):
+    for wrong, kept in run_threads(size, _broadcasts, transport="tcp"):
+        assert wrong == []
+        assert kept == 2 * size + 1  # each (root, shape) broadcast, and the barrier
+
+
+def _broadcast_desync(rank, size):
+    for _ in range(2):
+        dist.broadcast(np.ones(1, np.float32), src=0)
+        dist.broadcast(np.ones(1, np.float32), src=1)
+    with pytest.raises(dist.DistBackendError) as caught:
+        dist.broadcast(np.ones(1, np.float32), src=rank)  # each rank names itself the root
+    return str(caught.value)
+
+
+def test_ranks_naming_different_roots_on_the_kept_path_all_raise():
+    for rank, message in enumerate(run_threads(2, _broadcast_desync, transport="tcp", pg_timeout=10)):
+        assert "ranks called different operations" in message and f"rank {1 - rank}" in message, message
+        assert f"root {rank}" in message and f"root {1 - rank}" in message, message
+
+
+def _barrier_timeout(rank, size, done):
+    for _ in range(2):
+        dist.barrier()
+    if rank == 1:
+        done.wait(60)
+        return "stopped"
+    try:
+        with pytest.raises(dist.DistBackendError) as caught:
+            dist.barrier(timeout=__import__("datetime").timedelta(seconds=0.5))
+    finally:
+        done.set()
+    return str(caught.value)
+
+
+@pytest.mark.slow
+def test_a_kept_barrier_keeps_its_own_timeout():
+    message = run_threads(2, _barrier_timeout, threading.Event(), transport="tcp", pg_timeout=60)[0]
+    assert "barrier (seq 3)" in message and "500ms" in message and "rank 1" in message, message

@@ -105,7 +105,12 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
                              "theirs); the source's is read-only") from None
         raise
     spec = describe("broadcast", "broadcast", buf, root=root)
-    return target.run(spec, lambda ctx: target.engine.broadcast(ctx, buf.array, root), [buf], async_op)
+    engine = target.engine
+    kept = None if async_op else engine.kept(spec)
+    if kept is not None:  # a blocking call the engine ran before and kept: the latency path
+        target.run_kept(spec, kept, [buf], buf.array)
+        return None
+    return target.run(spec, lambda ctx: engine.broadcast(ctx, buf.array, root), [buf], async_op)
 
 
 def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -125,7 +130,7 @@ def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op
     engine = target.engine
     kept = None if async_op else engine.kept(spec)
     if kept is not None:  # a blocking call the engine ran before and kept: the latency path
-        target.run_kept(spec, kept, buf, reduce_op)
+        target.run_kept(spec, kept, [buf], buf.array, reduce_op)
         return None
     return target.run(spec, lambda ctx: engine.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
 
@@ -377,4 +382,9 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     if target is None:
         return None
     seconds = None if timeout is None else to_seconds(timeout)
-    return target.run(_BARRIER, lambda ctx: target.engine.barrier(ctx), [], async_op, timeout=seconds)
+    engine = target.engine
+    kept = None if async_op else engine.kept(_BARRIER)
+    if kept is not None:  # the engine kept this group's barrier: the latency path
+        target.run_kept(_BARRIER, kept, [], timeout=seconds)
+        return None
+    return target.run(_BARRIER, lambda ctx: engine.barrier(ctx), [], async_op, timeout=seconds)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -370,7 +371,16 @@ class NativeEngine(Engine):
         return algorithm
 
     def broadcast(self, ctx: OpContext, buf: np.ndarray, root: int) -> str:
-        return self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
+        spec = ctx.spec
+        kept = self._kept.get(spec)
+        if kept is not None:
+            return kept(ctx.seq, ctx.deadline, ctx.timeout_text, buf)
+        algorithm = self._run(ctx, "broadcast", buf, root, self.segment_bytes, root=root)
+        if algorithm == "shm" and spec.kind == "broadcast":
+            path = broadcast_shm.latency_path(self._arena, buf.dtype, buf.size, root)
+            if path is not None:
+                self._keep(spec, path)
+        return algorithm
 
     def all_reduce(self, ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> str:
         spec = ctx.spec
@@ -391,27 +401,37 @@ class NativeEngine(Engine):
         return self._kept.get(spec)
 
     def _keep_all_reduce(self, spec: OpSpec, buf: np.ndarray, op: ReduceOp) -> None:
-        """Keep the all_reduce ``spec`` describes as a KeptCall where it takes the arena's
-        latency path (allreduce_shm.latency_path): its next calls skip the algorithm choice,
-        the OpContext and the Comm's set-up, and the group runs it without its general path
-        (ProcessGroup.run_kept): ~2.5 us of a 4 B call's ~6.5 us of Python (issue 40).
-        Bounded as the choices are; dropped by close."""
+        """Keep the all_reduce ``spec`` describes where it takes the arena's latency path
+        (allreduce_shm.latency_path), with the op's scaling around it (PREMUL_SUM's factor
+        is each call's)."""
         path = allreduce_shm.latency_path(self._arena, buf.dtype, buf.size, op)
         if path is None:
             return
-        comm = self._shm_comm
-        assert comm is not None  # the call just ran over the arena
-        name, call, size = spec.name, spec.call, self.size
+        size = self.size
 
-        def kept(seq: int, deadline: Deadline, timeout_text: str, array: np.ndarray, this_op: ReduceOp) -> str:
-            comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call = (
-                seq, deadline, name, timeout_text, call)
+        def scaled(comm: Comm, array: np.ndarray, this_op: ReduceOp) -> None:
             if this_op.op is RedOpType.SUM:
                 path(comm, array)
-            else:  # (PREMUL_SUM's factor is this call's)
+            else:
                 prescale(array, this_op)
                 path(comm, array)
                 postscale(array, this_op, size)
+        self._keep(spec, scaled)
+
+    def _keep(self, spec: OpSpec, path: Callable[..., None]) -> None:
+        """Keep ``path(comm, *args)``, an algorithm's bound path over the arena, as the
+        KeptCall of ``spec``: its next calls skip the algorithm choice, the OpContext and the
+        Comm's set-up, and a blocking one the group's general path (ProcessGroup.run_kept):
+        ~2.5 us of a 4 B all_reduce's ~6.5 us of Python (issue 40). Bounded as the choices
+        are; dropped by close."""
+        comm = self._shm_comm
+        assert comm is not None  # the call just ran over the arena
+        name, call = spec.name, spec.call
+
+        def kept(seq: int, deadline: Deadline, timeout_text: str, *args: Any) -> str:
+            comm.seq, comm.deadline, comm.op_name, comm.timeout_text, comm.call = (
+                seq, deadline, name, timeout_text, call)
+            path(comm, *args)
             return "shm"
         if len(self._kept) >= CHOICES_KEPT:
             self._kept.clear()
@@ -450,7 +470,14 @@ class NativeEngine(Engine):
         return self._run(ctx, "all_to_all", outputs, inputs)
 
     def barrier(self, ctx: OpContext) -> str:
-        return self._run(ctx, "barrier")
+        spec = ctx.spec
+        kept = self._kept.get(spec)
+        if kept is not None:
+            return kept(ctx.seq, ctx.deadline, ctx.timeout_text)
+        algorithm = self._run(ctx, "barrier")
+        if algorithm == "shm" and spec.kind == "barrier":
+            self._keep(spec, ALGORITHMS["barrier"]["shm"])  # (one arena sync: nothing to bind)
+        return algorithm
 
     def _p2p_key(self, tag: int) -> MessageKey:
         key = self._p2p_keys.get(tag)

@@ -141,26 +141,28 @@ class ProcessGroup:
         self._trace.started(entry, seq)
         self._operate(seq, spec, body, outputs, entry, timeout)
 
-    def run_kept(self, spec: OpSpec, kept: KeptCall, buffer: Buffer, *args: Any) -> None:
-        """Run a blocking call that the engine kept (``Engine.kept``: its latency path) on
-        ``buffer``, as ``run`` would, with the recorder, the progress board, the desync record,
-        the deadline and the FailurePath, but no OpContext, no body closure and no engine
-        dispatch (~1.4 us of a 4 B all_reduce's ~5.2 us of Python, issue 40). Behind other
-        operations it is queued like any call."""
+    def run_kept(self, spec: OpSpec, kept: KeptCall, outputs: list[Buffer], *args: Any,
+                 timeout: float | None = None) -> None:
+        """Run a blocking call that the engine kept (``Engine.kept``: its latency path),
+        ``kept(seq, deadline, timeout_text, *args)``, as ``run`` would: the recorder, the
+        progress board, the desync record, the deadline (``timeout`` narrows the group's),
+        the staged ``outputs`` written back, the FailurePath; but no OpContext, no body
+        closure and no engine dispatch (~1.4 us of a 4 B all_reduce's ~5.2 us of Python,
+        issue 40). Behind other operations it is queued like any call."""
         queue = self._queue
         seq = queue.claim()
         if seq is None:
-            self.run(spec, lambda ctx: kept(ctx.seq, ctx.deadline, ctx.timeout_text, buffer.array, *args),
-                     [buffer], False)
+            self.run(spec, lambda ctx: kept(ctx.seq, ctx.deadline, ctx.timeout_text, *args), outputs, False,
+                     timeout=timeout)
             return
         try:
             entry = self._trace.begin(spec, seq)
             try:
                 self._starting(seq, spec)
-                algorithm = kept(seq, Deadline(_deadline.now() + self._timeout), self._timeout_text, buffer.array,
-                                 *args)
-                if buffer.staged:
-                    buffer.write_back()
+                algorithm = kept(seq, *self._deadline(timeout), *args)
+                for buffer in outputs:
+                    if buffer.staged:
+                        buffer.write_back()
             except BaseException as error:
                 self._failed(seq, entry, error)
             self._trace.completed(entry, algorithm)
@@ -174,15 +176,20 @@ class ProcessGroup:
         told. A failure takes the group's FailurePath."""
         try:
             self._starting(seq, spec)
-            seconds, text = (self._timeout, self._timeout_text) if timeout is None else (timeout,
-                                                                                           timed_out_waiting(timeout))
-            algorithm = body(OpContext(spec.name, seq, Deadline(_deadline.now() + seconds), text, spec))
+            algorithm = body(OpContext(spec.name, seq, *self._deadline(timeout), spec))
             for buffer in outputs:
                 if buffer.staged:
                     buffer.write_back()
         except BaseException as error:
             self._failed(seq, entry, error)
         self._trace.completed(entry, algorithm)
+
+    def _deadline(self, timeout: float | None) -> tuple[Deadline, str]:
+        """An operation's deadline from now and its timeout's wording: the group's, or
+        ``timeout`` seconds."""
+        if timeout is None:
+            return Deadline(_deadline.now() + self._timeout), self._timeout_text
+        return Deadline(_deadline.now() + timeout), timed_out_waiting(timeout)
 
     def _starting(self, seq: int, spec: OpSpec) -> None:
         """Operation ``seq`` starts: the progress board and the desync record told."""
