@@ -43,11 +43,12 @@ def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0
 
 def latency_path(arena, dtype: np.dtype, count: int, op: ReduceOp) -> Callable[[Comm, np.ndarray], None] | None:
     """The all_reduce of ``count`` elements of ``dtype`` under ``op`` where it is one chunk
-    that every rank reduces whole (the latency path): ``run(comm, buf)`` copies ``buf`` into
-    this rank's slot, syncs once and reduces every slot into ``buf``, with the slot views and
-    the ufunc looked up once per arena (small calls repeat; the engine keeps the function per
-    call spec and calls it directly). None for calls that take several chunks or split the
-    reduction."""
+    that every rank reduces whole (the latency path): ``run(comm, buf, this_op=None)`` copies
+    ``buf`` into this rank's slot, syncs once and reduces every slot into ``buf``, with the
+    slot views and the ufunc looked up once per arena (small calls repeat; the engine keeps
+    the function per call spec and calls it directly; ``this_op``, the call's ReduceOp that
+    a kept call passes, is not needed). None for calls that take several chunks or split
+    the reduction."""
     key = ("all_reduce", dtype, count, op.op)
     run = arena.bound.get(key)
     if run is None:
@@ -66,7 +67,7 @@ def _bind(arena, dtype: np.dtype, count: int, op: ReduceOp) -> Callable[[Comm, n
     if arena.size == 2:  # one ufunc call on the two parts (reduce_many's order)
         ufunc = ufunc_of(op.op)
 
-        def run(comm: Comm, buf: np.ndarray) -> None:
+        def run(comm: Comm, buf: np.ndarray, this_op: ReduceOp | None = None) -> None:
             parts = slots[arena.next_parity()]
             parts[mine][...] = buf
             arena.sync(comm, comm.call)
@@ -74,7 +75,7 @@ def _bind(arena, dtype: np.dtype, count: int, op: ReduceOp) -> Callable[[Comm, n
         return run
     rows = [arena.rows(parity, dtype, count) for parity in (0, 1)]
 
-    def run_rows(comm: Comm, buf: np.ndarray) -> None:
+    def run_rows(comm: Comm, buf: np.ndarray, this_op: ReduceOp | None = None) -> None:
         parity = arena.next_parity()
         slots[parity][mine][...] = buf
         arena.sync(comm, comm.call)

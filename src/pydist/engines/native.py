@@ -407,15 +407,15 @@ class NativeEngine(Engine):
         path = allreduce_shm.latency_path(self._arena, buf.dtype, buf.size, op)
         if path is None:
             return
+        if spec.reduce_op is RedOpType.SUM:  # nothing to scale: the path itself (it ignores the op)
+            self._keep(spec, path)
+            return
         size = self.size
 
         def scaled(comm: Comm, array: np.ndarray, this_op: ReduceOp) -> None:
-            if this_op.op is RedOpType.SUM:
-                path(comm, array)
-            else:
-                prescale(array, this_op)
-                path(comm, array)
-                postscale(array, this_op, size)
+            prescale(array, this_op)
+            path(comm, array)
+            postscale(array, this_op, size)
         self._keep(spec, scaled)
 
     def _keep(self, spec: OpSpec, path: Callable[..., None]) -> None:
