@@ -2,6 +2,7 @@
 path its engine bound at the first call (allreduce_shm.latency_path, kept per call spec),
 with the results, the desync check and the failure reports of the general path."""
 import threading
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -143,15 +144,17 @@ def test_a_kept_call_behind_an_async_one_runs_after_it():
     assert run_threads(2, _behind_an_async_call, transport="tcp") == [(3.0, 3.0, 3.0)] * 2
 
 
-def _one_stops(rank, size, done):
+def _peer_stops(rank, size, done, call, last):
+    """``call()`` twice on every rank (kept from the second on); then rank 1 stays alive
+    without calling again until rank 0's ``last()`` has raised, whose message is returned."""
     for _ in range(2):
-        dist.all_reduce(np.ones(1, np.float32))
-    if rank == 1:  # alive, but never calls again (until rank 0 has its error)
+        call()
+    if rank == 1:
         done.wait(60)
         return "stopped"
     try:
         with pytest.raises(dist.DistBackendError) as caught:
-            dist.all_reduce(np.ones(1, np.float32))
+            last()
     finally:
         done.set()
     return str(caught.value)
@@ -159,7 +162,8 @@ def _one_stops(rank, size, done):
 
 @pytest.mark.slow
 def test_a_kept_call_whose_peer_never_comes_times_out_naming_it():
-    message = run_threads(2, _one_stops, threading.Event(), transport="tcp", pg_timeout=1)[0]
+    call = lambda: dist.all_reduce(np.ones(1, np.float32))  # noqa: E731
+    message = run_threads(2, _peer_stops, threading.Event(), call, call, transport="tcp", pg_timeout=1)[0]
     assert "all_reduce (seq 3)" in message and "Timed out" in message and "rank 1" in message, message
 
 
@@ -199,21 +203,8 @@ def test_ranks_naming_different_roots_on_the_kept_path_all_raise():
         assert f"root {rank}" in message and f"root {1 - rank}" in message, message
 
 
-def _barrier_timeout(rank, size, done):
-    for _ in range(2):
-        dist.barrier()
-    if rank == 1:
-        done.wait(60)
-        return "stopped"
-    try:
-        with pytest.raises(dist.DistBackendError) as caught:
-            dist.barrier(timeout=__import__("datetime").timedelta(seconds=0.5))
-    finally:
-        done.set()
-    return str(caught.value)
-
-
 @pytest.mark.slow
 def test_a_kept_barrier_keeps_its_own_timeout():
-    message = run_threads(2, _barrier_timeout, threading.Event(), transport="tcp", pg_timeout=60)[0]
+    message = run_threads(2, _peer_stops, threading.Event(), dist.barrier,
+                          lambda: dist.barrier(timeout=timedelta(seconds=0.5)), transport="tcp", pg_timeout=60)[0]
     assert "barrier (seq 3)" in message and "500ms" in message and "rank 1" in message, message

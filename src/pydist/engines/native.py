@@ -177,7 +177,7 @@ class NativeEngine(Engine):
         self._arena_tried = False
         self._local_arena = None
         self._shm_comm: Comm | None = None  # see _shm
-        self._kept: dict[OpSpec, KeptCall] = {}  # see _keep_all_reduce
+        self._kept: dict[OpSpec, KeptCall] = {}  # see _keep
 
     # -- algorithm choice -----------------------------------------------------------------
     def _arena_for(self, ctx: OpContext, group_ranks: list[int]):

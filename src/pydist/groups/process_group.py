@@ -11,7 +11,7 @@ groups.state. Groups are made by groups.factory, never directly.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from ..core import deadline as _deadline
 from ..core.buffers import Buffer
@@ -121,7 +121,7 @@ class ProcessGroup:
         seq = None if async_op else queue.claim()
         if seq is not None:  # the latency path: run now in this thread, no Work
             try:
-                self._operate(seq, spec, body, outputs, self._trace.begin(spec, seq), timeout)
+                self._execute(seq, spec, self._trace.begin(spec, seq), outputs, timeout, _in_context, (spec, body))
             finally:
                 queue.release()
             return None
@@ -135,20 +135,12 @@ class ProcessGroup:
         work.wait()
         return None
 
-    def _started(self, seq: int, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
-                 entry: Any, timeout: float | None) -> None:
-        """A queued operation's turn: the recorder told it started, then ``_operate``."""
-        self._trace.started(entry, seq)
-        self._operate(seq, spec, body, outputs, entry, timeout)
-
     def run_kept(self, spec: OpSpec, kept: KeptCall, outputs: list[Buffer], *args: Any,
                  timeout: float | None = None) -> None:
         """Run a blocking call that the engine kept (``Engine.kept``: its latency path),
-        ``kept(seq, deadline, timeout_text, *args)``, as ``run`` would: the recorder, the
-        progress board, the desync record, the deadline (``timeout`` narrows the group's),
-        the staged ``outputs`` written back, the FailurePath; but no OpContext, no body
-        closure and no engine dispatch (~1.4 us of a 4 B all_reduce's ~5.2 us of Python,
-        issue 40). Behind other operations it is queued like any call."""
+        ``kept(seq, deadline, timeout_text, *args)``, as ``run`` would (``_execute``), but with
+        no OpContext, no body closure and no engine dispatch (~1.4 us of a 4 B all_reduce's
+        ~5.2 us of Python, issue 40). Behind other operations it is queued like any call."""
         queue = self._queue
         seq = queue.claim()
         if seq is None:
@@ -156,58 +148,42 @@ class ProcessGroup:
                      timeout=timeout)
             return
         try:
-            entry = self._trace.begin(spec, seq)
-            try:
-                self._starting(seq, spec)
-                if timeout is None:  # (the group's: without _deadline's call, ~0.1 us)
-                    algorithm = kept(seq, Deadline(_deadline.now() + self._timeout), self._timeout_text, *args)
-                else:
-                    algorithm = kept(seq, *self._deadline(timeout), *args)
-                for buffer in outputs:
-                    if buffer.staged:
-                        buffer.write_back()
-            except BaseException as error:
-                self._failed(seq, entry, error)
-            self._trace.completed(entry, algorithm)
+            self._execute(seq, spec, self._trace.begin(spec, seq), outputs, timeout, kept, args)
         finally:
             queue.release()
 
-    def _operate(self, seq: int, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
+    def _started(self, seq: int, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
                  entry: Any, timeout: float | None) -> None:
-        """Run operation ``seq`` (its recorder ``entry`` started): ``body`` within the
-        deadline, then the staged outputs written back; the recorder and the progress board
-        told. A failure takes the group's FailurePath."""
+        """A queued operation's turn: the recorder told it started, then ``_execute``."""
+        self._trace.started(entry, seq)
+        self._execute(seq, spec, entry, outputs, timeout, _in_context, (spec, body))
+
+    def _execute(self, seq: int, spec: OpSpec, entry: Any, outputs: list[Buffer], timeout: float | None,
+                 call: Callable[..., str | None], args: tuple) -> None:
+        """Run operation ``seq`` (its recorder ``entry`` started) as ``call(seq, deadline,
+        timeout_text, *args)``, within the group's timeout or ``timeout`` seconds, then write
+        the staged ``outputs`` back; the progress board, the desync record and the recorder
+        told. A failure takes the group's FailurePath: the error itself, or the group's
+        failure it stands for, is recorded and raised."""
         try:
-            self._starting(seq, spec)
-            algorithm = body(OpContext(spec.name, seq, *self._deadline(timeout), spec))
+            if self._progress is not None:
+                self._progress.started(self.group_id, seq, spec.name)
+            self._state.started(seq, spec.call)  # a peer's message of another call: desynchronised
+            if timeout is None:
+                deadline, text = Deadline(_deadline.now() + self._timeout), self._timeout_text
+            else:
+                deadline, text = Deadline(_deadline.now() + timeout), timed_out_waiting(timeout)
+            algorithm = call(seq, deadline, text, *args)
             for buffer in outputs:
                 if buffer.staged:
                     buffer.write_back()
         except BaseException as error:
-            self._failed(seq, entry, error)
+            failure = self._failures.collective(error, seq)
+            self._trace.failed(entry, failure)
+            if failure is error:
+                raise
+            raise failure from error.__cause__
         self._trace.completed(entry, algorithm)
-
-    def _deadline(self, timeout: float | None) -> tuple[Deadline, str]:
-        """An operation's deadline from now and its timeout's wording: the group's, or
-        ``timeout`` seconds."""
-        if timeout is None:
-            return Deadline(_deadline.now() + self._timeout), self._timeout_text
-        return Deadline(_deadline.now() + timeout), timed_out_waiting(timeout)
-
-    def _starting(self, seq: int, spec: OpSpec) -> None:
-        """Operation ``seq`` starts: the progress board and the desync record told."""
-        if self._progress is not None:
-            self._progress.started(self.group_id, seq, spec.name)
-        self._state.started(seq, spec.call)  # a peer's message of another call: desynchronised
-
-    def _failed(self, seq: int, entry: Any, error: BaseException) -> NoReturn:
-        """Operation ``seq`` raised ``error``: the group's FailurePath says what it means (the
-        error itself, or the group's failure it stands for), the recorder is told, it is raised."""
-        failure = self._failures.collective(error, seq)
-        self._trace.failed(entry, failure)
-        if failure is error:
-            raise error
-        raise failure from error.__cause__
 
     def destroy(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to ``timeout``), move the state to destroyed, stop
@@ -218,3 +194,9 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name} ranks={self._ranks} rank={self._rank}>"
+
+
+def _in_context(seq: int, deadline: Deadline, timeout_text: str, spec: OpSpec,
+                body: Callable[[OpContext], str | None]) -> str | None:
+    """A general operation's ``body`` called as ``_execute`` calls a kept one: with its OpContext."""
+    return body(OpContext(spec.name, seq, deadline, timeout_text, spec))
