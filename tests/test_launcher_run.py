@@ -438,5 +438,14 @@ def test_agent_in_process_leaks_nothing(pids):
     while threading.active_count() > threads_before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threading.active_count() == threads_before
-    assert set(os.listdir("/proc/self/fd")) == fds_before
+    fds_after = set(os.listdir("/proc/self/fd"))
+    assert fds_after == fds_before, {fd: _fd_target(fd) for fd in fds_after ^ fds_before}  # what leaked
     assert signal.getsignal(signal.SIGTERM) is handler_before
+
+
+def _fd_target(fd: str) -> str:
+    """What file descriptor ``fd`` of this process is (socket:[inode], pipe:[inode], a path)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as error:
+        return f"closed since ({error.strerror})"
