@@ -56,6 +56,7 @@ def test_processes_match_single_process_training():
     assert_close(results[0]["state"], want, what="rank 0 ")
 
 
+@pytest.mark.slow  # processes or training: up to 2 s a case here
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("model", ["mlp", "bn"])
 def test_threads_match_single_process_training(size, model):
@@ -69,6 +70,7 @@ def test_threads_match_single_process_training(size, model):
         assert not result["grads_are_views"]
 
 
+@pytest.mark.slow  # training: 1.2 s here
 def test_gradient_as_bucket_view_matches_and_grads_are_bucket_views():
     results = run_threads(2, training.train, "mlp", steps=4, gradient_as_bucket_view=True, bucket_cap_mb=0.0005)
     want = training.reference("mlp", steps=4, size=2)

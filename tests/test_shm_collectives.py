@@ -108,6 +108,7 @@ def _first_all_reduce(rank, size):
     return made, len(requests), float(buf[0])
 
 
+@pytest.mark.slow  # processes or training: up to 2 s a case here
 @pytest.mark.parametrize("hosts", [["x", "x", "x"], ["x", "x", "y", "y"]])
 def test_init_sets_up_the_arena_so_the_first_collective_asks_the_store_nothing(hosts):
     """Issue 40: the arena (store round trips, the segment) is made by init_process_group,
