@@ -8,7 +8,7 @@ import pytest
 from pydist.core.errors import DistBackendError, PeerFailedError
 from pydist.testing.wiring import wired_matcher
 from pydist.transport.base import MessageKey, Request
-from pydist.transport.matching import Matcher, deliver_whole
+from pydist.transport.matching import HELD_OVERHEAD, Matcher, deliver_whole
 
 KEY = MessageKey(1, 0, 5)
 
@@ -227,7 +227,7 @@ def test_held_bytes_count_every_unexpected_message_once():
     matcher = wired_matcher()
     for payload in (b"", b"", b"abcd", b""):
         deliver(matcher, 2, KEY, payload)
-    assert matcher.throttle.held == {2: 4}
+    assert matcher.throttle.held == {2: 4 + 4 * HELD_OVERHEAD}  # each counts its bookkeeping too
     for nbytes in (0, 0, 4, 0):
         matcher.post(recv_request(nbytes, 2), 2, KEY)
     assert matcher.throttle.held == {}

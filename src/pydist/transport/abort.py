@@ -12,6 +12,10 @@ from collections.abc import Iterable
 
 from ..core.errors import DistError, GroupAbortedError, PeerFailedError
 
+#: the most of an error's message an abort carries: JSON's escapes (6 bytes a character at
+#: most) keep it well inside an ABORT frame's limit (framing.CONTROL_LIMITS)
+MESSAGE_CHARS = 64 << 10
+
 
 def abort_payload(error: BaseException, known_dead: Iterable[int] = ()) -> bytes:
     """What an abort caused by ``error`` tells the peers; ``known_dead``: the group's
@@ -21,6 +25,7 @@ def abort_payload(error: BaseException, known_dead: Iterable[int] = ()) -> bytes
         data.update(message=error.reason, dead=[error.rank, error.host], witness=error.witness)
     elif isinstance(error, GroupAbortedError) and error.rank is not None:
         data.update(message=error.reason, origin=[error.rank, error.host])
+    data["message"] = str(data["message"])[:MESSAGE_CHARS]  # an ABORT frame's payload is bounded
     return json.dumps(data).encode()
 
 

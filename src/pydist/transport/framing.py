@@ -10,6 +10,9 @@ operation, dtype, count, root, reduce op; 0 for point-to-point), which the recei
 compares with its own to detect ranks that called different operations.
 ``FrameDecoder.feed(data)`` turns any split of the stream, down to one byte at a time, into
 ``Header`` events each followed by its payload as ``Chunk`` events.
+A length is checked when its header is parsed, before anything is allocated: a control frame
+carries at most ``CONTROL_LIMITS[kind]`` bytes, any frame at most MAX_PAYLOAD (a DATA frame's
+length is then checked against its receive, see matching); beyond is a FramingError.
 A caller that reads a large payload straight into its destination (no copy through the
 decoder) reports those bytes with ``skip_payload(n)``. No sockets here.
 """
@@ -32,6 +35,12 @@ class Kind(enum.IntEnum):
     BYE = 2     # the sender shut down cleanly; EOF follows (payload: why it evicted the receiver, if it did)
     ABORT = 3   # the sender failed an operation of ``group``; payload is its message
     BEAT = 4    # the sender is alive: sent on a connection idle for a third of PYDIST_PEER_TIMEOUT
+
+
+#: The most payload a control frame of each kind carries: a HELLO's handshake fields, a BYE's
+#: reason (see tcp.connection.notify), an ABORT's account (see abort.abort_payload, which clips
+#: its message to fit), a BEAT's nothing.
+CONTROL_LIMITS = {Kind.HELLO: 4096, Kind.BYE: 64 << 10, Kind.ABORT: 4 << 20, Kind.BEAT: 0}
 
 
 class FramingError(ValueError):
@@ -77,8 +86,10 @@ def decode_header(data: bytes | memoryview, offset: int = 0) -> Header:
     kind = _KINDS.get(code)
     if kind is None:
         raise FramingError(f"unknown frame kind {code}")
-    if nbytes > MAX_PAYLOAD:
-        raise FramingError(f"frame payload of {nbytes} bytes is beyond the limit")
+    limit = CONTROL_LIMITS.get(kind, MAX_PAYLOAD)
+    if nbytes > limit:
+        raise FramingError(f"a {kind.name} frame of {nbytes} bytes is beyond the limit (a {kind.name} carries "
+                           f"at most {limit} bytes)")
     return Header(kind, group, seq, tag, nbytes, call)
 
 

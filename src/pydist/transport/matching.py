@@ -12,13 +12,20 @@ What the matcher does not know it asks the layer above (``events``, see base.Eve
 a receive posted now must fail at once (its group aborted, its source gone), and which call
 this rank made for an operation (an unexpected message of another call means the ranks
 desynchronised: reported as an abort of the group). The bytes held as unexpected per peer
-are bounded for transports that can stop reading a peer (``should_pause``, see flow).
+are bounded for transports that can stop reading a peer (``should_pause``, see flow); each
+held message counts its payload and HELD_OVERHEAD. The memory they take is bounded for every
+transport: a message that would take the bytes held for its sender past what this process
+can hold (``hold_bound``, see memory) is refused before anything is allocated, as is one
+whose memory cannot be allocated: a FramingError naming the sender (its failure: the
+transport drops it). A message whose receive is posted is checked against that receive's
+size and goes straight into it (nothing allocated).
 """
 from __future__ import annotations
 
 import itertools
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,6 +34,13 @@ from ..core.errors import DesyncError, DistBackendError
 from ..core.fingerprint import describe_fingerprint
 from .base import Events, MessageKey, Request
 from .flow import ReadThrottle
+from .framing import FramingError
+from .memory import memory_limit
+
+#: What a held message costs besides its payload (its bookkeeping, about 2 KiB measured with
+#: distinct keys): counted in the bytes held for its sender, so a flood of empty messages
+#: is bounded like a flood of full ones.
+HELD_OVERHEAD = 2048
 
 
 class Unexpected:
@@ -38,11 +52,16 @@ class Unexpected:
         self.source = source
         self.key = key
         self.call = call
-        # large: numpy's allocation skips bytearray's zero fill (the payload overwrites it)
-        self.data = bytearray(nbytes) if nbytes < 65536 else np.empty(nbytes, np.uint8).data
+        self.data = allocate(nbytes)
         self.complete = False
         self.waiter: Request | None = None
         self.error: BaseException | None = None  # its sender died before the payload was all in
+
+
+def allocate(nbytes: int) -> bytearray | memoryview:
+    """Memory for a held payload; large ones from numpy, which skips bytearray's zero fill (the
+    payload overwrites it) and so takes no resident memory before the bytes arrive."""
+    return bytearray(nbytes) if nbytes < 65536 else np.empty(nbytes, np.uint8).data
 
 
 def size_mismatch(request: Request, source: int, key: MessageKey, nbytes: int) -> DistBackendError:
@@ -125,11 +144,13 @@ def deliver_whole(matcher: Matcher, source: int, key: MessageKey, data: memoryvi
 class Matcher:
     """Posted receives and unexpected messages of one rank."""
 
-    def __init__(self, events: Events, held_limit: int = 64 << 20) -> None:
+    def __init__(self, events: Events, held_limit: int = 64 << 20, hold_bound: int | None = None) -> None:
         """``events``: the layer above (refusals, desync checks); ``held_limit``: bytes of
         unexpected messages from one peer past which ``should_pause`` says to stop reading
-        from it (PYDIST_MAX_UNEXPECTED_BYTES)."""
+        from it (PYDIST_MAX_UNEXPECTED_BYTES); ``hold_bound``: bytes of them never held for
+        one peer (default: what this process may use, ``memory_limit()``)."""
         self.events = events
+        self.hold_bound = memory_limit() if hold_bound is None else hold_bound
         self._lock = threading.Lock()
         self.throttle = ReadThrottle(held_limit)
         self._order = itertools.count(1)
@@ -162,7 +183,7 @@ class Matcher:
                     self._posted.setdefault((source, key), deque()).append(request)
                 resume = self.throttle.wanted(source) if self.throttle.paused else None
             else:
-                resume = self.throttle.remove(message.source, len(message.data))
+                resume = self.throttle.remove(message.source, len(message.data) + HELD_OVERHEAD)
                 if message.error is not None:
                     request.complete(message.error)
                     message = None
@@ -240,10 +261,7 @@ class Matcher:
                 request = self._pop(self._posted_any, key)
             else:
                 request = None
-                message = Unexpected(source, key, nbytes, call)
-                self.throttle.add(source, nbytes)
-                self._unexpected.setdefault((source, key), deque()).append(message)
-                self._unexpected_any.setdefault(key, deque()).append(message)
+                message = self._hold(source, key, nbytes, call)
         if request is not None:
             error = mismatch(request, source, key, nbytes, call)
             if error is not None:
@@ -255,6 +273,25 @@ class Matcher:
         if differ(mine, call):
             self.events.abort_group(key.group, call_mismatch(mine, source, key, call))
         return Delivery(self, source, None, message)
+
+    def _hold(self, source: int, key: MessageKey, nbytes: int, call: int) -> Unexpected:
+        """Under the lock: hold a message that arrived before its receive, within
+        ``hold_bound``; FramingError naming its sender beyond it or when its memory cannot be
+        allocated (nothing is held then)."""
+        held = self.throttle.held.get(source, 0)
+        what = (f"rank {source} sent a message of {nbytes} bytes (group {key.group:#x}, seq {key.seq}, "
+                f"tag {key.tag}) for no receive posted yet")
+        if held + nbytes + HELD_OVERHEAD > self.hold_bound:
+            raise FramingError(f"{what}, with {held} bytes already held from it: beyond the {self.hold_bound} "
+                               "bytes this process can hold (its memory)")
+        try:
+            message = Unexpected(source, key, nbytes, call)
+        except MemoryError as error:
+            raise FramingError(f"{what}: its {nbytes} bytes cannot be allocated here (MemoryError)") from error
+        self.throttle.add(source, nbytes + HELD_OVERHEAD)
+        self._unexpected.setdefault((source, key), deque()).append(message)
+        self._unexpected_any.setdefault(key, deque()).append(message)
+        return message
 
     def held_calls(self, group: int, seq: int) -> list[tuple[int, MessageKey, int]]:
         """(source, key, call) of the messages held for operation ``seq`` of ``group``."""
@@ -312,11 +349,21 @@ class Matcher:
 
     def fail_group(self, group: int, error: BaseException) -> None:
         """``group`` was aborted: fail its posted receives (later ones are refused by the events)."""
+        self._fail_posted(lambda key: key.group == group, error)
+
+    def fail_all(self, error: BaseException) -> None:
+        """This rank can receive nothing more (its transport's thread died): fail every posted
+        receive, from one source or any, and every receive waiting on a message still arriving."""
+        self._fail_posted(lambda key: True, error)
+
+    def _fail_posted(self, which: Callable[[MessageKey], bool], error: BaseException) -> None:
+        """Fail the posted receives whose key ``which`` selects, and those waiting on a
+        message (of such a key) still arriving."""
         with self._lock:
-            queues = [q for (_, key), q in self._posted.items() if key.group == group]
-            queues += [q for key, q in self._posted_any.items() if key.group == group]
+            queues = [q for (_, key), q in self._posted.items() if which(key)]
+            queues += [q for key, q in self._posted_any.items() if which(key)]
             failed = [r for q in queues for r in q]
-            failed += self._stop_filling(lambda message: message.key.group == group)
+            failed += self._stop_filling(lambda message: which(message.key))
         for request in failed:
             request.complete(error)
 

@@ -24,6 +24,8 @@ from .tls_socket import TlsSocket
 
 STAGING_BYTES = 64 * 1024  # a frame's first read: larger takes more payload through staging
 DIRECT_MIN = 16 * 1024  # payload left at least this big: recv straight into the destination
+#: the most of a reason a BYE notice carries (JSON-escaped, well inside framing.CONTROL_LIMITS)
+NOTICE_CHARS = 4096
 #: gloo's words for a peer that went away, which torch's tests and code written against gloo match.
 CLOSED = "Connection closed by peer"
 
@@ -42,6 +44,11 @@ class Owner(Protocol):
     def peer_lost(self, peer: int, error: BaseException) -> None: ...
     def reading_elsewhere(self) -> bool: ...
     def stalled(self) -> float | None: ...
+
+
+def notice_payload(reason: str) -> bytes:
+    """A BYE notice's payload: ``reason``, clipped so that the frame stays within its limit."""
+    return json.dumps({"reason": reason[:NOTICE_CHARS]}).encode()
 
 
 class Outgoing:
@@ -149,7 +156,8 @@ class Connection:
 
     # -- receiving (I/O thread) -----------------------------------------------------------
     def on_readable(self) -> None:
-        """Read what is available; raises OSError/FramingError/EOFError on a broken peer."""
+        """Read what is available; raises OSError/EOFError on a broken peer, FramingError (or
+        MemoryError) on a frame this rank cannot take (see receiver)."""
         receiver = self.receiver
         while True:
             direct = receiver.direct_view(DIRECT_MIN)
@@ -174,7 +182,7 @@ class Connection:
         does not read it, a stopped one does on waking); once."""
         if not self.notified:
             self.notified = True
-            self.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, json.dumps({"reason": reason}).encode()))], None)
+            self.send([memoryview(encode_frame(Kind.BYE, 0, 0, 0, notice_payload(reason)))], None)
 
     def _control(self, header: Header, payload: bytes) -> None:
         if header.kind == Kind.BYE:
