@@ -12,10 +12,14 @@ receive does that work itself for a while (``drive``), and peers then leave the 
 thread asleep: handing each message to another thread of the process costs a GIL
 hand-off. Frame decoding is the sans-IO FrameReceiver shared with tcp. A peer's death is
 learnt from the network transport (``peer_gone``): what it wrote before is delivered first,
-then its receives fail and ``on_peer_gone`` reports it.
+then its receives fail and ``on_peer_gone`` reports it. A peer whose ring holds what this
+rank cannot take (a malformed frame, a length beyond its bound: see receiver) is refused:
+its ring is read no more, and it is reported as gone, with the cause. A progress thread that
+raises fails every waiter with the cause (logged once) instead of dying silently.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -27,12 +31,14 @@ from ...core import deadline as _deadline
 from ...core.deadline import Deadline
 from ...core.errors import DistBackendError, PeerFailedError
 from ..base import HostLocalTransport, MessageKey, Request
-from ..framing import HEADER_SIZE, Kind, encode_header, pack_header_into
+from ..framing import HEADER_SIZE, FramingError, Kind, encode_header, pack_header_into
 from ..matching import Matcher
 from ..receiver import FrameReceiver
 from . import atomics
 from .segment import Keepalive
 from .signal import SLEEP_SLICE, Signal
+
+log = logging.getLogger("pydist.transport")
 
 LINE = 64
 #: Messages up to this size are written whole by the sending thread when the ring has room.
@@ -95,6 +101,7 @@ class ShmTransport(HostLocalTransport):
         self._on_peer_gone = on_peer_gone
         self._keepalive = keepalive
         self._leaving: dict[int, BaseException] = {}  # departed peers whose last messages are being delivered
+        self._refused: set[int] = set()  # peers that wrote what this rank cannot take: their rings are not read
         count, me = len(local_ranks), local_ranks.index(rank)
         self._words = memory.data.cast("Q")
         self._base = base
@@ -226,17 +233,32 @@ class ShmTransport(HostLocalTransport):
         """Consume what ``peer`` wrote to us; True if anything was read."""
         ring, receiver = self._readers[peer]
         head, tail = self._words[ring.head_word], self._load(ring.tail_word)
-        if head == tail:
+        if head == tail or peer in self._refused:
             return False
         offset, available = head % ring.capacity, tail - head
         first = min(available, ring.capacity - offset)
-        receiver.feed(ring.data[offset:offset + first])
-        if first < available:
-            receiver.feed(ring.data[:available - first])
+        try:
+            receiver.feed(ring.data[offset:offset + first])
+            if first < available:
+                receiver.feed(ring.data[:available - first])
+        except (FramingError, MemoryError) as error:
+            self._refuse(peer, error)
+            return True
         self._store(ring, ring.head_word, tail)
         if self._words[ring.want_word]:
             self._signals[self._index[peer]].ring()
         return True
+
+    def _refuse(self, peer: int, error: FramingError | MemoryError) -> None:
+        """``peer`` wrote a frame this rank cannot take: read its ring no more, and report it
+        gone (after this drain, as a departed peer) with the cause."""
+        reason = (f"rank {peer} sent rank {self.rank} a malformed frame through shared memory "
+                  f"({type(error).__name__}: {error}); rank {self.rank} reads nothing more from it")
+        log.warning("pydist rank %d: %s", self.rank, reason)
+        failure = PeerFailedError(reason, rank=peer)
+        failure.__cause__ = error
+        self._refused.add(peer)
+        self._leaving[peer] = failure
 
     # -- progress thread ------------------------------------------------------------------
     def poll(self) -> bool:
@@ -285,6 +307,27 @@ class ShmTransport(HostLocalTransport):
         return busy
 
     def _run(self) -> None:
+        try:
+            self._progress()
+        except BaseException as error:  # noqa: BLE001 - never die silently: fail every waiter with it
+            self._died(error)
+
+    def _died(self, cause: BaseException) -> None:
+        """The progress thread raised ``cause``: logged once; sends to every local peer and
+        every posted receive fail, and the local peers are reported gone, with the cause."""
+        log.error("pydist rank %d: the shared-memory progress thread died; every operation of this rank fails",
+                  self.rank, exc_info=cause)
+        error = DistBackendError(f"rank {self.rank}'s shared-memory progress thread died ({type(cause).__name__}: "
+                                 f"{cause}): this rank can no longer exchange messages with the ranks of its host")
+        error.__cause__ = cause
+        for peer in self._writers:
+            self._refused.add(peer)
+            self.fail_peer(peer, error)
+            self._on_peer_gone(peer, error)
+        self.matcher.fail_all(error)
+
+    def _progress(self) -> None:
+        """The progress thread's loop: drain and push, else sleep on the doorbell."""
         signal = self._signals[self._me]
         while not self._stopping:
             if self._poll():
@@ -294,8 +337,8 @@ class ShmTransport(HostLocalTransport):
     def _has_work(self) -> bool:
         if self._leaving:
             return True
-        for ring, _ in self._readers.values():
-            if self._words[ring.head_word] != self._load(ring.tail_word):
+        for peer, (ring, _) in self._readers.items():
+            if self._words[ring.head_word] != self._load(ring.tail_word) and peer not in self._refused:
                 return True
         return any(w.pending and w.ring.capacity > self._words[w.ring.tail_word] - self._load(w.ring.head_word)
                    for w in self._writers.values())

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ...core import deadline as _deadline
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError, DistError, PeerFailedError
+from ...core.errors import DistBackendError, DistError
 from ...core.settings import Settings
 from ...net.auth import token_of
 from ...net.tls import contexts
@@ -35,6 +35,7 @@ from ..identity import lane_addresses
 from ..matching import Matcher
 from .caller_reads import CallerReads
 from .connection import Connection
+from .failures import PeerFailures
 from .heartbeat import Heartbeat
 from .joining import JoinListener, listen_to_join
 from .lazy import Dialer, lazy, meet_on_first_use
@@ -51,7 +52,7 @@ LINGER_SECONDS = 2.0  # close(): how long to wait for peers' goodbye before clos
 UNSENT_TRIM = 32
 
 
-class TcpTransport(CallerReads, Peers, NetworkTransport):
+class TcpTransport(CallerReads, Peers, PeerFailures, NetworkTransport):
     """The tcp transport of one rank: sockets to all peers and their I/O thread."""
 
     def __init__(self, rank: int, size: int, store, deadline: Deadline, address: str, hostname: str,
@@ -205,13 +206,16 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
         return list(lanes)
 
     def _read(self, conn: Connection) -> None:
-        """Read what ``conn`` has (the reading thread); a broken peer is failed."""
+        """Read what ``conn`` has (the reading thread); a broken peer is failed, one that sent
+        what this rank cannot take is refused (see failures)."""
         if conn.error is not None:
             return
         try:
             conn.on_readable()
-        except (OSError, EOFError, FramingError) as error:
-            self._broken(conn, error)
+        except (FramingError, MemoryError) as error:
+            self.refuse(conn, error)
+        except (OSError, EOFError) as error:
+            self._drop(conn, error)
 
     def cancel(self, request: Request) -> None:
         for part in self._parts.get(request, [request]):
@@ -301,12 +305,6 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
             alive = conn.error is None
             self._poller.want(conn.fd, alive and conn.reading, alive and conn.write_armed)
 
-    def _broken(self, conn: Connection, error: BaseException) -> None:
-        """Reading ``conn`` failed (any thread): its peer is gone or sent garbage."""
-        if isinstance(error, FramingError):
-            log.warning("pydist rank %d: garbage from rank %d: %s", self.rank, conn.peer, error)
-        self._drop(conn, error)
-
     def send_failed(self, conn: Connection, error: BaseException) -> None:
         """A send failed on a caller's thread: the I/O thread drops ``conn``, because only a
         thread that reads the sockets may abandon the frame half read from it."""
@@ -345,22 +343,14 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
         for conn in writes:
             self._flush(conn)
 
-    def _drop(self, conn: Connection, cause: BaseException | None, error: BaseException | None = None) -> None:
-        """``conn`` failed: fail it (with ``error``, else one made from ``cause``) and (before
-        close) the peer's other lanes with its error, hanging them up, so the peer too sees
-        this rank leave instead of hearing over a surviving lane that it is itself the one gone."""
-        conn.fail(cause, error)
-        self._arm(conn)  # failed: unregistered
-        for sibling in self._lanes[conn.peer] + self._extra.get(conn.peer, []) if not self._closed else []:
-            if sibling.error is None:
-                sibling.fail(cause, conn.error)  # before the hang-up, which a reader may see first
-                self._arm(sibling)
-                try:
-                    sibling.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as error:  # noqa: BLE001 - never die silently: fail every waiter with it
+            self.io_thread_died(error)
+
+    def _serve(self) -> None:
+        """The I/O thread's loop: wait, apply what other threads asked, read, write, beat."""
         poller = self._poller
         while not self._stopping:
             woken, readable, writable = self._heart.timed_wait(poller.wait_io)
@@ -387,31 +377,6 @@ class TcpTransport(CallerReads, Peers, NetworkTransport):
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def evict(self, conn: Connection, reason: str, error: BaseException | None = None) -> None:
-        """Declare ``conn``'s peer dead for ``reason`` (the heartbeat's, or ``error`` another rank
-        reported): tell it (should it be only stopped, it learns on waking: EvictedError), fail
-        what waits on it, hang up. The notice goes on each of its lanes: the one found silent
-        may be the one lost. The reading thread only (see cut_off)."""
-        for lane in self._lanes.get(conn.peer, [conn]):
-            lane.notify(reason)
-        self._drop(conn, None, error or PeerFailedError(reason, rank=conn.peer, host=conn.host))  # first: a
-        try:  # reader that sees the hang-up below must find the connection failed with this reason
-            conn.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def cut_off(self, peer: int, error: BaseException) -> None:
-        """Another rank declared ``peer`` dead (``error``, its account): hang up on it too, with a
-        notice, so that all ranks agree it is out (should it only be stopped, it learns on
-        waking from every peer that it was declared dead). The notice goes now (this process
-        may be about to end), the hang-up from the I/O thread."""
-        lanes = self._lanes.get(peer, [])
-        if lanes and lanes[0].error is None and not self._closed:
-            reason = f"declared dead: {getattr(error, 'reason', None) or error}"
-            for lane in lanes:
-                lane.notify(reason)
-            self._do_later(lambda: self.evict(lanes[0], reason, error))
 
     def _flush(self, conn: Connection) -> None:
         """I/O thread: send what ``conn`` has queued; wait for it to be writable if the
