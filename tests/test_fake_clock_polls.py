@@ -9,7 +9,7 @@ from pydist.core.deadline import Deadline
 from pydist.core.errors import DistStoreError, OpTimeoutError
 from pydist.groups import admission
 from pydist.testing.clock import MockClock
-from pydist.transport.shm.segment import _wait_for_name
+from pydist.transport.shm.sharing import _wait_for_name
 
 FAKE_TIMEOUT = 5.0  # fake seconds, reached by jumps of the clock at each pause
 JUMP_AFTER = 0.005  # real seconds the one waiting thread idles before the clock jumps (the test's pace)

@@ -224,7 +224,7 @@ def test_a_segment_name_left_in_the_store_by_an_earlier_run_is_an_error_naming_t
     """An attacher reading a name whose segment is gone (an earlier attempt's key, or a creator
     gone before everyone attached) gets a DistStoreError naming the key, not FileNotFoundError."""
     from pydist.core.deadline import Deadline
-    from pydist.transport.shm.segment import share
+    from pydist.transport.shm.sharing import share
 
     store = dist.HashStore()
     store.set("arena/7/name", "pydist-0123456789ab-arena-deadbeef-1")

@@ -153,7 +153,7 @@ def test_a_late_shared_memory_creator_is_awaited_through_torch_s_store():
 
     from pydist.core.deadline import Deadline
     from pydist.torch._store import TorchStore
-    from pydist.transport.shm.segment import _wait_for_name
+    from pydist.transport.shm.sharing import _wait_for_name
     store = TorchStore(tdist.HashStore())
     late = threading.Timer(0.5, store.set, ("arena/name", "segment"))
     late.start()

@@ -9,7 +9,7 @@ gloo prints none. Each case here runs 2 ranks whose rank 0 comes LATE_SECONDS la
 new group (a default group's arena is made inside init_process_group, where both ranks are
 on time), and checks the sum and that no such line came out. With pydist's API, the new
 group's arena is made at its first all_reduce: rank 1 waits there for rank 0 to create its
-segment (segment._wait_for_name, the path that printed). A torch new_group is a private
+segment (sharing._wait_for_name, the path that printed). A torch new_group is a private
 pydist world made when torch creates the group: rank 0 comes late to ``new_group``, and
 rank 1 waits through torch's store inside the group's creation (rank 0's address, then the
 arena's name).
@@ -26,7 +26,7 @@ from pydist.core.deadline import Deadline
 from pydist.core.errors import DistBackendError
 from pydist.groups import admission
 from pydist.testing.commands import run_command
-from pydist.transport.shm.segment import _wait_for_name
+from pydist.transport.shm.sharing import _wait_for_name
 
 tdist = pytest.importorskip("torch.distributed")
 from pydist.torch._store import TorchStore  # noqa: E402  (after the skip: it imports torch)

@@ -8,7 +8,7 @@ gives a namespace of it (torch's PrefixStore), as pydist's PrefixStore does for 
 A loop must not poll this store with short ``wait`` calls: torch's TCPStore client logs two
 warnings ("waitForInput ... likely a timeout", "... timed out after") each time one of its
 waits expires. ``check`` logs nothing; a wait that ends because its keys came logs nothing
-(see transport/shm/segment.py, which waits for a late rank this way).
+(see transport/shm/sharing.py, which waits for a late rank this way).
 """
 from __future__ import annotations
 

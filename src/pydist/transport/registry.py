@@ -11,9 +11,10 @@ Two kinds:
   everything goes over the network. It calls ``site.on_peer_gone`` once a departed peer's
   messages are delivered.
 
-An entry names a ``build(site)`` returning the transport and an ``applies(site)`` predicate;
-``site`` describes the rank being built (see Site). Entries of a kind are tried in
-registration order (``first=True`` puts one ahead).
+An entry names a ``build(site)`` returning the transport (a host-local one may return None:
+it could not be made, e.g. /dev/shm is full, and every rank of the host goes without it) and
+an ``applies(site)`` predicate; ``site`` describes the rank being built (see Site). Entries
+of a kind are tried in registration order (``first=True`` puts one ahead).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ..core.settings import Settings
 from .base import Events, HostLocalTransport, NetworkTransport
 from .matching import Matcher
 from .shm import atomics
-from .shm.segment import share
+from .shm.sharing import share
 from .shm.transport import ShmTransport, host_segment_bytes, ring_bytes_for
 from .tcp.transport import TcpTransport
 
@@ -127,12 +128,16 @@ def _open_tcp(site: Site) -> NetworkTransport:
                         joining=site.joining)
 
 
-def _open_shm(site: Site) -> HostLocalTransport:
-    """The host's ring segment (made by its lowest rank, found through the store) and this rank's channels."""
+def _open_shm(site: Site) -> HostLocalTransport | None:
+    """The host's ring segment (made by its lowest rank, found through the store) and this
+    rank's channels; None when /dev/shm has no room for it (the host's ranks then talk over
+    the network transport, all of them)."""
     ring = ring_bytes_for(len(site.local), site.settings.shm_ring_bytes)
     key = "shm/host/" + hashlib.blake2b(site.host_id.encode(), digest_size=8).hexdigest()
     segment = share(site.store, key, site.local, site.rank, host_segment_bytes(len(site.local), ring),
                     site.token, "host", site.deadline)
+    if segment is None:
+        return None
     return ShmTransport(site.rank, site.local, segment.array, segment.base, ring, site.matcher,
                         site.oversubscribed, site.on_peer_gone, keepalive=segment)
 

@@ -14,7 +14,9 @@ knowledge); it calls back ``failed_peer`` and ``failed_group`` once it has recor
 failure, and the world fails the receives and sends waiting on it and wakes arena sleepers.
 
 No host-local transport is used when this host has a single rank or no entry applies (shm:
-PYDIST_SHM=0, or the machine lacks what it needs, see shm.atomics.available).
+PYDIST_SHM=0, or the machine lacks what it needs, see shm.atomics.available), or when it
+could not be made (/dev/shm too small for its rings; a group's arena likewise: that group
+goes without, see shm.sharing).
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ from .identity import machine_of
 from .matching import Matcher
 from .registry import HOST_LOCAL, NETWORK, Site, select
 from .shm.arena import Arena, arena_bytes
-from .shm.segment import Keepalive, share
+from .shm.segment import Keepalive
+from .shm.sharing import share
 from .shm.signal import oversubscribed as machine_oversubscribed
 
 
@@ -91,7 +94,8 @@ class WorldTransport:
             # every rank, whatever its host's rank count or whether it joined, agrees on arenas
             self._shared_arenas = local_entry is not None and local_entry.arenas
             if local_entry is not None and len(self.local) > 1 and not joining:
-                self.host_local = local_entry.build(site)
+                self.host_local = local_entry.build(site)  # None: it could not be made (/dev/shm full)
+            if self.host_local is not None:
                 self._local_set = set(self.local)
                 # a local peer's death is learnt from its socket: connected now, even when the
                 # network's connections are made on first use (PYDIST_TCP_CONNECT)
@@ -200,6 +204,8 @@ class WorldTransport:
             memory, base, keepalive = self._fabric.arena_memory(key, members, self.rank, nbytes, deadline, alive)
         else:
             segment = share(self.store, key, members, self.rank, nbytes, self.network.token, "arena", deadline, alive)
+            if segment is None:  # no room in /dev/shm: the group's ranks go without, together
+                return None
             memory, base, keepalive = segment.array, segment.base, segment
         arena = Arena(memory, base, group_ranks, index, slot, self.oversubscribed, describe, keepalive=keepalive,
                       ranks_here=self.ranks_on_machine)

@@ -4,22 +4,39 @@ unlinked as soon as every one of them has mapped it.
 Once unlinked, a segment lives only as long as some process maps it, so nothing is left
 behind even if every rank is killed with SIGKILL. The only window is between creation and
 the last attach; names carry the creator's pid so that ``remove_stale`` (run before each
-creation) unlinks segments whose creator no longer exists.
+creation) unlinks segments whose creator no longer exists (see names).
+
+Creation is exclusive (``O_CREAT | O_EXCL``, an unguessable name, a new one on a
+collision), mode 0600, and reserves the whole segment (``posix_fallocate``): a /dev/shm
+too small fails there with :class:`SharedMemoryFull`, never later with SIGBUS on a write.
+The creator seals the segment (see seal) before publishing its name. A member maps a name
+only if it is a pydist segment name, opens without following links, and finds a regular
+file owned by this user, no group/other permission, the expected size and the seal of its
+group; anything else is refused (:class:`SegmentRefused`) before any slot is touched.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
-import uuid
-from collections.abc import Callable
-from datetime import timedelta
+import stat
 from typing import Protocol
 
 import numpy as np
 
-from ...core import deadline as _deadline
-from ...core.deadline import Deadline
-from ...core.errors import DistStoreError, OpTimeoutError
+from ...core.errors import DistError, DistStoreError
+from . import names
+from .names import NAME, PREFIX, creator_pid, remove_stale, segment_name
+from .seal import SEAL_BYTES, Binding
+
+__all__ = ["PREFIX", "Keepalive", "Segment", "SegmentRefused", "SharedMemoryFull", "anonymous", "creator_pid",
+           "remove_stale", "segment_name"]
+
+#: fresh names tried when creating a segment before giving up (a collision means someone
+#: made that name first: with 128 random bits, only by reading it somewhere)
+CREATE_TRIES = 8
+_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a planted FIFO does not block
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class Keepalive(Protocol):
@@ -29,74 +46,86 @@ class Keepalive(Protocol):
 
     def close(self) -> None: ...
 
-PREFIX = "pydist-"
-SHM_DIR = "/dev/shm"
+
+class SharedMemoryFull(DistError):
+    """/dev/shm has no room for a segment: raised at its creation (see the module)."""
 
 
-def segment_name(token: str, purpose: str) -> str:
-    """pydist-<job>-<purpose>-<unique>-<creator pid> (the pid last, for remove_stale)."""
-    return f"{PREFIX}{token[:12]}-{purpose}-{uuid.uuid4().hex[:8]}-{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale() -> list[str]:
-    """Unlink pydist segments whose creating process is gone; returns their names."""
-    removed = []
-    for name in os.listdir(SHM_DIR):
-        if not name.startswith(PREFIX):
-            continue
-        try:
-            pid = int(name.rsplit("-", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        if not _pid_alive(pid):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    return removed
+class SegmentRefused(DistStoreError):
+    """A segment a member was told to map is not its group's (see the module); the message
+    names it and why."""
 
 
 class Segment:
-    """A mapped shared-memory region: ``array`` (uint8), ``base`` (its address)."""
+    """A mapped segment: ``array`` (uint8, the payload after the seal's page) and ``base``
+    (its address). Made by :meth:`create` or :meth:`attach`."""
 
-    def __init__(self, name: str, size: int, create: bool):
+    def __init__(self, name: str, fd: int, payload: int):
         self.name = name
-        path = os.path.join(SHM_DIR, name)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
+        self._path = _path(name)
+        self._map = mmap.mmap(fd, SEAL_BYTES + payload)
+        self.array = np.frombuffer(self._map, dtype=np.uint8, count=payload, offset=SEAL_BYTES)
+        self.base = self.array.ctypes.data
+        self.unlinked = False
+
+    @classmethod
+    def create(cls, token: str, purpose: str, binding: Binding) -> Segment:
+        """A new segment for ``binding`` (named for the world ``token`` and ``purpose``), its
+        space reserved and sealed; SharedMemoryFull if /dev/shm has no room for it."""
+        for _ in range(CREATE_TRIES):
+            name = segment_name(token, purpose)
+            try:
+                fd = os.open(_path(name), _OPEN | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            break
+        else:
+            raise FileExistsError(f"{CREATE_TRIES} fresh names for a shared-memory segment in {names.SHM_DIR} "
+                                  "were all taken")
         try:
-            if create:
-                os.ftruncate(fd, size)
-            elif os.fstat(fd).st_size != size:
-                raise ValueError(f"shared-memory segment {name} has {os.fstat(fd).st_size} bytes, expected {size}")
-            self._map = mmap.mmap(fd, size)
+            os.fchmod(fd, 0o600)  # whatever the umask
+            _reserve(fd, SEAL_BYTES + binding.payload, purpose)
+            segment = cls(name, fd, binding.payload)
+            binding.seal(segment._map, name)
         except BaseException:
-            if create:
-                os.unlink(path)
+            os.unlink(_path(name))
             raise
         finally:
             os.close(fd)
-        self.array = np.frombuffer(self._map, dtype=np.uint8)
-        self.base = self.array.ctypes.data
-        self.unlinked = False
+        return segment
+
+    @classmethod
+    def attach(cls, name: str, binding: Binding) -> Segment:
+        """Map the segment ``name`` made for ``binding``; SegmentRefused if it is not that
+        (see the module), FileNotFoundError if it is gone."""
+        if NAME.fullmatch(name) is None:
+            raise SegmentRefused(f"{name[:80]!r} is not a pydist segment name")
+        try:
+            fd = os.open(_path(name), _OPEN)
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            why = "it is a symbolic link" if error.errno == errno.ELOOP else f"it cannot be opened ({error.strerror})"
+            raise SegmentRefused(f"{name}: {why}") from None
+        try:
+            unfit = _unfit(os.fstat(fd), SEAL_BYTES + binding.payload)
+            if unfit is not None:
+                raise SegmentRefused(f"{name}: {unfit}")
+            segment = cls(name, fd, binding.payload)
+        finally:
+            os.close(fd)
+        unsealed = binding.check(segment._map, name)
+        if unsealed is not None:
+            segment.close()
+            raise SegmentRefused(f"{name}: {unsealed}")
+        return segment
 
     def unlink(self) -> None:
         """Remove the name; the memory stays mapped for whoever has it."""
         if not self.unlinked:
             self.unlinked = True
             try:
-                os.unlink(os.path.join(SHM_DIR, self.name))
+                os.unlink(self._path)
             except FileNotFoundError:
                 pass
 
@@ -109,71 +138,45 @@ class Segment:
             pass
 
 
+def _path(name: str) -> str:
+    return os.path.join(names.SHM_DIR, name)  # read at each call: tests point it at a small tmpfs
+
+
+def _unfit(info: os.stat_result, size: int) -> str | None:
+    """Why a file with ``info`` is not a segment of ``size`` bytes this user made (None: it may be)."""
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"it is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_mode & 0o077:
+        return f"its mode {stat.S_IMODE(info.st_mode):04o} lets other users in (pydist makes 0600)"
+    if info.st_size != size:
+        return f"it has {info.st_size} bytes, expected {size}"
+    return None
+
+
+def _reserve(fd: int, size: int, purpose: str) -> None:
+    """Give the file ``size`` bytes of real memory now; SharedMemoryFull when there is no room."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in _FULL:
+            raise
+        raise SharedMemoryFull(f"{names.SHM_DIR} has no room for a shared-memory segment ({purpose}) of {size} bytes: "
+                               f"{_free_bytes()} bytes are free. Give it more (docker run --shm-size=1g, or a "
+                               "larger tmpfs on /dev/shm), lower PYDIST_SHM_SLOT_BYTES / PYDIST_SHM_RING_BYTES, "
+                               "or turn shared memory off with PYDIST_SHM=0") from error
+
+
+def _free_bytes() -> int | str:
+    try:
+        info = os.statvfs(names.SHM_DIR)
+    except OSError:
+        return "unknown"
+    return info.f_bavail * info.f_frsize
+
+
 def anonymous(size: int) -> tuple[np.ndarray, int]:
     """Memory shared by the threads of this process (thread-ranks in tests): (array, base)."""
     array = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
     return array, array.ctypes.data
-
-
-#: Seconds between two looks at the store and the members' liveness while waiting for a
-#: segment's name, at most: the pauses double from FIRST_POLL_SECONDS up to this, so a name
-#: that comes t seconds into the wait is seen by about t + min(t, ALIVE_POLL_SECONDS).
-ALIVE_POLL_SECONDS = 0.1
-FIRST_POLL_SECONDS = 0.001
-
-
-def share(store, key: str, members: list[int], rank: int, size: int, token: str, purpose: str,
-          deadline: Deadline, alive: Callable[[], None] | None = None) -> Segment:
-    """Create (lowest rank of ``members``) or attach the segment named under ``key`` in the
-    store; the last rank to attach unlinks it; DistStoreError if the named one is gone.
-    Waiting for the creator ends with OpTimeoutError naming it at ``deadline``, or with
-    whatever ``alive()`` raises (a member is dead, the group was aborted), checked at least
-    every ALIVE_POLL_SECONDS."""
-    creator = min(members)
-    if rank == creator:
-        remove_stale()
-        segment = Segment(segment_name(token, purpose), size, create=True)
-        store.set(f"{key}/name", segment.name)
-    else:
-        _wait_for_name(store, f"{key}/name", creator, deadline, alive)
-        segment = _attach(f"{key}/name", store.get(f"{key}/name").decode(), size, creator)
-    if store.add(f"{key}/attached", 1) == len(members):
-        segment.unlink()
-    return segment
-
-
-def _attach(key: str, name: str, size: int, creator: int) -> Segment:
-    """Map the segment rank ``creator`` named under ``key``; DistStoreError if it is gone."""
-    try:
-        return Segment(name, size, create=False)
-    except FileNotFoundError:
-        raise DistStoreError(f"the shared memory named under store key {key!r} ({name}) is gone: rank {creator} "
-                             "exited before every member attached, or the key was left in this store by an "
-                             "earlier run (a restarted job that reuses its store needs a key prefix per "
-                             "attempt, e.g. TORCHELASTIC_RESTART_COUNT's)") from None
-
-
-def _wait_for_name(store, key: str, creator: int, deadline: Deadline, alive: Callable[[], None] | None) -> None:
-    """Until ``key`` is in the store. Without ``alive``: one wait to the deadline. With it: a
-    look (``check``) then ``alive()`` then a pause, over again, never a short ``wait``: torch's
-    TCPStore client logs two warnings each time one of its waits expires, so polling with
-    waits of 0.1 s printed 20 lines a second on a rank waiting for a late creator."""
-    pause = FIRST_POLL_SECONDS
-    while True:
-        left = deadline.remaining()  # None: no deadline
-        if alive is None:
-            try:
-                store.wait([key], timedelta(days=365) if left is None else timedelta(seconds=max(left, 0.001)))
-                return
-            except DistStoreError:  # the wait timed out (the torch plugin's store raises pydist's errors too)
-                pass
-        elif store.check([key]):
-            return
-        else:
-            alive()
-        if deadline.expired():
-            raise OpTimeoutError(f"Timed out waiting for rank {creator} to create the shared memory (it has not "
-                                 "reached this operation or is stuck)") from None
-        if alive is not None:
-            _deadline.pause(pause if left is None else min(pause, left))  # on pydist's clock, as the deadline
-            pause = min(2 * pause, ALIVE_POLL_SECONDS)

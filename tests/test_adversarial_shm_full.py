@@ -1,0 +1,109 @@
+"""A /dev/shm too small or full (Docker's default is 64 MiB, and another user can fill it):
+a segment's space is reserved when it is made, so the failure is there, with an error naming
+the directory, the bytes asked and free, and what to do; the group's members then go
+without shared memory together (right results over the network transport), never SIGBUS.
+
+In-process tests point the segments at a small tmpfs mounted for the test; the slow ones
+run ranks as processes in a private mount namespace whose /dev/shm is a small tmpfs."""
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pydist as dist
+from pydist.core.deadline import Deadline
+from pydist.testing import run_threads
+from pydist.transport.shm import atomics as _atomics
+from pydist.transport.shm import names
+from pydist.transport.shm.seal import Binding
+from pydist.transport.shm.segment import Segment, SharedMemoryFull
+from pydist.transport.shm.sharing import share
+
+pytestmark = [pytest.mark.adversarial,
+              pytest.mark.skipif(not _atomics.available(), reason="no libatomic/futex: shared memory is off"),
+              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")]
+
+SCRIPT = Path(__file__).parent / "run_scripts" / "small_shm_ranks.py"
+
+
+@pytest.fixture
+def small_shm(tmp_path, monkeypatch):
+    """A 2 MiB tmpfs where this process makes its segments; unmounted at teardown."""
+    directory = tmp_path / "shm"
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=1777", "tmpfs", str(directory)], check=True)
+    monkeypatch.setattr(names, "SHM_DIR", str(directory))
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_a_segment_larger_than_the_room_left_is_a_clear_error_at_creation(small_shm):
+    binding = Binding("shm/arena/1/0,1", "world", 4 << 20, None)
+    with pytest.raises(SharedMemoryFull) as error:
+        Segment.create("world", "arena", binding)
+    message = str(error.value)
+    assert f"{small_shm} has no room for a shared-memory segment (arena) of {(4 << 20) + 4096} bytes" in message
+    assert f"{2 << 20} bytes are free" in message
+    assert "--shm-size" in message and "PYDIST_SHM=0" in message
+    assert list(small_shm.iterdir()) == []  # the file it began is gone
+
+
+def test_the_members_go_without_shared_memory_together(small_shm, caplog):
+    store = dist.HashStore()
+    with caplog.at_level(logging.WARNING, "pydist"):
+        made = share(store, "shm/arena/2/0,1", [0, 1], 0, 4 << 20, "world", "arena", Deadline.after(5))
+    assert made is None
+    assert share(store, "shm/arena/2/0,1", [0, 1], 1, 4 << 20, "world", "arena", Deadline.after(5)) is None
+    assert "has no room" in caplog.text and "go without shared memory" in caplog.text
+
+
+def test_an_outsiders_unavailable_mark_is_refused_when_the_job_has_a_secret(monkeypatch):
+    """The 'unavailable' mark carries a MAC with the job's secret: a forged one (plain, or
+    another job's) is refused like any name that is not the group's segment."""
+    monkeypatch.setenv("PYDIST_AUTH_TOKEN", "s3cret")
+    store = dist.HashStore()
+    store.set("shm/arena/3/0,1/name", "unavailable")
+    with pytest.raises(dist.DistStoreError, match="'unavailable' is not a pydist segment name"):
+        share(store, "shm/arena/3/0,1", [0, 1], 1, 4096, "world", "arena", Deadline.after(5))
+
+
+def _collectives(rank, size):
+    x = np.full(1 << 18, rank + 1.0)  # 2 MiB: more than the tmpfs holds
+    dist.all_reduce(x)
+    group = dist.new_group(list(range(size)))
+    y = np.arange(1 << 16, dtype=np.float32) * (rank + 1)
+    dist.all_reduce(y, group=group)
+    z = np.full(1 << 16, float(rank))
+    dist.broadcast(z, src=size - 1)
+    return float(x[0]), float(y[-1]), float(z[0])
+
+
+def test_a_job_in_a_small_dev_shm_gets_right_results(small_shm, monkeypatch):
+    """3 thread-ranks whose rings (9 MiB) and arenas (4 MiB each) do not fit in 2 MiB."""
+    results = run_threads(3, _collectives, transport="tcp")
+    assert results == [(6.0, 6.0 * 65535, 2.0)] * 3
+    assert list(small_shm.iterdir()) == []
+
+
+def _in_small_dev_shm(size: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the ranks script in a private mount namespace whose /dev/shm is a tmpfs of ``size``."""
+    command = f'mount -t tmpfs -o size={size},mode=1777 tmpfs /dev/shm && exec "$@"'
+    return subprocess.run(["unshare", "-m", "sh", "-c", command, "sh", sys.executable, str(SCRIPT), *args],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+@pytest.mark.slow
+def test_process_ranks_in_a_4_mib_dev_shm_get_right_results_not_sigbus():
+    """4 process ranks, 2 new groups and a 4 MiB all_reduce on each group, /dev/shm of 4 MiB
+    (the old code: a rank killed by SIGBUS, exit -7, no message)."""
+    done = _in_small_dev_shm("4m", "4", "2", "4", "pydist")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "right results: 10 of 10 all_reduces" in done.stdout
+    assert "/dev/shm has no room for a shared-memory segment" in done.stderr
