@@ -55,7 +55,9 @@ def ring_bytes_for(local_ranks: int, requested: int) -> int:
 
 
 def host_segment_bytes(local_ranks: int, ring_bytes: int) -> int:
-    return _rings_offset(local_ranks) + local_ranks * local_ranks * ring_bytes
+    """The host segment: the header, then one ring per ordered pair of distinct ranks (all
+    of it is reserved at creation, see segment)."""
+    return _rings_offset(local_ranks) + local_ranks * (local_ranks - 1) * ring_bytes
 
 
 def _rings_offset(local_ranks: int) -> int:
@@ -72,7 +74,8 @@ class _Ring:
         self.head_word = self.tail_word + LINE // 8
         self.want_word = self.head_word + 1
         self.base = base
-        start = _rings_offset(local_ranks) + index * capacity
+        pair = source * (local_ranks - 1) + target - (target > source)  # no ring from a rank to itself
+        start = _rings_offset(local_ranks) + pair * capacity
         self.data = memory[start:start + capacity].data  # a memoryview (the stubs lack ndarray.__buffer__ on 3.11)
         self.capacity = capacity
 
