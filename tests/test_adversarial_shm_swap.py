@@ -155,11 +155,33 @@ def test_the_real_segment_is_mapped(secret, monkeypatch):
         real.close()
 
 
+def test_a_name_taken_first_is_skipped_for_a_fresh_one(monkeypatch):
+    """Creation is exclusive: when the name drawn is taken (a squatter's file, or a link
+    to a file of this user), the creator draws another and leaves the squatter's alone."""
+    from pydist.transport.shm import segment as segment_module
+    from pydist.transport.shm.names import segment_name
+    squatted = _evil_name("9")
+    with open(f"/dev/shm/{squatted}", "wb") as file:
+        file.write(b"theirs")
+    drawn = iter([squatted])
+    monkeypatch.setattr(segment_module, "segment_name", lambda token, purpose: next(drawn, None)
+                        or segment_name(token, purpose))
+    try:
+        made = share(dist.HashStore(), KEY, [0, 1], 0, PAYLOAD, WORLD, "arena", Deadline.after(5))
+        assert made.name != squatted and made.name.endswith(f"-{os.getpid()}")
+        with open(f"/dev/shm/{squatted}", "rb") as file:
+            assert file.read() == b"theirs"
+        made.unlink()
+        made.close()
+    finally:
+        os.unlink(f"/dev/shm/{squatted}")
+
+
 # -- a running job: the swap between the creator's publication and a member's read ------------
 _created = threading.Event()
 
 
-def _swapped_new_group(rank, size, name):
+def _swapped_new_group(rank, size, name, check=None):
     """Rank 0 makes a new group (its arena's creator); then the attacker overwrites the
     published name; then rank 1 makes the group and runs an all_reduce on it."""
     from pydist.groups.world import current, group_digest
@@ -171,12 +193,14 @@ def _swapped_new_group(rank, size, name):
         assert _created.wait(30)
         count = world.group_counts[(0, 1)] + 1
         key = f"shm/arena/{group_digest(f'{world.generation}:0,1:{count}'):x}/0,1/name"
-        real = world.store.get(key).decode()
-        os.truncate(f"/dev/shm/{name}", os.stat(f"/dev/shm/{real}").st_size)  # the size of the real one
+        if name.startswith("pydist-"):  # the attacker's segment: the size of the real one
+            os.truncate(f"/dev/shm/{name}", os.stat(f"/dev/shm/{world.store.get(key).decode()}").st_size)
         world.store.set(key, name)
         group = dist.new_group([0, 1])
     x = np.full(64, rank + 1.0)
     dist.all_reduce(x, group=group)
+    if check is not None:  # reached only with a right result
+        assert x.tolist() == [3.0] * 64
     return x.tolist()
 
 
@@ -194,3 +218,17 @@ def test_a_swap_in_a_running_job_is_refused_with_an_error_naming_the_segment():
         assert f"{name}: it is owned by uid {OTHER_UID}" in str(failed.value)
     finally:
         os.unlink(path)
+
+
+@pytest.mark.slow
+def test_without_a_secret_a_forged_unavailable_mark_stops_the_group_without_a_wrong_result():
+    """The limit of a job without a secret (docs/guide/security.md, "Shared memory"): an
+    outsider who writes the store can tell one member that the creator found no room, so
+    that member goes without the arena while the creator uses it. The group then stops at
+    its first collective with timeouts naming the other rank (the arena's barrier needs
+    every member): an error on each rank, no result at all (wrong or right)."""
+    _created.clear()
+    with pytest.raises(RankFailed) as failed:
+        run_threads(2, _swapped_new_group, "unavailable", True, transport="tcp", pg_timeout=3)
+    text = str(failed.value)
+    assert "rank 0 failed: OpTimeoutError" in text and "rank 1: OpTimeoutError" in text, text
