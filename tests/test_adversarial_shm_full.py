@@ -91,6 +91,19 @@ def test_a_job_in_a_small_dev_shm_gets_right_results(small_shm, monkeypatch):
     assert list(small_shm.iterdir()) == []
 
 
+def _spanning_hosts(rank, size):
+    x = np.full(1000, rank + 1.0)
+    with pytest.raises(dist.DistBackendError, match="hierarchical all_reduce needs shared memory between this "
+                                                     "host's ranks.*/dev/shm had no room"):
+        dist.all_reduce(x)
+
+
+def test_a_group_spanning_hosts_without_room_for_its_arenas_fails_clearly(small_shm):
+    """Two "hosts" of 2 ranks whose arenas do not fit: the hierarchical algorithm (chosen on
+    every host alike, whatever each host's room) fails naming /dev/shm, not ValueError."""
+    run_threads(4, _spanning_hosts, transport="tcp", hosts=["a", "a", "b", "b"])
+
+
 def _in_small_dev_shm(size: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the ranks script in a private mount namespace whose /dev/shm is a tmpfs of ``size``."""
     command = f'mount -t tmpfs -o size={size},mode=1777 tmpfs /dev/shm && exec "$@"'

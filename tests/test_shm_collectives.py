@@ -66,6 +66,21 @@ def test_forcing_an_impossible_algorithm_is_a_clear_error(monkeypatch):
     run_threads(2, fn, transport="tcp", hosts=["a", "b"])
 
 
+def _reduced_everywhere(rank, size):
+    x = np.full(1000, rank + 1.0)
+    dist.all_reduce(x)
+    y = np.full(10, float(rank))
+    dist.broadcast(y, src=size - 1)
+    return float(x[0]), float(y[0])
+
+
+def test_groups_spanning_hosts_with_shared_memory_off_run_the_network_algorithms(monkeypatch):
+    """PYDIST_SHM=0 with several ranks per host: no arena anywhere, so the engine does not
+    pick the hierarchical algorithms (which need one per host; they raised ValueError)."""
+    monkeypatch.setenv("PYDIST_SHM", "0")
+    assert run_threads(4, _reduced_everywhere, transport="tcp", hosts=["a", "a", "b", "b"]) == [(10.0, 3.0)] * 4
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["loopback", "tcp"])
 def test_groups_mixing_hosts_thread_ranks(transport, monkeypatch):

@@ -61,7 +61,7 @@ from ..algorithms import (
 from ..algorithms.comm import Comm, Hierarchy, as_bytes
 from ..core import deadline as _deadline
 from ..core.deadline import Deadline
-from ..core.errors import DistError, OpTimeoutError
+from ..core.errors import DistBackendError, DistError, OpTimeoutError
 from ..core.ops import RedOpType, ReduceOp, postscale, prescale
 from ..core.opspec import OpSpec
 from ..core.settings import Settings
@@ -241,7 +241,8 @@ class NativeEngine(Engine):
             return forced
         if self.size > 1 and self.arena(ctx) is not None:
             return "shm"
-        if "hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.hosts) < self.size:
+        if ("hierarchical" in ALGORITHMS[collective] and self.spans_hosts and len(self.hosts) < self.size
+                and self.transport.shares_arenas):
             return "hierarchical"
         if collective in BY_SIZE:
             return network_by_size(collective, nbytes, self.size)
@@ -306,8 +307,11 @@ class NativeEngine(Engine):
         count) among the leaders or along each rail."""
         if self._local_arena is None and len(self.local) > 1:
             self._local_arena = self._arena_for(ctx, self.local)
-            if self._local_arena is None:
-                raise ValueError(f"hierarchical {collective} needs shared memory between the ranks of a host")
+            if self._local_arena is None:  # forced with shared memory off, or /dev/shm had no room for it
+                raise DistBackendError(f"{ctx.name} (seq {ctx.seq}): {algorithm} {collective} needs shared memory "
+                                       "between this host's ranks of the group, which they do not have (PYDIST_SHM=0, "
+                                       "or /dev/shm had no room: see the warning of this host's lowest rank; docker "
+                                       "run --shm-size=...)")
         hosts, host, leader_ranks, rail_ranks = self._layout(root)
         local = Comm(self.transport, self.group_id, self.transport_ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                      ctx.timeout_text, self._local_arena, call)

@@ -188,14 +188,19 @@ class WorldTransport:
         """Host identity of ``peer`` (equal identities share memory)."""
         return self.hosts[peer]
 
+    @property
+    def shares_arenas(self) -> bool:
+        """Whether groups of ranks of one host get arenas (every rank of the world agrees;
+        one group may still go without, when /dev/shm has no room for it)."""
+        return self._shared_arenas or self._fabric is not None
+
     def arena(self, group_id: int, members: list[int], group_ranks: list[int], index: int, deadline: Deadline,
               describe, alive: Callable[[], None] | None = None) -> Arena | None:
         """A shared-memory arena for ``members`` (ranks of this host), known to algorithms by
         ``group_ranks``; this rank is member ``index``. None when there is no shared memory for
         them. While waiting for another member to create it, ``alive()`` (if given) is called
         now and then and may raise."""
-        if (not self._shared_arenas and self._fabric is None) or any(self.hosts[m] != self.hosts[self.rank]
-                                                                       for m in members):
+        if not self.shares_arenas or any(self.hosts[m] != self.hosts[self.rank] for m in members):
             return None
         slot = self.settings.shm_slot_bytes
         key = f"shm/arena/{group_id:x}/{','.join(map(str, members))}"
