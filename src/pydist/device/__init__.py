@@ -1,42 +1,59 @@
-"""pydist's own engine for CUDA tensors (issue 38): the pieces that need no CUDA, checked on the CPU.
+"""pydist's device layer: the one place that knows CUDA (issue 47, item 1).
 
-Off by default: PYDIST_CUDA_ENGINE=1 asks for it; nothing calls these pieces yet, so today
-the torch plugin's init only warns that it is not available (CUDA tensors still go where
-PYDIST_CUDA says). No piece here imports torch or CUDA: each takes the device's
-operations as callables, which the CUDA layer will supply and tests fake.
+The interface (``interface.Device``, with ``memory``, ``events``) gives shareable device
+buffers outside any caching allocator and their handles, streams, events (interprocess ones
+too), asynchronous copies and reductions, host-memory registration and device identity; it
+enforces CUDA's IPC rules the same way for every implementation. Implementations:
 
-- ``staged_schedule``: a tensor cut in chunks, each copied down to a host buffer, through
-  the host step, and back up; three chunks in flight (down, network, up).
-- ``pinned_pool``: the bounded, reused pool of host staging buffers (one per group).
-- ``ipc_cache``: peers' segments mapped by CUDA IPC, cached per (peer, segment), LRU,
-  invalidated when a peer frees a segment; refuses to re-share a mapped tensor.
-- ``handle_exchange``: the records the ranks of a host exchange per call (segment handle,
-  offset, event, freed segments), their wire form, and the all-gather that carries them.
+- ``cuda``: CUDA through torch (streams, events, kernels) and ctypes on torch's libcudart
+  (``cudart``: cudaMalloc, cudaIpc*MemHandle, cudaHostRegister);
+- ``standin``: the strict CPU stand-in the tests run on: lazy streams, poisoned outputs,
+  IPC over /dev/shm, so that a missing wait fails deterministically;
+- ``torch_cpu``: torch CPU tensors in shared memory, eager: the torch half of the CUDA path.
 
-What the CUDA layer still has to supply, none of it run on a GPU yet:
-
-- pinned_pool ``allocate``/``free``: ``torch.empty(n, dtype=torch.uint8, pin_memory=True)``
-  and dropping it (cudaHostAlloc / cudaFreeHost under torch's host allocator).
-- staged_schedule ``copy_down``: on the group's own ``torch.cuda.Stream``, after
-  ``stream.wait_event(e)`` for an event ``e`` recorded on the caller's current stream,
-  ``buffer[:n].copy_(tensor_bytes[chunk], non_blocking=True)`` (cudaMemcpyAsync D2H), then
-  ``torch.cuda.Event().record(stream)`` as its Pending.
-- staged_schedule ``copy_up``: the same stream, ``tensor_bytes[chunk].copy_(buffer[:n],
-  non_blocking=True)`` (H2D), an event recorded after it; at the end the caller's stream
-  waits on the last one (``current_stream().wait_event``) and ``tensor.record_stream(stream)``.
-- Pending ``wait(deadline)``: a loop on ``event.query()`` with sleeps, against the deadline
-  (never ``event.synchronize()``, which cannot time out).
-- ipc_cache ``open_handle``: ``torch.multiprocessing.reductions.rebuild_cuda_tensor`` (or
-  ``torch.UntypedStorage._new_shared_cuda``) on the peer's handle: cudaIpcOpenMemHandle;
-  ``close_mapping``: dropping that storage (cudaIpcCloseMemHandle), then
-  ``torch.cuda.ipc_collect()`` on the producer side; ``local_address``: ``data_ptr()``.
-- handle_exchange's records: ``reduce_tensor(t)`` / ``storage._share_cuda_()`` for the
-  segment handle, base, length and offset; ``torch.cuda.Event(interprocess=True)`` and
-  ``.ipc_handle()`` for the event, ``Event.from_ipc_handle(device, handle)`` and
-  ``stream.wait_event`` on the peer; the freed list from the caching allocator (a
-  ``torch.cuda.memory`` allocator trace hook on segment free).
-- The on-GPU collectives over mapped peer memory (one-shot / reduce-scatter + all-gather
-  all_reduce, broadcast, all_gather, ... as device copies and sums) and the torch plugin's
-  dispatch of a CUDA tensor to this engine: not written yet.
+Shared pieces: ``handles`` (the envelope of a handle), ``ledger`` (who has a buffer open),
+``event_counters`` (an interprocess event's epochs), ``shm_files``, ``dtypes``, ``errors``.
+For the engine: ``peers`` (a group's ranks share buffers and events once), ``pinned_pool``
+and ``staged_schedule`` (the staged path across hosts). ``open_device(kind, index, rank)``
+makes a device; ``unavailable(kind)`` says why one cannot be made here. Nothing here imports
+torch until a torch-backed device is made. docs/guide/gpu.md has the rules and what has run
+on a GPU.
 """
 from __future__ import annotations
+
+from .errors import DeviceError
+from .interface import Device
+
+KINDS = ("standin", "torch-cpu", "cuda")
+
+__all__ = ["KINDS", "Device", "DeviceError", "open_device", "unavailable"]
+
+
+def unavailable(kind: str) -> str | None:
+    """Why a device of ``kind`` cannot be made in this process, or None when it can."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "standin":
+        return None
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def open_device(kind: str, index: int = 0, rank: int | None = None) -> Device:
+    """A device of ``kind`` (one of KINDS) at ``index``, used by ``rank`` (for messages)."""
+    reason = unavailable(kind)
+    if reason is not None:
+        raise DeviceError("open_device", f"rank {rank}, {kind}:{index}", reason)
+    if kind == "standin":
+        from .standin import StandinDevice
+        return StandinDevice(index, rank)
+    if kind == "torch-cpu":
+        from .torch_cpu import TorchCpuDevice
+        return TorchCpuDevice(index, rank)
+    from .cuda import CudaDevice
+    return CudaDevice(index, rank)

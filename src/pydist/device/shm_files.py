@@ -1,0 +1,108 @@
+"""The device layer's files in /dev/shm: private to this user, opened only when proven ours.
+
+Behaviour
+    ``new_name(letter)`` names a file ``pydist-d<letter>-<16 hex>-<creator pid>``;
+    ``create(name, size)`` makes it (mode 0600, never following a link, never an existing
+    file) and maps it; ``attach(name, size)`` maps an existing one after checking that it is a
+    regular file of this user, mode 0600 and exactly ``size`` bytes. A name from a peer is
+    checked against the pattern before it touches the file system. ``remove_stale()`` (run
+    before each creation) unlinks the files whose creator is dead, so a killed process leaks
+    nothing past the next creation.
+
+Failure modes
+    A name that is not ours, a file of another user, with other permissions, of another size
+    or a link: ValueError saying which. A file that is gone: FileNotFoundError.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+import stat
+
+SHM_DIR = "/dev/shm"
+PREFIX = "pydist-d"
+_NAME = re.compile(r"pydist-d[a-z]-[0-9a-f]{16}-[0-9]{1,10}")
+
+
+def new_name(letter: str) -> str:
+    """A fresh name for a file of kind ``letter`` (one lowercase letter) made by this process."""
+    return check_name(f"{PREFIX}{letter}-{secrets.token_hex(8)}-{os.getpid()}")
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is one of the device layer's names, else ValueError."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a pydist device file name")
+    return name
+
+
+def creator(name: str) -> int:
+    """The pid that created the file ``name``."""
+    return int(check_name(name).rsplit("-", 1)[1])
+
+
+def create(name: str, size: int) -> tuple[int, mmap.mmap]:
+    """Make and map the file ``name`` of ``size`` bytes (zeros): (its descriptor, the map)."""
+    remove_stale()
+    fd = os.open(os.path.join(SHM_DIR, check_name(name)), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        unlink(name)
+        raise
+
+
+def attach(name: str, size: int) -> tuple[int, mmap.mmap]:
+    """Map the existing file ``name`` once proven ours and ``size`` bytes: (descriptor, map)."""
+    fd = os.open(os.path.join(SHM_DIR, check_name(name)), os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise ValueError(f"/dev/shm/{name} is not a private file of this user: refused")
+        if info.st_size != size:
+            raise ValueError(f"/dev/shm/{name} has {info.st_size} bytes, its handle says {size}")
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def unlink(name: str) -> None:
+    """Remove the file ``name`` (already gone: nothing)."""
+    try:
+        os.unlink(os.path.join(SHM_DIR, check_name(name)))
+    except FileNotFoundError:
+        pass
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie, dead but not yet reaped
+    by its parent, counts as dead): a peer's liveness, on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return stat_file.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def remove_stale() -> list[str]:
+    """Unlink the device files whose creating process is gone; their names."""
+    removed = []
+    for name in os.listdir(SHM_DIR):
+        if _NAME.fullmatch(name) and not alive(creator(name)):
+            try:
+                unlink(name)
+            except PermissionError:  # another user's: not ours to remove
+                continue
+            removed.append(name)
+    return removed
