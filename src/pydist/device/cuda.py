@@ -61,7 +61,7 @@ class CudaStream(Stream):
         self.cuda = device
         self.raw = raw
 
-    def wait_event(self, event: Event) -> None:
+    def _wait_event(self, event: Event) -> None:
         if not isinstance(event, CudaEvent):
             raise TypeError(f"wait_event: expected an event of {self.device!r}, got {type(event).__name__}")
         with self.cuda._calling("wait_event"):
@@ -76,11 +76,8 @@ class CudaEvent(Event):
         self.cuda = device
         self.raw = raw
 
-    def record(self, stream: Stream) -> None:
-        if self.source is not None:
-            raise self.device.error("record", "an event opened from a peer is recorded by its exporter only")
-        if not isinstance(stream, CudaStream):
-            raise TypeError(f"record: expected a stream of {self.device!r}, got {type(stream).__name__}")
+    def _record(self, stream: Stream) -> None:
+        assert isinstance(stream, CudaStream)
         with self.cuda._calling("record"):
             self.raw.record(stream.raw)
 

@@ -113,8 +113,8 @@ class PeerEvent(Event):
             raise device.error("open_event", str(error)) from None
         return cls(device, source, counters)
 
-    def record(self, stream: Stream) -> None:
-        raise self.device.error("record", "an event opened from a peer is recorded by its exporter only")
+    def _record(self, stream: Stream) -> None:
+        raise AssertionError("Event.record refuses a peer's event")
 
     def query(self) -> bool:
         return self.counters.complete()

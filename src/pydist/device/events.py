@@ -17,6 +17,7 @@ from ..core import deadline as _deadline
 from ..core.deadline import Deadline
 from ..core.errors import OpTimeoutError, PeerFailedError
 from . import handles, shm_files
+from .errors import DeviceError
 from .handles import EVENT, Handle
 
 if TYPE_CHECKING:
@@ -64,10 +65,20 @@ class Event(ABC):
         self.interprocess = interprocess
         #: The exporter's handle, for an event opened from a peer (None for this process's own).
         self.source = source
+        #: The peers whose events the recorded work waits on (by pid), to name a dead one.
+        self.peers: dict[int, Handle] = {}
 
-    @abstractmethod
     def record(self, stream: Stream) -> None:
         """Mark the work enqueued on ``stream`` so far (this process's own events only)."""
+        if self.source is not None:
+            raise self.device.error("record", "an event opened from a peer is recorded by its exporter only")
+        if not isinstance(stream, Stream) or stream.device is not self.device:
+            raise ValueError(f"record: expected a stream of {self.device!r}, got {stream!r}")
+        self._record(stream)
+        self.peers = dict(stream.peers)
+
+    @abstractmethod
+    def _record(self, stream: Stream) -> None: ...
 
     @abstractmethod
     def query(self) -> bool:
@@ -84,11 +95,31 @@ class Event(ABC):
         return handles.encode(Handle(EVENT, self.device.kind, os.getpid(), self.device.rank, 0,
                                      self.device.uuid, self._payload()))
 
+    def blocker(self) -> Blocker | None:
+        """None once complete, else what it waits for: a dead exporter or peer whose event
+        the recorded work waits on, else its exporter (None: this process's own work). A
+        query that fails (CUDA may, on a dead exporter's event) names the dead peer."""
+        try:
+            if self.query():
+                return None
+        except DeviceError:
+            dead = self._dead_peer()
+            if dead is None:
+                raise
+            return dead
+        return self._dead_peer() or (self.source, "its most recent record")
+
+    def _dead_peer(self) -> Blocker | None:
+        for source in (self.source, *self.peers.values()):
+            if source is not None and not shm_files.alive(source.pid):
+                return source, "an event the work waits on"
+        return None
+
     def synchronize(self, deadline: Deadline, what: str = "an event") -> None:
         """Return once ``query()`` is True, polling; past ``deadline`` OpTimeoutError, and a
-        PeerFailedError naming the exporter as soon as it is seen dead."""
-        wait_for(lambda: None if self.query() else (self.source, "its most recent record"), deadline,
-                 self.device.where, what)
+        PeerFailedError naming the peer as soon as the exporter, or a peer whose event the
+        recorded work waits on, is seen dead."""
+        wait_for(self.blocker, deadline, self.device.where, what)
 
 
 class Stream(ABC):
@@ -96,16 +127,25 @@ class Stream(ABC):
 
     def __init__(self, device: Device):
         self.device = device
+        #: The peers whose events this stream has waited on (by pid), to name a dead one.
+        self.peers: dict[int, Handle] = {}
 
-    @abstractmethod
     def wait_event(self, event: Event) -> None:
         """Later work on this stream waits for ``event``'s most recent record at this call (a
         never-recorded event: no wait). The host does not block."""
+        if not isinstance(event, Event) or event.device is not self.device:
+            raise TypeError(f"wait_event: expected an event of {self.device!r}, got {event!r}")
+        self._wait_event(event)
+        for source in (event.source, *event.peers.values()):
+            if source is not None:
+                self.peers[source.pid] = source
+
+    @abstractmethod
+    def _wait_event(self, event: Event) -> None: ...
 
     def synchronize(self, deadline: Deadline, what: str = "stream work") -> None:
-        """Return once the work enqueued so far is done (polling against ``deadline``)."""
+        """Return once the work enqueued so far is done (polling against ``deadline``; a
+        PeerFailedError as soon as a peer whose event it waits on is seen dead)."""
         marker = self.device.event()
         marker.record(self)
         marker.synchronize(deadline, what)
-
-

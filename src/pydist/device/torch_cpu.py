@@ -48,16 +48,13 @@ class EagerStream(Stream):
         super().__init__(device)
         self.wait_s = wait_s
 
-    def wait_event(self, event: Event) -> None:
+    def _wait_event(self, event: Event) -> None:
         if isinstance(event, PeerEvent):
             target = event.counters.recorded
             wait_for(lambda: None if event.counters.done >= target else (event.source, f"record {target}"),
                      Deadline.after(self.wait_s), self.device.where, "a wait on a peer's event")
         elif not isinstance(event, EagerEvent):
             raise TypeError(f"wait_event: expected an event of {self.device!r}, got {type(event).__name__}")
-
-    def synchronize(self, deadline: Deadline, what: str = "stream work") -> None:
-        pass
 
 
 class EagerEvent(Event):
@@ -69,7 +66,7 @@ class EagerEvent(Event):
         if self.counters is not None:
             weakref.finalize(self, self.counters.close)
 
-    def record(self, stream: Stream) -> None:
+    def _record(self, stream: Stream) -> None:
         if self.counters is not None:
             self.counters.recorded += 1
             self.counters.done = self.counters.recorded

@@ -30,7 +30,7 @@ class StandinStream(Stream):
         self.done_pos = -1
         self.clock: dict[Any, int] = {}
 
-    def wait_event(self, event: Event) -> None:
+    def _wait_event(self, event: Event) -> None:
         if isinstance(event, ImportedEvent):
             with SCHEDULER.lock:
                 target = event.counters.recorded
@@ -72,9 +72,7 @@ class StandinEvent(Event):
             EXECUTOR.export(self.epochs)
             weakref.finalize(self, EXECUTOR.withdraw, self.epochs)
 
-    def record(self, stream: Stream) -> None:
-        if not isinstance(stream, StandinStream):
-            raise TypeError(f"record: expected a stream of the stand-in device, got {type(stream).__name__}")
+    def _record(self, stream: Stream) -> None:
         with SCHEDULER.lock:
             op = Op(RECORD, "record")
             self.epochs.latest += 1
