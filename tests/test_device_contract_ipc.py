@@ -153,6 +153,7 @@ def _waiting_consumer(kind, rank, link, seconds, wait):
     stream = device.new_stream()
     if wait:
         stream.wait_event(written)
+    del written  # the stream's wait outlives the event object
     out = device.empty((8,), "float32")
     device.copy(out, peer_slot, stream)
     got = device.to_host(out, stream, deadline())

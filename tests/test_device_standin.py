@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from pydist.core.deadline import Deadline
+from pydist.core.errors import OpTimeoutError, PeerFailedError
 from pydist.core.ops import ReduceOp
 from pydist.device import DeviceError, shm_files
 from pydist.device.dtypes import is_poison
-from pydist.device.handles import MEMORY, Handle, decode, encode
+from pydist.device.events import Event
+from pydist.device.handles import EVENT, MEMORY, Handle, decode, encode
 from pydist.device.ledger import Ledger
 from pydist.device.standin import StandinDevice
 from pydist.device.standin.nudges import parse
@@ -88,6 +90,17 @@ def test_a_delay_holds_the_stream_back():
     assert host.tolist() == [5]
 
 
+def test_memory_cannot_be_freed_under_work_not_yet_run():
+    device = StandinDevice()
+    stream = device.new_stream()
+    buffer = device.allocate(16)
+    device.copy(device.view(buffer, "int32"), np.arange(4, dtype=np.int32), stream)  # the view is dropped
+    with pytest.raises(DeviceError, match=r"free on standin:0: .*\(1 operation not yet run\)"):
+        device.free(buffer)
+    stream.synchronize(deadline())
+    device.free(buffer)
+
+
 def test_host_memory_cannot_be_unregistered_under_a_queued_copy():
     device = StandinDevice()
     arena = np.zeros(16, np.float32)
@@ -133,6 +146,45 @@ def test_a_stand_in_array_slices_like_a_tensor():
 
 
 # -- the shared pieces ------------------------------------------------------------------------
+
+class _NeverDone(Event):
+    """An event whose work never completes (a device stream stuck on a dead peer's event)."""
+
+    failing = False
+
+    def _record(self, stream):
+        pass
+
+    def query(self):
+        if self.failing:
+            raise self.device.error("cudaEventQuery", "an illegal memory access was encountered")
+        return False
+
+    def _payload(self):
+        return b""
+
+
+def test_a_wait_on_work_that_waits_on_a_dead_peer_names_the_peer():
+    """What CUDA's streams rely on (the stand-in's own scheduler names the peer itself): an
+    event recorded after a wait on a peer's event fails naming that peer once it is dead,
+    before the deadline, even when CUDA's query itself errs; a live peer's error stays."""
+    device = StandinDevice(rank=1)
+    stream = device.new_stream()
+    stream.peers[4242] = Handle(EVENT, "standin", _dead_pid(), 3, 0, "GPU-x", b"")
+    event = _NeverDone(device, False)
+    event.record(stream)
+    for failing in (False, True):
+        event.failing = failing
+        with pytest.raises(PeerFailedError, match=r"rank 1, standin:0: rank 3 \(pid \d+\) exited") as caught:
+            event.synchronize(Deadline.after(SOON), "the group's copy")
+        assert caught.value.rank == 3
+    event.peers = {}
+    with pytest.raises(DeviceError, match="illegal memory access"):
+        event.synchronize(Deadline.after(SOON))
+    event.failing = False
+    with pytest.raises(OpTimeoutError, match="not complete by the deadline"):
+        event.synchronize(Deadline.after(0.01))
+
 
 def test_a_handle_round_trips_and_a_malformed_one_says_what_is_wrong():
     handle = Handle(MEMORY, "standin", 123, 4, 4096, "GPU-x", b"payload", shm_files.new_name("l"))

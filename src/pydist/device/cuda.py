@@ -8,8 +8,10 @@ Behaviour
     ``cudaIpcOpenMemHandle``, ``close`` ``cudaIpcCloseMemHandle``. A buffer or mapping is seen
     as a flat uint8 tensor through ``__cuda_array_interface__`` (``torch.as_tensor``: the
     tensor's storage holds the memory object, so ``close`` and ``free`` refuse while any
-    tensor over it lives). Streams are ``torch.cuda.Stream``\\ s, events
-    ``torch.cuda.Event(interprocess=...)`` shared by ``ipc_handle()`` /
+    tensor over it lives; work already enqueued is not seen: synchronize the streams that
+    used a mapping before closing it, as the strict stand-in insists). Streams are
+    ``torch.cuda.Stream``\\ s, events ``torch.cuda.Event(interprocess=...)`` shared by
+    ``ipc_handle()`` /
     ``torch.cuda.Event.from_ipc_handle``; copies and reductions are torch ops
     (pydist.device.torch_device) under ``torch.cuda.stream``. ``keep_alive`` is
     ``Tensor.record_stream``; ``register_host`` is ``cudaHostRegister``; ``delay`` is
@@ -35,22 +37,28 @@ from .cudart import Runtime
 from .errors import DeviceError
 from .events import Event, Stream
 from .handles import EVENT, Handle
-from .torch_device import TorchDevice
+from .torch_device import TorchDevice, storages_over
 
 #: Clock rate assumed for ``delay`` where torch does not report the device's (cycles per second).
 _CYCLES_PER_S = 1.5e9
 
 
+class ArrayInterface:
+    """``nbytes`` of device memory at ``pointer`` as torch reads them (``__cuda_array_interface__``);
+    every tensor made from it holds it, which is how ``close`` and ``free`` see them."""
+
+    def __init__(self, pointer: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (pointer, False),
+                                         "version": 2}
+
+
 class CudaMemory:
-    """Device memory at ``pointer`` (``nbytes``), as torch reads it (``__cuda_array_interface__``)."""
+    """Device memory at ``pointer`` (``nbytes``): ``cudaMalloc``ed or opened from a peer."""
 
     def __init__(self, pointer: int, nbytes: int):
         self.pointer = pointer
         self.nbytes = nbytes
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.pointer, False), "version": 2}
+        self.interface = ArrayInterface(pointer, nbytes)
 
 
 class CudaStream(Stream):
@@ -107,6 +115,7 @@ class CudaDevice(TorchDevice):
         self._uuid = str(properties.uuid)
         rate = getattr(properties, "clock_rate", 0)  # kHz, where torch reports it
         self._cycles_per_s = rate * 1e3 if rate else _CYCLES_PER_S
+        self._streams: dict[int, Stream] = {}
 
     @property
     def uuid(self) -> str:
@@ -139,14 +148,13 @@ class CudaDevice(TorchDevice):
 
     def _bytes(self, raw: CudaMemory) -> Any:
         with self._calling("view"):
-            tensor = self.torch.as_tensor(raw, device=self.torch_device)
+            tensor = self.torch.as_tensor(raw.interface, device=self.torch_device)
         if tensor.data_ptr() != raw.pointer:
             raise self.error("view", f"torch made a copy of the memory at {raw.pointer:#x} instead of viewing it")
         return tensor
 
     def _in_use(self, raw: CudaMemory) -> str | None:
-        uses = self._owner_uses(raw)
-        return f"{uses} tensor storage{'s' if uses > 1 else ''} over it" if uses > 0 else None
+        return storages_over(raw, "interface")
 
     def _close(self, raw: CudaMemory) -> None:
         with self._calling("cudaIpcCloseMemHandle"):
@@ -164,12 +172,16 @@ class CudaDevice(TorchDevice):
         with self._calling(call), self.torch.cuda.stream(stream.raw):
             yield
 
+    def _stream(self, raw: Any) -> Stream:
+        """The one CudaStream of torch stream ``raw`` (it remembers the peers it waited on)."""
+        return self._streams.setdefault(raw.cuda_stream, CudaStream(self, raw))
+
     def current_stream(self) -> Stream:
-        return CudaStream(self, self.torch.cuda.current_stream(self.index))
+        return self._stream(self.torch.cuda.current_stream(self.index))
 
     def new_stream(self) -> Stream:
         with self._calling("new_stream"):
-            return CudaStream(self, self.torch.cuda.Stream(device=self.index))
+            return self._stream(self.torch.cuda.Stream(device=self.index))
 
     def event(self, interprocess: bool = False) -> Event:
         with self._calling("event"):

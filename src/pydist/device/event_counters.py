@@ -6,8 +6,9 @@ Behaviour
     ``cudaStreamWaitEvent`` does); ``done`` is the newest epoch whose work has run, every
     earlier one included. A never-recorded event has both at 0: complete. Only the exporter
     writes; peers read (aligned 8-byte words: one store or load each on the machines pydist
-    runs on). The exporter removes the file when its event goes (``close``); a peer's map
-    stays valid, and then never moves again.
+    runs on). The exporter removes the file when its event goes (``close``); every map,
+    the exporter's and the peers', lives as long as its Counters object (work queued on it
+    included), and a peer's then never moves again.
 
 Failure modes
     ``attach`` of a file that is not one (magic): ValueError; gone: FileNotFoundError.
@@ -16,7 +17,6 @@ Failure modes
 from __future__ import annotations
 
 import os
-import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,8 +38,7 @@ class Counters:
     def __init__(self, name: str, memory, owner: bool):
         self.name = name
         self.owner = owner
-        self._map = memory
-        self._words = np.frombuffer(memory, np.uint64, 3)
+        self._words = np.frombuffer(memory, np.uint64, 3)  # holds the map
 
     @classmethod
     def create(cls) -> Counters:
@@ -58,7 +57,6 @@ class Counters:
         os.close(fd)
         counters = cls(name, memory, owner=False)
         if int(counters._words[0]) != _MAGIC:
-            counters.close()
             raise ValueError(f"/dev/shm/{name} is not an event's counters")
         return counters
 
@@ -85,9 +83,8 @@ class Counters:
         return self.done >= self.recorded
 
     def close(self) -> None:
-        """Unmap; the owner also removes the file."""
-        del self._words
-        self._map.close()
+        """The owner removes the file (peers that mapped it keep their maps). The map itself
+        goes with this object: work still queued on these counters keeps it valid."""
         if self.owner:
             shm_files.unlink(self.name)
 
@@ -99,7 +96,6 @@ class PeerEvent(Event):
     def __init__(self, device: Device, source: Handle, counters: Counters):
         super().__init__(device, True, source)
         self.counters = counters
-        weakref.finalize(self, counters.close)
 
     @classmethod
     def open(cls, device: Device, handle: bytes) -> PeerEvent:

@@ -133,8 +133,8 @@ class Stream(ABC):
     def wait_event(self, event: Event) -> None:
         """Later work on this stream waits for ``event``'s most recent record at this call (a
         never-recorded event: no wait). The host does not block."""
-        if not isinstance(event, Event) or event.device is not self.device:
-            raise TypeError(f"wait_event: expected an event of {self.device!r}, got {event!r}")
+        if not isinstance(event, Event) or event.device.kind != self.device.kind:
+            raise TypeError(f"wait_event: expected an event of a {self.device.kind} device, got {event!r}")
         self._wait_event(event)
         for source in (event.source, *event.peers.values()):
             if source is not None:

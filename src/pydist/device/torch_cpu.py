@@ -26,7 +26,7 @@ from . import shm_files
 from .event_counters import Counters, PeerEvent
 from .events import Event, Stream, wait_for
 from .handles import Handle
-from .torch_device import TorchDevice, nothing
+from .torch_device import TorchDevice, nothing, storages_over
 
 #: How long a stream's wait on a peer's event may block the host.
 WAIT_S = 60.0
@@ -108,8 +108,7 @@ class TorchCpuDevice(TorchDevice):
         return self.torch.frombuffer(raw.mapped, dtype=self.torch.uint8)
 
     def _in_use(self, raw: _Shared) -> str | None:
-        uses = self._owner_uses(raw.mapped)
-        return f"{uses} tensor storage{'s' if uses > 1 else ''} over it" if uses > 0 else None
+        return storages_over(raw, "mapped")
 
     def _close(self, raw: _Shared) -> None:
         raw.mapped.close()

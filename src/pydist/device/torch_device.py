@@ -47,6 +47,13 @@ def _kernels() -> dict[RedOpType, Callable[[Any, Any], Any]]:
     }
 
 
+def storages_over(raw: object, owner: str) -> str | None:
+    """What holds ``raw``'s attribute ``owner``, the object torch tensors over the memory
+    hold (each tensor's storage keeps one reference to it), besides ``raw`` itself."""
+    uses = sys.getrefcount(getattr(raw, owner)) - 2  # raw's reference, getrefcount's argument
+    return f"{uses} tensor storage{'s' if uses > 1 else ''} over it" if uses > 0 else None
+
+
 class TorchDevice(Device):
     """A device whose arrays are torch tensors on ``torch_device``."""
 
@@ -66,11 +73,6 @@ class TorchDevice(Device):
     def _on(self, stream: Stream, call: str) -> contextlib.AbstractContextManager[Any]:
         """The context in which torch ops of ``call`` run on ``stream``."""
 
-    @staticmethod
-    def _owner_uses(owner: object) -> int:
-        """How many torch storages hold ``owner`` (the object their memory came from), for a
-        caller holding one reference of its own."""
-        return sys.getrefcount(owner) - 3  # the caller's, this argument's, getrefcount's
 
     def describe(self, array: Any) -> tuple[DType, tuple[int, ...], bool]:
         if not isinstance(array, self.torch.Tensor):

@@ -16,6 +16,7 @@ from . import nudges
 from .scheduler import SCHEDULER, Epochs
 
 _POLL_S = 0.2  # how soon the thread sees that it should end
+_JOIN_S = 1.0
 
 
 class Executor:
@@ -57,7 +58,7 @@ class Executor:
         stop.set()
         nudges.wake(os.getpid())
         if thread is not threading.current_thread():
-            thread.join()
+            thread.join(_JOIN_S)  # bounded: a collection may run this where the lock is held
 
     def _serve(self, sock: socket.socket, stop: threading.Event) -> None:
         with sock:
