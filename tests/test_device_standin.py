@@ -22,6 +22,7 @@ from pydist.device.handles import EVENT, MEMORY, Handle, decode, encode
 from pydist.device.ledger import Ledger
 from pydist.device.standin import StandinDevice
 from pydist.device.standin.nudges import parse
+from pydist.device.standin.scheduler import BACKLOG
 
 SOON = 30.0  # a deadline that only bounds a hang
 
@@ -45,6 +46,17 @@ def test_work_on_one_stream_sees_its_own_earlier_results_before_anything_runs():
     device.reduce_into(b, b, ReduceOp.PRODUCT, stream)
     assert is_poison(b.bits, "int32").all()  # nothing ran yet
     assert device.to_host(b, stream, deadline()).tolist() == [4, 16, 36]
+
+
+def test_a_stream_keeps_at_most_its_backlog_waiting():
+    device = StandinDevice()
+    stream = device.current_stream()
+    acc = device.from_host(np.zeros(8, np.int64), "int64", stream)
+    one = device.from_host(np.ones(8, np.int64), "int64", stream)
+    for _ in range(3 * BACKLOG):
+        device.reduce_into(acc, one, ReduceOp.SUM, stream)
+        assert len(stream.pending) <= BACKLOG
+    assert device.to_host(acc, stream, deadline()).tolist() == [3 * BACKLOG] * 8
 
 
 def test_a_racing_read_of_a_pending_write_sees_poison_and_an_ordered_one_the_value():

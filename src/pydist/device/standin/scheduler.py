@@ -30,7 +30,10 @@ Behaviour
 
 Cost
     A Python lock and a few list operations per enqueue; a captured operation copies its
-    inputs (with an overlay, a copy of the allocation). For tests, not for speed.
+    inputs (with an overlay, a copy of the allocation and the pending writes before it laid
+    over it). A stream with more than BACKLOG (64) operations waiting runs its oldest, as a
+    GPU would have, so that this stays bounded (a missing wait is caught among the last 64
+    operations of a stream). For tests, not for speed.
 
 Failure modes
     Work that touches an array freed before it ran raises DeviceError from the wait that ran
@@ -56,6 +59,8 @@ from . import nudges
 from .memory import Allocation, Ref
 
 WORK, RECORD, REMOTE, DELAY = "work", "record", "wait on a peer's event", "delay"
+#: Operations a stream keeps waiting before it runs its oldest (what can run without blocking).
+BACKLOG = 64
 
 
 class Epochs:
@@ -134,18 +139,18 @@ class Scheduler:
             op.clock = dict(stream.clock)
             for ref in op.reads + op.writes:
                 ref.allocation.users += 1
-            stream.pending.append(op)
             if op.kind == WORK and self._capturable(op):
                 self._capture(op)
+            elif op.kind in (WORK, REMOTE):
+                stream.undetermined.append(op.pos)
+            stream.pending.append(op)
+            if len(stream.pending) > BACKLOG:  # a GPU would have run the oldest by now
+                self.advance(stream, stream.pending[-BACKLOG].pos)
 
-    def _capturable(self, op: Op) -> bool:
-        for stream, upto in op.clock.items():
-            for earlier in stream.pending:
-                if earlier.pos > upto:
-                    break
-                if earlier is not op and (earlier.kind == REMOTE or (earlier.kind == WORK and not earlier.captured)):
-                    return False
-        return True
+    @staticmethod
+    def _capturable(op: Op) -> bool:
+        """Whether no deferred work or unmet peer wait happens before ``op``."""
+        return not any(stream.undetermined and stream.undetermined[0] <= upto for stream, upto in op.clock.items())
 
     def _capture(self, op: Op) -> None:
         assert op.compute is not None
@@ -235,6 +240,8 @@ class Scheduler:
 
     def _finished(self, op: Op) -> None:
         op.stream.done_pos = op.pos
+        if op.stream.undetermined and op.stream.undetermined[0] == op.pos:
+            op.stream.undetermined.popleft()
         op.results = []
         for ref in op.reads + op.writes:
             allocation = ref.allocation

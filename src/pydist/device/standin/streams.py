@@ -26,6 +26,7 @@ class StandinStream(Stream):
     def __init__(self, device: Any):
         super().__init__(device)
         self.pending: deque[Op] = deque()
+        self.undetermined: deque[int] = deque()  # positions of deferred work, unmet peer waits
         self.next_pos = 0
         self.done_pos = -1
         self.clock: dict[Any, int] = {}
