@@ -53,10 +53,11 @@ integration: $(VENV)/.installed-integration
 	$(PYTEST) -m integration tests/integration $(INTEGRATION_ARGS) $(PYTEST_ARGS)
 
 # torch's own distributed suite against the plugin; pytest and expecttest live in the test venv.
-# The long robustness runs (see tests/test_robustness_soak.py); the dump of every thread's stack is moved
+# The long robustness runs (tests/test_robustness_soak.py) and the launcher's 400 simultaneous
+# starts (tests/test_launcher_endpoint_soak.py); the dump of every thread's stack is moved
 # to just before the 20-minute bound: at 100 s it crashed the interpreter inside hypothesis.
 soak: test-venv
-	PYDIST_SOAK=1 timeout 1200 $(PY) -m pytest -m soak -o faulthandler_timeout=1150 tests/test_robustness_soak.py $(PYTEST_ARGS)
+	PYDIST_SOAK=1 timeout 1200 $(PY) -m pytest -m soak -o faulthandler_timeout=1150 tests/test_robustness_soak.py tests/test_launcher_endpoint_soak.py $(PYTEST_ARGS)
 
 torch-suite: test-venv
 	BACKEND=pydist WORLD_SIZE=2 $(PY) -m pytest tests/torch_suite/torch_distributed_suite.py -q $(PYTEST_ARGS)

@@ -41,6 +41,16 @@ def _ours_or_orphaned(segment: str) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def soak_only_when_asked(request):
+    """Run a ``soak`` test only under ``-m soak`` (or PYDIST_SOAK=1): the default suite must stay fast."""
+    if request.node.get_closest_marker("soak") is None:
+        return
+    expression = request.config.getoption("markexpr") or ""
+    if not os.environ.get("PYDIST_SOAK") and ("soak" not in expression or "not soak" in expression):
+        pytest.skip("soak run: use `make soak` or `pytest -m soak` (or PYDIST_SOAK=1)")
+
+
+@pytest.fixture(autouse=True)
 def no_leaks():
     """Fail a test that leaves pydist threads, child processes or /dev/shm segments behind."""
     segments_before = set(_shm_segments())

@@ -15,8 +15,6 @@ tests/test_store_fuzz_*.py).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import store_fuzz
 import test_robustness_quick as quick
@@ -31,14 +29,6 @@ SOAK_MARK = 10_000
 SOAK_RSS_BOUND_KIB = 16 * 1024
 KILL_TRIALS = 100
 FUZZ_FACTOR = 30
-
-
-@pytest.fixture(autouse=True)
-def only_when_asked(request):
-    """Run only under ``-m soak`` (or PYDIST_SOAK=1): the default suite must stay fast."""
-    expression = request.config.getoption("markexpr") or ""
-    if not os.environ.get("PYDIST_SOAK") and ("soak" not in expression or "not soak" in expression):
-        pytest.skip("soak run: use `pytest -m soak tests/test_robustness_soak.py` (or PYDIST_SOAK=1)")
 
 
 def test_soak_100k_random_collectives_rss_threads_descriptors_segments():
