@@ -7,20 +7,18 @@ the tail of its stderr stands in. A worker killed by a signal shows ``exitcode: 
 the signal's name, as torchrun does. A WorkerExit travels between hosts' agents as JSON
 (:meth:`WorkerExit.to_json` / :meth:`WorkerExit.from_json`).
 
-Who is what (:func:`classify_exits`): a worker the launcher signalled while it still ran
-(``stopped``) is *stopped by the launcher*, not a failure, whatever it recorded before the
-signal came: an exception it raised once a peer had died (PeerFailedError) is an echo of
-the root cause, and its exit code is the launcher's doing. The one exception is the root
-cause itself, the earliest failure by its recorded time, which may still have been running
-(slow to exit) when the launcher stopped it. An echo (a recorded PeerFailedError or
-GroupAbortedError: the rank failed because another one had) is never the root cause while a
-failure that is not an echo is known, e.g. a rank killed by SIGKILL, the OOM killer or a
-segfault, which records nothing: its time is only when the launcher reaped it, which may
-come after the echo's own recorded time. Only when every known failure is an echo (the
-root cause was on a node whose report lost the race) is the earliest echo named. The
-other failures are the workers that exited with an error on their own, before the launcher
-signalled them (one that had already ended when the signal came, reaped or not, counts as
-failed on its own; see :meth:`.workers.Worker.stop`).
+One decision names the root cause (:func:`choose_root`), made once, when the launcher stops
+the round: among the failures known then — the worker whose exit started the stop, the
+workers that had exited too, and those that had recorded an exception but were still
+exiting — the earliest by its own recorded time, never an echo (a recorded PeerFailedError
+or GroupAbortedError: the rank failed because another one had) while a failure that is not
+an echo is known, e.g. a rank killed by SIGKILL, the OOM killer or a segfault, which records
+nothing (its time is when it was seen to end). The launcher's one-line message, the summary's
+root cause and its lists all come from that decision (:func:`classify_exits`). A worker the
+launcher signalled while it still ran (``stopped``) is *stopped by the launcher*, not a
+failure, whatever it recorded; the other failures are the workers that exited with an error
+on their own, before the launcher signalled them (one that had already ended when the signal
+came, reaped or not, counts as failed on its own; see :meth:`.workers.Worker.stop`).
 """
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ class WorkerExit:
     rank: int
     local_rank: int
     pid: int
-    returncode: int
+    returncode: int | None  # None: it had recorded its failure and not exited yet when named
     wall_time: float
     monotonic_time: float
     host: str = ""
@@ -61,6 +59,9 @@ class WorkerExit:
     def failed(self) -> bool:
         return self.returncode != 0
 
+    def same_worker(self, other: WorkerExit) -> bool:
+        return (self.host, self.rank) == (other.host, other.rank)
+
     @property
     def echo(self) -> bool:
         """True when the recorded exception is an echo of another rank's failure
@@ -70,7 +71,7 @@ class WorkerExit:
 
     def signal_name(self) -> str | None:
         """The name of the signal that killed the worker, None if it exited by itself."""
-        if self.returncode >= 0:
+        if self.returncode is None or self.returncode >= 0:
             return None
         try:
             return signal.Signals(-self.returncode).name
@@ -79,6 +80,8 @@ class WorkerExit:
 
     def describe(self) -> str:
         """``exit code 1 (ValueError: boom)`` or ``signal SIGKILL``, for one-line messages."""
+        if self.returncode is None:
+            return f"{self.error} (recorded; it had not exited yet)"
         name = self.signal_name()
         how = f"signal {name}" if name else f"exit code {self.returncode}"
         return f"{how} ({self.error})" if self.error else how
@@ -104,25 +107,31 @@ class WorkerExit:
         return cls(**data)
 
 
+def choose_root(failures: list[WorkerExit]) -> WorkerExit:
+    """The root cause among ``failures`` (not empty): the earliest by its own clock, never an
+    echo while a failure that is not an echo is among them (see the module docstring)."""
+    causes = [e for e in failures if not e.echo] or failures
+    return min(causes, key=lambda e: e.failed_at)
+
+
 def classify_exits(
-    reported: WorkerExit, exits: list[WorkerExit]
+    root: WorkerExit, exits: list[WorkerExit]
 ) -> tuple[WorkerExit, list[WorkerExit], list[int]]:
-    """(root cause, other failures by time, ranks stopped by the launcher) of a failed round.
-
-    ``reported`` is the failure that stopped the round (from any node); ``exits`` are this
-    node's reaped workers. See the module docstring for the rules; every rank of ``exits``
-    lands in at most one of the three, so the report's list and its footer agree.
-    """
-    def candidate(e: WorkerExit) -> bool:  # could have failed first
-        return e.failed and (not e.stopped or bool(e.recorded_at))
-
-    by_rank = {(e.host, e.rank): e for e in [reported, *(e for e in exits if candidate(e))]}
-    causes = [e for e in by_rank.values() if not e.echo] or list(by_rank.values())
-    root = min(causes, key=lambda e: e.failed_at)
-    others = sorted((e for e in exits if e.failed and not e.stopped and (e.host, e.rank) != (root.host, root.rank)),
+    """(root cause, other failures by time, ranks stopped by the launcher) of a failed round
+    whose root cause was decided to be ``root`` (from any node); ``exits`` are this node's
+    reaped workers. The root cause is returned as it ended here when it was this node's (its
+    final exit code); every rank of ``exits`` lands in at most one of the three, so the
+    report's list and its footer agree."""
+    root = next((e for e in exits if e.same_worker(root)), root)
+    others = sorted((e for e in exits if e.failed and not e.stopped and not e.same_worker(root)),
                     key=lambda e: e.failed_at)
-    stopped = sorted(e.rank for e in exits if e.stopped and (e.host, e.rank) != (root.host, root.rank))
+    stopped = sorted(e.rank for e in exits if e.stopped and not e.same_worker(root))
     return root, others, stopped
+
+
+def _exit_code(failure: WorkerExit) -> str:
+    return "none yet (still exiting when the launcher stopped the round)" if failure.returncode is None \
+        else str(failure.returncode)
 
 
 def _format_failure(index: int, failure: WorkerExit) -> str:
@@ -135,7 +144,7 @@ def _format_failure(index: int, failure: WorkerExit) -> str:
         f"  time      : {when}\n"
         f"  host      : {failure.host}\n"
         f"  rank      : {failure.rank} (local_rank: {failure.local_rank})\n"
-        f"  exitcode  : {failure.returncode} (pid: {failure.pid}){f' ({name})' if name else ''}\n"
+        f"  exitcode  : {_exit_code(failure)} (pid: {failure.pid}){f' ({name})' if name else ''}\n"
         + (f"  error     : {failure.error}\n" if failure.error else "") +
         f"  traceback :{traceback}"
     )

@@ -19,7 +19,8 @@ from .failure import WorkerExit
 
 _T = TypeVar("_T")
 #: The Python types of a dataclass field's annotation (the annotations are strings here).
-_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "int | None": (int, type(None)), "float": (int, float),
+                                       "str": (str,), "bool": (bool,)}
 
 
 def json_object(raw: bytes | str) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def check_fields(value: dict[str, Any], required: dict[str, tuple[type, ...]],
 
 
 def dataclass_from(cls: type[_T], value: dict[str, Any]) -> _T:
-    """An instance of the dataclass ``cls`` (fields of int, float, str, bool) from ``value``.
+    """An instance of the dataclass ``cls`` (fields of int, int | None, float, str, bool) from ``value``.
     ValueError if a field is missing, unexpected or of another type."""
     required: dict[str, tuple[type, ...]] = {}
     optional: dict[str, tuple[type, ...]] = {}

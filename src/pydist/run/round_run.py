@@ -19,7 +19,7 @@ from ..core import deadline as _deadline
 from ..transport.shm.segment import remove_stale
 from .agent_rendezvous import MalformedRecord, Rendezvous, Round
 from .config import Placement, worker_env
-from .failure import WorkerExit, classify_exits, format_summary
+from .failure import WorkerExit, choose_root, classify_exits, format_summary
 from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
 from .workers import Worker, spawn, sweep_groups, watch
@@ -44,6 +44,7 @@ class RoundRun:
         self.error_files: list[str] = []
         self._files: list[BinaryIO] = []
         self._stopping_since: float | None = None
+        self._root: WorkerExit | None = None  # the root cause, decided once when the round stops
         self._outcome: dict[str, Any] | None = None
         self._pump = OutputPump()
         self._alive: set[int] = set()  # local ranks whose worker runs
@@ -120,7 +121,7 @@ class RoundRun:
         rank = self.placement.node_rank * self.config.nproc_per_node + len(self.workers)
         failed = WorkerExit(rank, len(self.workers), -1, 1, time.time(), _deadline.now(), self.rdzv.me.where(),
                             f"{type(exc).__name__}: {exc}", f"cannot start {' '.join(self.config.command)}")
-        self._stop_round({"reason": "failure", "exit": failed.to_json()}, signal.SIGTERM)
+        self._fail_round(failed)
 
     # -- watching ------------------------------------------------------------------------
     def _monitor(self) -> None:
@@ -177,9 +178,36 @@ class RoundRun:
                 self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
                                 f"{worker.exit.describe()}; the others go on (--on-failure continue)")
                 return
-            self.agent._say(f"rank {worker.rank} (pid {worker.pid}) on {worker.exit.host} failed with "
-                            f"{worker.exit.describe()}; stopping the other workers")
-            self._stop_round({"reason": "failure", "exit": worker.exit.to_json()}, signal.SIGTERM)
+            root = self._fail_round(worker.exit)
+            self.agent._say(f"rank {root.rank} (pid {root.pid}) on {root.host} failed with {root.describe()}; "
+                            "stopping the other workers")
+
+    def _fail_round(self, first: WorkerExit) -> WorkerExit:
+        """Stop the round for ``first``'s failure and decide its root cause, once (see
+        :func:`.failure.choose_root`): among ``first``, the failures known here at this moment
+        and the failure another node may have reported first. The one-line message and the
+        summary both name it."""
+        local = choose_root([first, *self._failing_now()])
+        self._stop_round({"reason": "failure", "exit": local.to_json()}, signal.SIGTERM)
+        reported = self._outcome.get("exit") if self._outcome is not None else None
+        self._root = choose_root([WorkerExit.from_json(reported), local]) if reported else local
+        return self._root
+
+    def _failing_now(self) -> list[WorkerExit]:
+        """This node's workers not reaped yet that have failed: exited with an error (the
+        watcher has not reported it yet), or recorded an exception and still exiting."""
+        failing = []
+        for worker in self.workers:
+            if worker.exit is not None:
+                continue
+            code = worker.exit_status()
+            seen = WorkerExit(worker.rank, worker.local_rank, worker.pid, code, time.time(), _deadline.now(),
+                              self.rdzv.me.where())
+            if code != 0:
+                seen.add_output(self.error_files[worker.local_rank], list(worker.stderr_tail))
+            if code is not None and code != 0 or code is None and seen.recorded_at:
+                failing.append(seen)
+        return failing
 
     def _replace(self, worker: Worker) -> bool:
         """Start a replacement for the failed ``worker`` in its slot (same LOCAL_RANK, marked
@@ -216,6 +244,8 @@ class RoundRun:
                                                      f"{self.placement.master_port}: {exc}"}
         if record is not None:
             self._outcome = record
+            if record.get("reason") == "failure":  # another node's: weighed with the failures known here
+                self._root = choose_root([WorkerExit.from_json(record["exit"]), *self._failing_now()])
             self._stop(signal.SIGTERM)
 
     def _stop_round(self, why: dict[str, Any], sig: int) -> None:
@@ -266,11 +296,14 @@ class RoundRun:
             self._outcome = {"reason": "failure", "exit": lost[0].to_json(), "restarts_used": self.config.max_restarts}
 
     def _report(self, outcome: dict[str, Any]) -> None:
-        """Print the root-cause summary (:func:`.failure.classify_exits`): the first failure by
-        the time it happened, whichever node reported it; this node's workers that failed on
-        their own; the workers the launcher stopped (signalled while they ran), echoes included."""
+        """Print the root-cause summary (:func:`.failure.classify_exits`) of the root cause
+        decided when the round stopped (else, e.g. --on-failure continue, of the first failure
+        by its own clock); this node's workers that failed on their own; the workers the
+        launcher stopped (signalled while they ran), echoes included."""
+        exits = [w.exit for w in self.workers if w.exit is not None]
         reported = WorkerExit.from_json(outcome["exit"])
-        root, others, stopped = classify_exits(reported, [w.exit for w in self.workers if w.exit is not None])
+        decided = self._root or choose_root([reported, *(e for e in exits if e.failed and not e.stopped)])
+        root, others, stopped = classify_exits(decided, exits)
         name = self.config.entrypoint or self.config.command[0]
         write_bytes(self.agent._stderr, (format_summary(name, root, others, stopped) + "\n").encode())
 

@@ -52,15 +52,25 @@ class Worker:
             self.signal_group(sig)
 
     def ended(self) -> bool:
-        """True when the worker process has exited, whether or not it was reaped yet (it is
-        not reaped here: its watcher does that). False where ``os.waitid`` is missing."""
+        """True when the worker process has exited, whether or not it was reaped yet."""
+        return self.exit_status() is not None
+
+    def exit_status(self) -> int | None:
+        """The worker's exit code as Popen gives it (-N: killed by signal N) once it has ended,
+        reaped or not (it is not reaped here: its watcher does that); None while it runs, and
+        where ``os.waitid`` is missing until it is reaped."""
+        if self.proc.returncode is not None:
+            return self.proc.returncode
         waitid = getattr(os, "waitid", None)
         if waitid is None:
-            return False
+            return None
         try:
-            return waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:  # reaped by the watcher meanwhile
-            return True
+            seen = waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped by the watcher meanwhile: it sets the code at once
+            return self.proc.wait()
+        if seen is None:
+            return None
+        return seen.si_status if seen.si_code == os.CLD_EXITED else -seen.si_status
 
     @property
     def pid(self) -> int:

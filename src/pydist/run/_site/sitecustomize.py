@@ -20,8 +20,10 @@ def _write(path: str, message: str, callstack: str) -> None:
             now = time.time()
             data = {"message": {"message": message, "extraInfo": {
                 "py_callstack": callstack, "timestamp": str(int(now)), "pydist_wall_time": now}}}
-            with open(path, "w") as out:
+            partial = f"{path}.{os.getpid()}.partial"
+            with open(partial, "w") as out:  # then renamed: the launcher never reads half a file
                 json.dump(data, out)
+            os.replace(partial, path)
     except Exception:  # the report is best effort; the failure itself goes on
         pass
 
