@@ -279,10 +279,15 @@ def test_no_python(pids):
 
 
 @pytest.mark.slow
-def test_missing_executable_is_reported(pids):
-    result, _ = run(["--nproc-per-node", "2", "--no-python", "/nonexistent/prog"], pids[0])
+def test_an_executable_that_cannot_start_is_reported(pids, tmp_path):
+    """It exists (a missing one is refused before any worker starts: test_launcher_messages.py)
+    but its interpreter does not."""
+    program = tmp_path / "prog"
+    program.write_text("#!/nonexistent/interpreter\n")
+    program.chmod(0o755)
+    result, _ = run(["--nproc-per-node", "2", "--no-python", str(program)], pids[0])
     assert result.returncode == 1
-    assert "cannot start worker 0" in result.stderr and "/nonexistent/prog" in result.stderr
+    assert "cannot start worker 0" in result.stderr and str(program) in result.stderr
 
 
 # --- failures ----------------------------------------------------------------------------------

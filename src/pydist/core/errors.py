@@ -7,6 +7,9 @@
   the OS error as ``__cause__``).
 - DistStoreError: a store operation failed or timed out (missing keys in the message).
 - QueueEmptyError: ``queue_pop(block=False)`` on an empty queue.
+- ConfigurationError (a mixin): the job's configuration is wrong, the same on every rank (a
+  variable's value, a variable missing, an interface name); SettingError is also a
+  ValueError, InterfaceError also a DistNetworkError. pydist-run reports one once per job.
 
 Misuse (bad rank, wrong sizes, non-member) raises ValueError/TypeError instead.
 """
@@ -60,6 +63,20 @@ class GroupAbortedError(DistBackendError):
         self.rank = rank
         self.host = host
         self.reason = message if reason is None else reason
+
+
+class ConfigurationError(Exception):
+    """Mixin of the errors in a job's configuration (an environment variable's value, a
+    variable missing, an interface name): the same on every rank and fixed outside the code,
+    so pydist-run prints one paragraph per job for it rather than a traceback per rank."""
+
+
+class SettingError(ConfigurationError, ValueError):
+    """An environment variable is missing or has a bad value; the message names it."""
+
+
+class InterfaceError(ConfigurationError, DistNetworkError):
+    """PYDIST_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) names no interface with an address here."""
 
 
 class PeerFailedError(DistNetworkError):

@@ -3,8 +3,8 @@
 ``Settings`` is the table: one field per variable, its metadata saying how the text is
 parsed. ``settings()`` parses all of them, once per distinct environment, and is called where
 a value takes effect (a group or transport being made, a tool starting), so that a variable set
-after fork, or by a test before init, counts. A bad value raises ValueError naming the
-variable, what it expects and what it was given. The site's settings table is ``markdown()``.
+after fork, or by a test before init, counts. A bad value raises SettingError (a ValueError)
+naming the variable, what it expects and what it was given. The site's settings table is ``markdown()``.
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from .errors import SettingError
 
 #: The algorithm names each collective accepts in PYDIST_ALGO_<COLLECTIVE> (the engine's
 #: ALGORITHMS table must offer exactly these: tests/test_settings_table.py checks).
@@ -228,7 +230,7 @@ def parse(environ: Mapping[str, str]) -> Settings:
             try:
                 values[field.name] = field.metadata["parse"](text)
             except ValueError as error:
-                raise ValueError(f"environment variable {name}={text!r}: {error}") from None
+                raise SettingError(f"environment variable {name}={text!r}: {error}") from None
     return Settings(**values)
 
 

@@ -15,7 +15,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ..core.errors import DistNetworkError
+from ..core.errors import InterfaceError
 from ..core.settings import settings
 
 _SIOCGIFADDR = 0x8915
@@ -93,8 +93,8 @@ def matching(spec: str, found: list[Interface]) -> list[Interface]:
 
 def named_addresses(family: socket.AddressFamily) -> list[tuple[str, str]] | None:
     """(interface, address) for each interface the user names, preferring ``family`` and
-    falling back to the other; None if none is named. DistNetworkError if the names match no
-    interface with an address, listing the ones that exist."""
+    falling back to the other; None if none is named. InterfaceError (a DistNetworkError) if
+    the names match no interface with an address, listing the ones that exist."""
     request = requested()
     if request is None:
         return None
@@ -106,7 +106,7 @@ def named_addresses(family: socket.AddressFamily) -> list[tuple[str, str]] | Non
         if preferred or interface.addresses:
             chosen.append((interface.name, (preferred or list(interface.addresses))[0]))
     if not chosen:
-        raise DistNetworkError(f"{variable}={spec.removeprefix('=') if variable.startswith('GLOO') else spec} "
+        raise InterfaceError(f"{variable}={spec.removeprefix('=') if variable.startswith('GLOO') else spec} "
                                f"matches no interface with an address on {socket.gethostname()}; its interfaces: "
                                f"{', '.join(map(str, found)) or 'none'}")
     return chosen

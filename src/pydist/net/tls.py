@@ -10,6 +10,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 
+from ..core.errors import SettingError
 from ..core.settings import settings
 
 VARIABLES = ("PYDIST_TLS_CERT", "PYDIST_TLS_KEY", "PYDIST_TLS_CA")
@@ -45,14 +46,14 @@ def contexts() -> Contexts | None:
         return None
     if not all(values):
         missing = [name for name, value in zip(VARIABLES, values) if not value]
-        raise ValueError(f"TLS needs {', '.join(VARIABLES)} together; {', '.join(missing)} "
+        raise SettingError(f"TLS needs {', '.join(VARIABLES)} together; {', '.join(missing)} "
                          f"{'is' if len(missing) == 1 else 'are'} not set")
     key = (str(values[0]), str(values[1]), str(values[2]))
     if key not in _cache:
         try:
             _cache[key] = Contexts(_context(ssl.PROTOCOL_TLS_SERVER, *key), _context(ssl.PROTOCOL_TLS_CLIENT, *key))
         except (OSError, ssl.SSLError) as error:
-            raise ValueError(f"TLS: cannot load PYDIST_TLS_CERT={key[0]}, PYDIST_TLS_KEY={key[1]}, "
+            raise SettingError(f"TLS: cannot load PYDIST_TLS_CERT={key[0]}, PYDIST_TLS_KEY={key[1]}, "
                              f"PYDIST_TLS_CA={key[2]}: {error}") from None
     return _cache[key]
 

@@ -14,7 +14,7 @@ The launcher is the first of :data:`LAUNCHERS` whose rank variable is set. MPI l
 come before Slurm because mpiexec inside an sbatch script inherits the batch step's
 SLURM_PROCID=0, and submitit's LocalExecutor (SUBMITIT_LOCAL_GLOBALID, LOCALID, NTASKS,
 JOB_ID: one host) comes before Slurm for the same reason. What cannot be found raises one
-:class:`MissingLaunchVariables` (a ValueError) naming every missing variable once.
+:class:`MissingLaunchVariables` (a SettingError, so a ValueError) naming every missing variable once.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import product
+
+from ..core.errors import SettingError
 
 PORT_BASE, PORT_SPAN = 20000, 40000
 _SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -73,7 +75,7 @@ LAUNCHERS = (
 )
 
 
-class MissingLaunchVariables(ValueError):
+class MissingLaunchVariables(SettingError):
     """Variables neither set nor derivable from the launcher's; ``missing`` has one entry per
     variable (its name, and why the launcher's variables do not give it, where one was found)."""
 
@@ -162,7 +164,7 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
     try:
         return int(found[1])
     except ValueError:
-        raise ValueError(f"environment variable {found[0]}={found[1]!r} is not an integer") from None
+        raise SettingError(f"environment variable {found[0]}={found[1]!r} is not an integer") from None
 
 
 def _slurm_local_size(env: Mapping[str, str]) -> int | None:
@@ -232,7 +234,7 @@ class _Resolver:
                 try:
                     return parse_hostlist(found[1])[0]
                 except ValueError as error:
-                    raise ValueError(f"environment variable {found[0]}: {error}") from None
+                    raise SettingError(f"environment variable {found[0]}: {error}") from None
             self.missing.append(f"MASTER_ADDR ({launcher.title} set none of {', '.join(_SLURM_NODELISTS)})")
         elif single_host:
             return "127.0.0.1"
@@ -246,7 +248,7 @@ class _Resolver:
         text = self.env.get("MASTER_PORT")
         if text:
             if not text.isdigit() or not 0 < int(text) < 65536:
-                raise ValueError(f"environment variable MASTER_PORT={text!r} is not a port number")
+                raise SettingError(f"environment variable MASTER_PORT={text!r} is not a port number")
             return int(text)
         key = self._job_key(single_host)
         if key is not None:

@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import uuid
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ..core.settings import settings
 from .config import LaunchConfig, worker_command
 from .logs import LogSpec, parse_ranks_filter, parse_streams
 
@@ -247,7 +249,31 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    problem = cannot_start(args)
+    if problem is not None:
+        parser.exit(2, f"pydist-run: error: {problem}\n")
     sys.exit(Agent(config).run())
+
+
+def cannot_start(args: argparse.Namespace) -> str | None:
+    """Why no worker could start, found before starting any: a bad PYDIST_* value (every
+    worker would fail on it), or a script or program that does not exist. None if none."""
+    try:
+        settings()
+    except ValueError as exc:
+        return str(exc)
+    script = args.training_script
+    if args.module:
+        return None  # found by the workers' interpreter, on their path
+    if args.no_python and not args.run_path:
+        if shutil.which(script) is None:
+            where = "" if os.sep in script else f" on PATH ({os.environ.get('PATH', '')})"
+            return f"the program {script!r} does not exist or is not executable{where} (--no-python)"
+        return None
+    if not os.path.isfile(script):
+        where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()})"
+        return f"the script {script!r} does not exist{where}"
+    return None
 
 
 def _export_tls(args: argparse.Namespace) -> None:

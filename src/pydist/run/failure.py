@@ -49,6 +49,7 @@ class WorkerExit:
     traceback: str = ""  # its traceback, else the tail of stderr
     recorded_at: float = 0.0  # wall time the worker recorded its failure (error file), 0 if none
     stopped: bool = False  # the launcher signalled the worker (stopping the round) before it was reaped
+    configuration: bool = False  # its error is in the job's configuration (pydist's ConfigurationError)
 
     @property
     def failed_at(self) -> float:
@@ -96,6 +97,7 @@ class WorkerExit:
             extra = message.get("extraInfo", {})
             self.traceback = str(extra.get("py_callstack", ""))
             self.recorded_at = float(extra.get("pydist_wall_time") or extra.get("timestamp") or 0.0)
+            self.configuration = extra.get("pydist_configuration") is True
         except (OSError, ValueError, KeyError, TypeError):
             self.traceback = b"".join(stderr_tail).decode("utf-8", "replace")
 
@@ -176,3 +178,14 @@ def format_summary(
             "=" * width,
         ]
     )
+
+
+def format_configuration_error(entrypoint: str, root: WorkerExit, others: list[WorkerExit]) -> str:
+    """One paragraph for a round stopped by an error in the job's configuration (a
+    ConfigurationError: the same on every rank, fixed outside the code): the error once and
+    the ranks that failed with it, no traceback."""
+    ranks = sorted({root.rank, *(e.rank for e in others if e.error == root.error)})
+    listing = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on {root.host}"
+    return (f"{entrypoint} FAILED: the job's configuration is wrong ({listing}):\n"
+            f"  {root.error}\n"
+            "  Fix it and start the job again (no traceback: the error is in the configuration, not the code).")

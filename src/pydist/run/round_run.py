@@ -19,7 +19,7 @@ from ..core import deadline as _deadline
 from ..transport.shm.segment import remove_stale
 from .agent_rendezvous import MalformedRecord, Rendezvous, Round
 from .config import Placement, worker_env
-from .failure import WorkerExit, choose_root, classify_exits, format_summary
+from .failure import WorkerExit, choose_root, classify_exits, format_configuration_error, format_summary
 from .logs import STDERR, STDOUT, LogDirs
 from .output import OutputPump, write_bytes
 from .workers import Worker, spawn, sweep_groups, watch
@@ -147,10 +147,19 @@ class RoundRun:
                 self._look_at_store()
             if self._stopping_since is not None and not killed and alive:
                 if hurry or _deadline.now() >= self._stopping_since + self.config.shutdown_timeout:
-                    for worker in self.workers:
-                        if worker.local_rank in alive:
-                            worker.signal_group(signal.SIGKILL)
+                    self._kill([worker for worker in self.workers if worker.local_rank in alive], hurry)
                     killed = True
+
+    def _kill(self, workers: list[Worker], hurry: bool) -> None:
+        """SIGKILL the process groups of ``workers``, still running after the round's stop
+        signal (``hurry``: a second signal came), and say so."""
+        ranks = ", ".join(str(worker.rank) for worker in workers)
+        why = ("got a second signal" if hurry else
+               f"{'rank' if len(workers) == 1 else 'ranks'} {ranks} still running "
+               f"{self.config.shutdown_timeout:g}s after the stop signal (--shutdown-timeout)")
+        self.agent._say(f"{why}: sending SIGKILL to {'rank' if len(workers) == 1 else 'ranks'} {ranks}")
+        for worker in workers:
+            worker.signal_group(signal.SIGKILL)
 
     def _next_event(self, timeout: float) -> tuple[Any, ...]:
         """The next exit or signal, waiting up to ``timeout`` s on pydist's clock (the SIGKILL
@@ -179,7 +188,8 @@ class RoundRun:
                                 f"{worker.exit.describe()}; the others go on (--on-failure continue)")
                 return
             root = self._fail_round(worker.exit)
-            self.agent._say(f"rank {root.rank} (pid {root.pid}) on {root.host} failed with {root.describe()}; "
+            what = "a configuration error (below)" if root.configuration else root.describe()
+            self.agent._say(f"rank {root.rank} (pid {root.pid}) on {root.host} failed with {what}; "
                             "stopping the other workers")
 
     def _fail_round(self, first: WorkerExit) -> WorkerExit:
@@ -305,7 +315,10 @@ class RoundRun:
         decided = self._root or choose_root([reported, *(e for e in exits if e.failed and not e.stopped)])
         root, others, stopped = classify_exits(decided, exits)
         name = self.config.entrypoint or self.config.command[0]
-        write_bytes(self.agent._stderr, (format_summary(name, root, others, stopped) + "\n").encode())
+        if root.configuration:
+            self.agent._say(format_configuration_error(name, root, others))
+        else:
+            write_bytes(self.agent._stderr, (format_summary(name, root, others, stopped) + "\n").encode())
 
 
 def _remove_dead_workers_segments() -> None:
