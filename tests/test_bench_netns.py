@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pydist.bench import cli, netns_job
+from pydist.bench import cli, netns_job, session
 from pydist.testing.netns import require_netns
 
 BENCH = [sys.executable, "-m", "pydist.bench"]
@@ -25,6 +25,7 @@ def test_the_job_gets_every_argument_but_the_namespace_ones():
     argv = ["--netns", "2x2", "--sizes", "4,1M", "--link=1gbit", "--compare", "gloo", "--netns=3x1", "--link", "x",
             "--nics", "2", "--nics=3"]
     assert netns_job.forwarded(argv) == ["--sizes", "4,1M", "--compare", "gloo"]
+    assert netns_job.job_args(argv)[:4] == ["--sizes", "4,1M", "--compare", "gloo"]
     command = netns_job.host_command(netns_job.Shape(2, 3), 1, "10.0.0.1", ["--sizes", "4"])
     assert command[1:] == ["-m", "pydist.run", "--nnodes", "2", "--nproc-per-node", "3", "--node-rank", "1",
                            "--master-addr", "10.0.0.1", "--master-port", str(netns_job.MASTER_PORT),
@@ -56,6 +57,16 @@ def test_a_two_host_job_prints_rank_zeros_table():
     rows = [line for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+[\d.]+", line)]
     assert [int(row.split()[0]) for row in rows] == [4, 65536], done.stdout
     assert "[rank" not in done.stdout
+    assert "# command: pydist-bench --netns 2x1 --sizes 4,64K --iters 2 --warmup 1\n" in done.stdout, done.stdout
+
+
+def test_the_table_of_a_netns_job_shows_the_command_the_user_typed():
+    """Issue 48: its "# command:" line left out --netns (the ranks saw only what they were given)."""
+    typed = ["--netns", "2x2", "--link", "1gbit", "--sizes", "4,1M"]
+    args = cli.build_parser().parse_args(netns_job.job_args(typed))
+    args.nproc = 4  # what a rank of the 2x2 job finds
+    meta = session.make_meta(netns_job.job_args(typed), args)
+    assert meta.command == "pydist-bench --netns 2x2 --link 1gbit --sizes 4,1M"
 
 
 @pytest.mark.slow

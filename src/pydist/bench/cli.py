@@ -111,6 +111,7 @@ def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
                         help="tcp: every byte over TCP sockets, as between hosts (pydist: PYDIST_SHM=0; mpi: "
                         "MPIR_CVAR_NOLOCAL=1 UCX_TLS=tcp,self; gloo: always tcp); auto: each backend's default")
     parser.add_argument("--timeout", type=_arg(_seconds), default=1800.0, help="seconds allowed for each backend's run")
+    parser.add_argument("--shown-command", default=None, help=argparse.SUPPRESS)  # --netns: the user's command
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--plot", metavar="PATH", help="write busbw and time against size (needs matplotlib)")
     parser.add_argument("--netns", type=_arg(netns_job.parse_shape), metavar="HOSTSxRANKS",
@@ -224,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.transport != "auto":
             parser.error("--transport tcp with --netns: the hosts are separate already (use --netns Hx1)")
         with tempfile.TemporaryDirectory(prefix="pydist-bench-") as scratch:
-            return netns_job.run(args.netns, args.link, netns_job.forwarded(argv), args.timeout,
+            return netns_job.run(args.netns, args.link, netns_job.job_args(argv), args.timeout,
                                  extra_env=_in_job_tls(args.compare, scratch), nics=args.nics)
     args.nproc = getattr(args, "nproc", DEFAULT_NPROC)
     if args.nproc < OPS[args.op].min_ranks:

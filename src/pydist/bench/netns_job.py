@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -52,6 +53,12 @@ def forwarded(argv: list[str]) -> list[str]:
         elif not arg.startswith(("--netns=", "--link=", "--nics=")):
             kept.append(arg)
     return kept
+
+
+def job_args(argv: list[str]) -> list[str]:
+    """The arguments of every rank of the job: ``forwarded(argv)``, and the user's whole
+    command (``--shown-command``), which rank 0's table shows: the one to run again."""
+    return [*forwarded(argv), "--shown-command", shlex.join(["pydist-bench", *argv])]
 
 
 def host_command(shape: Shape, host: int, master: str, bench_args: list[str], module: str = "pydist.bench"

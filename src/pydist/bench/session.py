@@ -42,9 +42,11 @@ def plan_and_config(args: argparse.Namespace) -> tuple[list[tuple[int, int]], di
 
 
 def make_meta(argv: list[str], args: argparse.Namespace, job: Job | None = None) -> Meta:
-    """The header of this run, with this host's CPU count and load."""
+    """The header of this run, with this host's CPU count and load; its command is the one
+    the user typed (``--shown-command``, for the ranks of a --netns job), else ``argv``'s."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return Meta(shlex.join(["pydist-bench", *argv]), args.op, args.nproc, args.dtype, args.iters, args.warmup,
+    command = getattr(args, "shown_command", None) or shlex.join(["pydist-bench", *argv])
+    return Meta(command, args.op, args.nproc, args.dtype, args.iters, args.warmup,
                 args.budget, cpus or 1, os.getloadavg()[0], job)
 
 
