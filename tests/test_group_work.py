@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import pydist as dist
+from pydist.groups.world import current, using_world
 from pydist.testing import run_threads
 
 
@@ -145,3 +146,48 @@ def test_release_idle_ends_idle_callback_workers_at_once_and_later_tasks_still_r
     runner.run(again.set)
     assert again.wait(30)
     runner.release_idle()
+
+
+def _destroy_while_inside_a_blocking_call(rank, size, draining):
+    """Rank 0's helper thread is inside a blocking broadcast on ``group`` when rank 0 destroys
+    ``group``: the destroy waits for that call (drain), rank 1's part ends it, and the destroy
+    returns then, not at the group's timeout (30 s)."""
+    group = dist.new_group([0, 1])
+    if rank == 1:
+        assert draining.wait(20), "rank 0 never started destroying the group"
+        dist.broadcast(np.ones(1), src=1, group=group)
+        dist.destroy_process_group(group)
+        return None
+    queue = group._queue
+    inside, waits = threading.Event(), queue._idle_within
+    claim = queue.claim
+
+    def claimed():  # the helper is inside its call once it claimed the queue
+        seq = claim()
+        inside.set()
+        return seq
+    queue.claim = claimed
+
+    def idle_within(seconds):  # under the queue's lock: the call cannot end before this waits
+        draining.set()
+        return waits(seconds)
+    queue._idle_within = idle_within
+    world, got = current(), np.zeros(1)
+
+    def in_rank_0(call, *args, **kwargs):  # a thread of rank 0 (a thread-rank's World is per thread)
+        with using_world(world):
+            call(*args, **kwargs)
+    helper = threading.Thread(target=in_rank_0, args=(dist.broadcast, got), kwargs={"src": 1, "group": group},
+                              name="rank-0-blocking-broadcast", daemon=True)
+    helper.start()
+    assert inside.wait(20), "the helper's broadcast never started"
+    destroyer = threading.Thread(target=in_rank_0, args=(dist.destroy_process_group, group), daemon=True)
+    destroyer.start()
+    destroyer.join(15)  # a bound well under the group's timeout (30 s), for a loaded machine
+    helper.join(15)
+    return destroyer.is_alive(), helper.is_alive(), got.tolist()
+
+
+def test_destroying_a_group_waits_for_a_blocking_call_in_another_thread_not_the_timeout():
+    assert run_threads(2, _destroy_while_inside_a_blocking_call, threading.Event(), pg_timeout=30)[0] == \
+        (False, False, [1.0])

@@ -36,6 +36,7 @@ class OpQueue:
         self._cond = threading.Condition(self._lock)
         self._pending: deque[tuple[int, Operation, Work]] = deque()
         self._busy = False
+        self._drainers = 0  # threads in drain: release wakes them (the latency path skips the notify otherwise)
         self._seq = 0
         self._thread: threading.Thread | None = None
 
@@ -76,10 +77,11 @@ class OpQueue:
         return seq
 
     def release(self) -> None:
-        """End the operation ``claim`` let run: the next queued one may go."""
+        """End the operation ``claim`` let run: the next queued one may go, and a ``drain``
+        (destroy, a world's close, a shrink) waiting for it returns."""
         with self._lock:
             self._busy = False
-            if self._pending:
+            if self._pending or self._drainers:
                 self._cond.notify_all()
 
     def _destroyed_error(self) -> DistBackendError:
@@ -129,7 +131,11 @@ class OpQueue:
     def drain(self, timeout: float | None) -> bool:
         """Wait until nothing is queued or running; True when idle."""
         with self._cond:
-            return _deadline.timed_wait(self._idle_within, timeout)
+            self._drainers += 1
+            try:
+                return _deadline.timed_wait(self._idle_within, timeout)
+            finally:
+                self._drainers -= 1
 
     def _idle_within(self, seconds: float | None) -> bool:
         """Under the lock: wait up to ``seconds`` for nothing queued or running (the primitive
