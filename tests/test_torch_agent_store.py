@@ -91,3 +91,37 @@ def test_the_env_rendezvous_yields_it_and_the_store_stays_alive(server, monkeypa
     assert (rank, size) == (0, 1) and isinstance(store, PydistStore) and store in agent_store._KEPT
     store.set("from torch", "1")
     assert server.get("from torch") == b"1"
+
+
+def test_an_empty_queue_raises_torchs_queue_empty_error(server):
+    """torch 2.13's stores raise QueueEmptyError (a DistStoreError) from queue_pop(block=False)
+    on an empty queue, and DistStoreError when a blocking pop times out; so does this one
+    (torch's PrefixStore has no queue calls)."""
+    store = _client(server)
+    store.set_timeout(timedelta(seconds=0.2))
+    with pytest.raises(tdist.QueueEmptyError):
+        store.queue_pop("empty", block=False)
+    with pytest.raises(tdist.DistStoreError) as blocking:
+        store.queue_pop("empty")
+    assert not isinstance(blocking.value, tdist.QueueEmptyError)
+    store.close()
+
+
+def test_clones_share_the_stores_connections_and_have_timeouts_of_their_own(server):
+    """torch clones a store per shrunk group (shrink_group): each clone opening a client of
+    its own would keep one more authenticated connection per shrink for the job's life."""
+    store = _client(server)
+    store.set("k", "v")
+    before = server.server_stats()["connections"]
+    clones = [store.clone() for _ in range(5)]
+    assert [clone.get("k") for clone in clones] == [b"v"] * 5
+    prefixed = tdist.PrefixStore("g", clones[0])
+    prefixed.set("p", "1")
+    assert prefixed.clone().get("p") == b"1"  # torch's way: PrefixStore.clone clones what it wraps
+    assert server.server_stats()["connections"] == before
+    clones[0].set_timeout(timedelta(seconds=0.1))
+    assert store.timeout == store.underlying_store.timeout == timedelta(seconds=10)
+    assert clones[0].timeout == timedelta(seconds=0.1)
+    clones[1].close()  # a clone's close leaves the store (and the other clones) open
+    assert store.get("k") == b"v" and clones[2].get("k") == b"v"
+    store.close()

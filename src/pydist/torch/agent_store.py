@@ -9,8 +9,9 @@ subclass of ``torch.distributed.Store`` that forwards every call to pydist's TCP
 call it like any torch store (torch dispatches the C++ calls of gloo and PrefixStore to the
 Python methods: set, get, add, compare_set, check, delete_key, num_keys, wait, multi_get,
 multi_set, append, queue ops, list_keys). pydist's store errors are raised as torch's
-(DistNetworkError, DistStoreError), the pydist error as the cause, so torch's handling of a
-store timeout or a lost store is unchanged.
+(DistNetworkError, DistStoreError, QueueEmptyError from ``queue_pop(block=False)`` on an
+empty queue), the pydist error as the cause, so torch's handling of a store timeout or a
+lost store is unchanged.
 
 :func:`agent_store_rendezvous` is the env:// and tcp:// handler that yields it; the wrappers
 (:mod:`.env_rendezvous`) use it under pydist-run (PYDIST_RUN_WORKER=1) when the store
@@ -26,6 +27,7 @@ after its timeout, and the launcher logs "a torch TCPStore client, refused ...".
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -36,7 +38,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as tdist
 
-from ..core.errors import DistNetworkError, DistStoreError
+from ..core.errors import DistNetworkError, DistStoreError, QueueEmptyError
 from ..core.settings import settings
 from ..net import tls as _tls
 from ..net.auth import resolve_token
@@ -57,6 +59,8 @@ def _as_torch_errors(method: _F) -> _F:
             return method(*args, **kwargs)
         except DistNetworkError as error:
             raise tdist.DistNetworkError(str(error)) from error
+        except QueueEmptyError as error:  # queue_pop(block=False) on an empty queue, as torch's stores
+            raise tdist.QueueEmptyError(str(error)) from error
         except DistStoreError as error:
             raise tdist.DistStoreError(str(error)) from error
     return call  # type: ignore[return-value]
@@ -64,13 +68,17 @@ def _as_torch_errors(method: _F) -> _F:
 
 class PydistStore(tdist.Store):
     """A ``torch.distributed.Store`` that forwards to a pydist store (a TCPStore client).
-    ``set_timeout`` sets both torch's and the pydist store's timeout; ``clone`` opens another
-    client of the same server, kept alive by this store (torch holds only its C++ half);
-    ``close`` closes the pydist store and its clones."""
+    ``set_timeout`` sets both torch's and the pydist store's timeout. ``clone`` (torch clones
+    a store per shrunk group) gives a store over the same client, whose connection pool
+    serves concurrent calls each on a connection of its own, with a timeout of its own: no
+    connection per clone. Clones are kept alive by this store (torch holds only their C++
+    half); ``close`` closes the pydist store, which ends its clones too; a clone's ``close``
+    closes nothing (``owner``: whether this store closes the pydist one)."""
 
-    def __init__(self, store: TCPStore):
+    def __init__(self, store: TCPStore, owner: bool = True):
         super().__init__()
         self._store = store
+        self._owner = owner
         self._clones: list[PydistStore] = []
         super().set_timeout(store.timeout)
 
@@ -146,19 +154,17 @@ class PydistStore(tdist.Store):
     def has_extended_api(self) -> bool:
         return True
 
-    @_as_torch_errors
     def clone(self) -> PydistStore:
-        store = self._store
-        clone = PydistStore(TCPStore(store.host, store.port, is_master=False, timeout=store.timeout,
-                                     auth_token=store.auth_token or ""))
+        # a shallow copy shares the client's connection pool (and server); set_timeout rebinds
+        # the copy's own timeout only
+        clone = PydistStore(copy.copy(self._store), owner=False)
         self._clones.append(clone)
         return clone
 
     def close(self) -> None:
-        for clone in self._clones:
-            clone.close()
         self._clones.clear()
-        self._store.close()
+        if self._owner:
+            self._store.close()
 
 
 def applies(environ: Any = None) -> bool:
