@@ -5,6 +5,7 @@ and leaves torch's handler alone where they are set. mpiexec is the venv's MPICH
 submitit are simulated by their variables on two processes."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -117,6 +118,42 @@ def test_a_launcher_that_cannot_give_the_address_says_why_naming_each_variable_o
     assert "PMI_KVSNAME" in message
     assert all(_once(name, message) == 1 for name in ("MASTER_ADDR", "MASTER_PORT")), message
     assert not tdist.is_initialized() and "RANK" not in os.environ
+
+
+@pytest.fixture
+def filled_back(monkeypatch):
+    """Takes back at the end what a rendezvous set in os.environ behind monkeypatch's back."""
+    names = (*TORCH_NAMES, "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+    for name in names:
+        os.environ.pop(name, None)
+
+
+MPIEXEC_ONE_RANK = {"PMI_RANK": "0", "PMI_SIZE": "1", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1",
+                    "PMI_KVSNAME": "kvs_one"}
+
+
+def test_another_backend_under_a_launcher_gets_torchs_own_error(env, filled_back):
+    """gloo under mpiexec without torch's variables: torch's error, not a port of pydist's."""
+    env(**MPIEXEC_ONE_RANK)
+    with pytest.raises(ValueError, match="env:// rendezvous: environment variable RANK expected, but not set"):
+        tdist.init_process_group("gloo")
+    assert not tdist.is_initialized() and all(name not in os.environ for name in TORCH_NAMES)
+
+
+def test_the_pydist_backend_under_a_launcher_gets_them_and_the_log_names_them(env, filled_back, caplog):
+    env(**MPIEXEC_ONE_RANK)
+    with caplog.at_level(logging.INFO, logger="pydist"):
+        tdist.init_process_group("cpu:pydist")
+    port = job_port("PMI_KVSNAME=kvs_one")
+    assert (tdist.get_rank(), tdist.get_world_size(), os.environ["MASTER_PORT"]) == (0, 1, str(port))
+    filled = [r.getMessage() for r in caplog.records if "env://" in r.getMessage()]
+    assert len(filled) == 1 and "mpiexec (MPICH Hydra)" in filled[0], filled
+    assert all(f"{name}=" in filled[0] for name in TORCH_NAMES), filled
 
 
 def test_the_missing_variables_error_names_each_variable_once(env):

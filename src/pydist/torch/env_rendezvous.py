@@ -1,38 +1,45 @@
-"""torch's ``env://`` rendezvous under mpiexec, srun or submitit, as pydist's own.
+"""torch's ``env://`` rendezvous under mpiexec, srun or submitit, for the pydist backend.
 
 torch's env:// handler (``init_process_group`` with no ``init_method``) reads RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment (rank and world size also from
 the URL) and stops at the first one missing. torchrun and pydist-run set them all; mpiexec
 (Open MPI, MPICH), srun and submitit's LocalExecutor set their own variables instead.
 :func:`install` (run by ``import pydist.torch``, hence at ``import torch`` through the
-backend autoload) wraps that handler: when one of the four is missing and a launcher's
-variables are present, the missing ones are set in ``os.environ`` from pydist's
-:func:`~pydist.rendezvous.launch_env.launch_info` (what ``pydist.init_process_group()``
-with no arguments uses: rank and size from the launcher, MASTER_ADDR 127.0.0.1 when every
-rank is on this host or Slurm's first node, MASTER_PORT derived from the job id), as do
-LOCAL_RANK and LOCAL_WORLD_SIZE when missing and known; then torch's handler runs. So
-``torch.distributed.init_process_group("pydist")`` works under those launchers, as
+backend autoload) wraps that handler: for ``init_process_group`` of the pydist backend
+(``"pydist"``, or a ``"cpu:pydist,..."`` list naming it), when one of the four is missing
+and a launcher's variables are present, the missing ones are set in ``os.environ`` from
+pydist's :func:`~pydist.rendezvous.launch_env.launch_info` (what
+``pydist.init_process_group()`` with no arguments uses: rank and size from the launcher,
+MASTER_ADDR 127.0.0.1 when every rank is on this host or Slurm's first node, MASTER_PORT
+derived from the job id), as do LOCAL_RANK and LOCAL_WORLD_SIZE when missing and known;
+the pydist logger says at INFO which it set, and from which launcher; then torch's handler
+runs. So ``torch.distributed.init_process_group("pydist")`` works under those launchers, as
 DeepSpeed's MPI discovery does it.
 
 The variables set are removed again when the rendezvous then fails (a store that cannot be
-reached), so a later attempt looks the launcher up anew. What does not change: with the
-four set (or rank/world size in the URL) nothing is read or set and torch's handler runs
-alone, for every backend; without any launcher's variables torch's own error stands. A
-launcher's variables that cannot give what is missing (mpiexec across hosts without
-MASTER_ADDR) raise a ValueError naming each missing variable and why. The wrapper serves
-every backend's env:// (gloo too), only where torch's handler would have failed.
+reached), so a later attempt looks the launcher up anew. What does not change: every other
+backend (gloo, NCCL, ...) and a rendezvous outside ``init_process_group`` (its backend
+read from that call's frame) get torch's handler alone, and torch's error where a variable
+is missing; with the four set (or rank/world size in the URL) nothing is read or set;
+without any launcher's variables torch's own error stands. A launcher's variables that
+cannot give what is missing (mpiexec across hosts without MASTER_ADDR) raise a ValueError
+naming each missing variable and why.
 
 Under pydist-run (PYDIST_RUN_WORKER=1, TORCHELASTIC_USE_AGENT_STORE=True) with a token
 (PYDIST_AUTH_TOKEN, which pydist-run sets by default) or TLS (PYDIST_TLS_*), torch's C++
 store client would be refused by the workers' store; there the wrapper yields
 :class:`~pydist.torch.agent_store.PydistStore` (a torch Store over pydist's authenticated
-client) instead of running torch's handler, for every backend; torch's ``tcp://`` handler is
-wrapped alike, for a URL naming MASTER_ADDR:MASTER_PORT (the workers' store).
+client) instead of running torch's handler, for every backend (pydist-run is pydist's
+launcher: a gloo job under it needs that client too); torch's ``tcp://`` handler is wrapped
+alike, for a URL naming MASTER_ADDR:MASTER_PORT (the workers' store).
 """
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, MutableMapping
+from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -42,6 +49,8 @@ SCHEME = "env"
 #: What torch's env:// handler requires (RANK and WORLD_SIZE unless given in the URL).
 TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _MARK = "_pydist_wraps"  # the attribute of the installed wrapper that holds torch's handler
+_C10D = "torch.distributed.distributed_c10d"  # the module of torch's init_process_group
+_log = logging.getLogger("pydist")
 
 
 def fill_from_launcher(url: str, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -70,7 +79,27 @@ def fill_from_launcher(url: str, environ: MutableMapping[str, str] | None = None
         if value is not None and not env.get(name):
             filled[name] = str(value)
     env.update(filled)
+    _log.info("env:// rendezvous: set %s from %s's variables", ", ".join(f"{k}={v}" for k, v in filled.items()),
+              launcher.title)
     return filled
+
+
+def requested_backend() -> str | None:
+    """The ``backend`` of the ``torch.distributed.init_process_group`` call running in this
+    thread (its frame's local), or None outside one."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "init_process_group" and frame.f_globals.get("__name__") == _C10D:
+            backend = frame.f_locals.get("backend")
+            return None if backend is None else str(backend)
+        frame = frame.f_back
+    return None
+
+
+def names_pydist(backend: str | None) -> bool:
+    """Whether ``backend`` ("pydist", or a "cpu:pydist,cuda:nccl" list) names the pydist backend."""
+    return backend is not None and any(part.split(":")[-1].strip().lower() == "pydist"
+                                       for part in backend.split(","))
 
 
 Handler = Callable[..., Iterator[tuple[Any, int, int]]]
@@ -78,7 +107,7 @@ Handler = Callable[..., Iterator[tuple[Any, int, int]]]
 
 def _env_wrapper(original: Handler) -> Handler:
     def env_rendezvous(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
-        filled = fill_from_launcher(url)
+        filled = fill_from_launcher(url) if names_pydist(requested_backend()) else {}
         from . import agent_store  # lazily: it imports pydist's store
 
         try:
