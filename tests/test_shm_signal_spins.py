@@ -192,7 +192,7 @@ def test_a_long_yield_among_ranks_alone_keeps_the_waits_yielding(monkeypatch):
     """No more runnable tasks than the job's ranks here: a long yield ran other ranks (8 on 2
     cores), and the waits go on yielding."""
     memory, base = anonymous(4096)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(signal_module, "usable_cpus", lambda: 2)
     signal = Signal(memory.data, base, 64, oversubscribed=True, ranks_here=8)
     signal._words = _Counter()
     now, yields, looked = [0.0], [], []
@@ -220,6 +220,6 @@ def test_others_running_counts_the_runnable_tasks_beyond_the_ranks():
 def test_many_ranks_per_core_never_skip_yields(monkeypatch):
     """Past BUSY_RULE_RANKS_PER_CORE the ranks' own threads outnumber them: no looks at all."""
     memory, base = anonymous(4096)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(signal_module, "usable_cpus", lambda: 2)
     signal = Signal(memory.data, base, 64, oversubscribed=True, ranks_here=32)
     assert signal._ranks_here == 0

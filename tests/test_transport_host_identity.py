@@ -1,11 +1,8 @@
 """Host identity (locality: who shares memory) and the machine under it (who shares CPUs)."""
 from __future__ import annotations
 
-import os
-
 from pydist.core.settings import settings
 from pydist.transport.identity import host_identity, machine_of
-from pydist.transport.shm.signal import oversubscribed
 
 
 def test_network_namespaces_of_one_machine_are_hosts_of_one_machine():
@@ -21,7 +18,3 @@ def test_a_given_identity_is_its_own_machine(monkeypatch):
     monkeypatch.setenv("PYDIST_HOST_ID", "rack3-node7")
     assert host_identity(settings()) == "rack3-node7" and machine_of("rack3-node7") == "rack3-node7"
 
-
-def test_waits_stop_spinning_once_a_machine_runs_more_ranks_than_cores():
-    cores = os.cpu_count() or 1
-    assert not oversubscribed(cores) and oversubscribed(cores + 1)

@@ -34,9 +34,9 @@ from .identity import machine_of
 from .matching import Matcher
 from .registry import HOST_LOCAL, NETWORK, Site, select
 from .shm.arena import Arena, arena_bytes
+from .shm.cpus import CpuShare, usable_cpus
 from .shm.segment import Keepalive
 from .shm.sharing import share
-from .shm.signal import oversubscribed as machine_oversubscribed
 
 
 class Fabric(Protocol):
@@ -71,6 +71,10 @@ class WorldTransport:
         self._local_set = {rank}
         site = Site(rank, size, store, deadline, address, hostname, host_id, self.matcher, events, settings,
                     self._peer_lost, joining=joining)
+        # CPUs are shared by the ranks of every host on this machine (network namespaces are
+        # hosts of one machine): a rank with a narrowed CPU mask tells the others before they meet
+        machine = machine_of(host_id)
+        cpu_share = None if fabric is not None or joining or shares_interpreter else CpuShare(store, machine, rank)
         if fabric is not None:
             self.network: NetworkTransport = fabric.network(site)
         else:
@@ -80,12 +84,12 @@ class WorldTransport:
             self.network = entry.build(site)
         self.hosts = dict(self.network.hosts)
         self.local = [r for r, host in sorted(self.hosts.items()) if host == host_id]
-        # CPUs are shared by the ranks of every host on this machine (network namespaces are
-        # hosts of one machine): more of them than cores, and waits must not spin long
-        # (a joining rank knows only itself: it counts the whole job on this machine, to be safe)
-        machine = machine_of(host_id)
-        on_machine = size if joining else sum(machine_of(h) == machine for h in self.hosts.values())
-        self.oversubscribed = shares_interpreter or machine_oversubscribed(on_machine)
+        # more ranks on this machine than CPUs they may use, and waits must not spin long (a
+        # joining rank knows only itself: it counts the whole job on this machine, to be safe)
+        machine_ranks = [r for r, host in sorted(self.hosts.items()) if machine_of(host) == machine]
+        on_machine = size if joining else len(machine_ranks)
+        cpus = cpu_share.cpus(machine_ranks) if cpu_share is not None else usable_cpus()
+        self.oversubscribed = shares_interpreter or on_machine > cpus
         self.ranks_on_machine = on_machine
         if fabric is None:
             site = dataclasses.replace(site, local=self.local, token=self.network.token,

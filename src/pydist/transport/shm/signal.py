@@ -78,6 +78,7 @@ from functools import partial
 
 from ...core.deadline import Deadline
 from . import atomics
+from .cpus import usable_cpus
 
 SLEEP_SLICE = 0.05
 #: Seconds a waiter yields the CPU (after spinning) before it sleeps on the futex.
@@ -124,8 +125,9 @@ class Signal:
         self.spins = min(SPIN_START, self.spin_cap)  # learnt by the waits (see the module docstring)
         # oversubscribed, a few ranks per core: a long yield beside busy processes makes the
         # waits skip yielding until _yield_again (see LONG_YIELD)
-        cores = os.cpu_count() or 1
-        self._ranks_here = ranks_here if oversubscribed and ranks_here <= BUSY_RULE_RANKS_PER_CORE * cores else 0
+        # (cores: the CPUs this process may use, cpus.usable_cpus, read only where it matters)
+        crowded = oversubscribed and ranks_here <= BUSY_RULE_RANKS_PER_CORE * usable_cpus()
+        self._ranks_here = ranks_here if crowded else 0
         self._yield_again = 0.0
         self._busy_seen = (-1.0, False)  # (when, what) others_running said last (see _busy_beside)
 
@@ -300,9 +302,3 @@ def others_running(ranks_here: int) -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return running > ranks_here
-
-
-def oversubscribed(ranks: int) -> bool:
-    """True when this machine runs more ranks than it has CPUs."""
-    return ranks > (os.cpu_count() or 1)
-

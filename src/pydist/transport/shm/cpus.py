@@ -1,0 +1,180 @@
+"""The CPUs this job's ranks may use and its cgroup's CPU pressure, for the waits' rules (signal).
+
+``os.cpu_count()`` is the machine's count, not what a process may run on: a CPU set
+(``taskset``, Slurm's cpusets, ``docker --cpuset-cpus``) narrows it, and so does a cgroup v2
+CPU quota (``cpu.max``: ``docker --cpus``, Kubernetes limits), which lets the cgroup run
+quota/period CPUs' worth of time per period and throttles it for the rest of the period once
+spent. :func:`usable_cpus` is the smaller of the two: the affinity mask's size, and the
+tightest quota of this process's cgroup and its ancestors, rounded down (1.5 CPUs of quota
+cannot keep 2 spinning ranks running), at least 1.
+
+A launcher that binds each rank to a core of its own (Open MPI's default for 2 ranks, ``srun
+--cpu-bind=cores``) gives every rank a one-CPU mask, although the ranks run side by side: what
+counts is the union of the masks of the ranks of a machine. :class:`CpuShare` finds it through
+the job's store: a rank whose mask is narrower than the machine appends it, before the ranks
+meet, to its machine's key; after they met (every rank's append is in), a rank that alone
+has fewer CPUs than the machine's ranks reads the key. A rank that appended nothing has the
+whole machine. (Through a network transport whose build is no barrier, an append may come
+late and be read as the whole machine: the waits then spin as before this rule.)
+
+``/proc/loadavg`` counts the whole host's runnable tasks; in a container on a busy node it
+says nothing about this job's CPUs. :func:`pressure_stalled` reads this cgroup's CPU pressure
+(PSI, ``cpu.pressure``'s ``some total=``: microseconds in which a task of the cgroup waited
+for a CPU), which counts only waits of this cgroup's tasks, whoever took their CPU.
+
+The parsers are pure (text in, value out) and the readers take the file reader as an
+argument, so tests feed file contents. Any file missing, unreadable or malformed means "not
+set": no quota, no pressure (None), never an error; so does a malformed entry in the store.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Reader = Callable[[str], "str | None"]
+#: Where cgroup v2 is mounted when /proc/self/mounts does not say (a pure v2 machine's mount).
+DEFAULT_MOUNT = "/sys/fs/cgroup"
+KEY = "shm/cpus/"  # + the machine: "rank:mask;" of each rank of it with a narrowed mask
+
+
+def read_text(path: str) -> str | None:
+    """The file's text, or None when it cannot be read (missing, no permission, not text)."""
+    try:
+        with open(path, encoding="ascii") as file:
+            return file.read(65536)
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup2_mount(mounts: str | None) -> str:
+    """The mount point of the cgroup v2 hierarchy in /proc/self/mounts' text (a hybrid
+    machine mounts it at /sys/fs/cgroup/unified), else DEFAULT_MOUNT."""
+    for line in (mounts or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return fields[1]
+    return DEFAULT_MOUNT
+
+
+def cgroup2_path(proc_self_cgroup: str | None) -> str | None:
+    """This process's cgroup v2 path (``0::/path`` in /proc/self/cgroup's text), or None."""
+    for line in (proc_self_cgroup or "").splitlines():
+        if line.startswith("0::/"):
+            return line[3:]
+    return None
+
+
+def cpu_max_quota(cpu_max: str | None) -> float | None:
+    """CPUs' worth of time ``cpu.max``'s text allows (``"150000 100000"`` -> 1.5); None when
+    unlimited (``"max 100000"``) or malformed."""
+    fields = (cpu_max or "").split()
+    if len(fields) != 2 or not fields[0].isdigit() or not fields[1].isdigit() or int(fields[1]) == 0:
+        return None
+    return int(fields[0]) / int(fields[1])
+
+
+def pressure_total(cpu_pressure: str | None) -> int | None:
+    """``some total=`` of ``cpu.pressure``'s text (microseconds stalled), or None."""
+    for line in (cpu_pressure or "").splitlines():
+        fields = line.split()
+        if fields[:1] == ["some"]:
+            for field in fields[1:]:
+                if field.startswith("total=") and field[6:].isdigit():
+                    return int(field[6:])
+    return None
+
+
+def cgroup_dirs(read: Reader = read_text) -> list[str]:
+    """This process's cgroup v2 directory, then each ancestor up to the mount (empty where
+    /proc/self/cgroup has no v2 line)."""
+    path = cgroup2_path(read("/proc/self/cgroup"))
+    if path is None:
+        return []
+    root = cgroup2_mount(read("/proc/self/mounts"))
+    parts = [part for part in path.split("/") if part and part != ".."]
+    return [posixpath.join(root, *parts[:depth]) for depth in range(len(parts), -1, -1)]
+
+
+def cpu_quota(read: Reader = read_text) -> float | None:
+    """The tightest ``cpu.max`` quota of this process's cgroup and its ancestors (a parent's
+    binds its children too), in CPUs; None where none is set."""
+    quotas = [cpu_max_quota(read(posixpath.join(directory, "cpu.max"))) for directory in cgroup_dirs(read)]
+    return min((quota for quota in quotas if quota is not None), default=None)
+
+
+def capped(cpus: int, quota: float | None) -> int:
+    """``cpus`` capped by ``quota`` rounded down, at least 1."""
+    return max(1, cpus if quota is None else min(cpus, int(quota)))
+
+
+def affinity() -> set[int]:
+    """The CPUs in this thread's affinity mask (every CPU where it cannot be read)."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def usable_cpus(read: Reader = read_text, mask: Callable[[], set[int]] = affinity) -> int:
+    """CPUs this process may keep busy at once: its affinity mask, capped by cgroup quotas."""
+    return capped(len(mask()), cpu_quota(read))
+
+
+def pressure_stalled(read: Reader = read_text) -> int | None:
+    """This cgroup's CPU pressure total (microseconds a task waited for a CPU), or None
+    where the kernel has no PSI or no cgroup v2."""
+    dirs = cgroup_dirs(read)
+    return pressure_total(read(posixpath.join(dirs[0], "cpu.pressure"))) if dirs else None
+
+
+def entry(rank: int, cpus: Iterable[int]) -> str:
+    """A rank's entry under its machine's key: ``rank:mask;`` (the mask in hex)."""
+    return f"{rank}:{sum(1 << cpu for cpu in set(cpus)):x};"
+
+
+def masks(text: str) -> dict[int, int]:
+    """The entries of a machine's key, rank -> mask (a later entry of a rank wins; a
+    malformed one is skipped)."""
+    found = {}
+    for item in text.split(";"):
+        rank, _, mask = item.partition(":")
+        if rank.isdigit() and mask and all(c in "0123456789abcdef" for c in mask):
+            found[int(rank)] = int(mask, 16)
+    return found
+
+
+def union_size(found: dict[int, int], ranks: Iterable[int], machine_cpus: int) -> int:
+    """CPUs the ``ranks`` may use together: the union of their masks in ``found``;
+    ``machine_cpus`` where one has none (it appended nothing: its mask is the machine)."""
+    union = 0
+    for rank in ranks:
+        if rank not in found:
+            return machine_cpus
+        union |= found[rank]
+    return bin(union).count("1")
+
+
+class CpuShare:
+    """How many CPUs a machine's ranks may use together (see the module docstring): made
+    before the ranks meet (it appends this rank's mask where narrowed), asked after."""
+
+    def __init__(self, store: Any, machine: str, rank: int, read: Reader = read_text,
+                 mask: Callable[[], set[int]] = affinity, machine_cpus: int | None = None):
+        self._store, self._key, self._read = store, KEY + machine, read
+        self._mask = mask()
+        self._machine_cpus = machine_cpus or os.cpu_count() or 1
+        self._narrowed = len(self._mask) < self._machine_cpus
+        if self._narrowed:
+            store.append(self._key, entry(rank, self._mask))
+
+    def cpus(self, ranks: list[int]) -> int:
+        """CPUs the machine's ``ranks`` (this one's included) may use together, capped by this
+        process's cgroup quota; reads the store only where this rank alone has too few."""
+        quota = cpu_quota(self._read)
+        own = capped(len(self._mask), quota)
+        if own >= len(ranks) or not self._narrowed:
+            return own
+        found = masks(self._store.get(self._key).decode("ascii", "replace"))
+        return capped(union_size(found, ranks, self._machine_cpus), quota)

@@ -1,0 +1,146 @@
+"""The CPUs a job's ranks may use (CPU sets, cgroup v2 quotas, per-rank binding) and its
+cgroup's CPU pressure, read from file contents the tests feed (pydist.transport.shm.cpus)."""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pydist.store import HashStore
+from pydist.testing.processes import free_port
+from pydist.transport.shm import cpus
+from pydist.transport.shm.cpus import CpuShare
+
+HYBRID_MOUNTS = """cgroup /sys/fs/cgroup/cpu cgroup rw,nosuid,nodev,noexec,relatime,cpu 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0
+"""
+PRESSURE = """some avg10=12.50 avg60=3.00 avg300=0.50 total=123456
+full avg10=0.00 avg60=0.00 avg300=0.00 total=7
+"""
+
+
+def files(contents: dict[str, str]):
+    """A reader of the given files' contents (None for any other path, as for a missing file)."""
+    return contents.get
+
+
+def test_the_parsers_read_what_the_kernel_writes_and_nothing_else():
+    assert cpus.cgroup2_mount(HYBRID_MOUNTS) == "/sys/fs/cgroup/unified"
+    assert cpus.cgroup2_mount("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n") == cpus.DEFAULT_MOUNT
+    assert cpus.cgroup2_mount(None) == cpus.DEFAULT_MOUNT
+    assert cpus.cgroup2_path("4:memory:/x\n0::/kubepods/pod1/c2\n") == "/kubepods/pod1/c2"
+    assert cpus.cgroup2_path("4:cpu,cpuacct:/docker/abc\n") is None
+    assert cpus.cpu_max_quota("150000 100000\n") == 1.5
+    for unset in ("max 100000\n", "", None, "12 0", "-1 100000", "1 2 3", "a b"):
+        assert cpus.cpu_max_quota(unset) is None, unset
+    assert cpus.pressure_total(PRESSURE) == 123456
+    for unset in ("", None, "full avg10=0 total=5", "some avg10=1.0 total=x"):
+        assert cpus.pressure_total(unset) is None, unset
+
+
+def test_a_containers_quota_caps_the_cpus_and_the_tightest_ancestor_counts():
+    read = files({"/proc/self/cgroup": "0::/kubepods/pod1/c2\n", "/proc/self/mounts": HYBRID_MOUNTS,
+                  "/sys/fs/cgroup/unified/kubepods/pod1/c2/cpu.max": "max 100000\n",
+                  "/sys/fs/cgroup/unified/kubepods/pod1/cpu.max": "250000 100000\n",
+                  "/sys/fs/cgroup/unified/kubepods/cpu.max": "400000 100000\n",
+                  "/sys/fs/cgroup/unified/kubepods/pod1/c2/cpu.pressure": PRESSURE})
+    assert cpus.cpu_quota(read) == 2.5
+    assert cpus.usable_cpus(read, mask=lambda: set(range(64))) == 2  # 2.5 CPUs cannot keep 3 ranks running
+    assert cpus.usable_cpus(read, mask=lambda: {5}) == 1  # taskset -c 5
+    assert cpus.pressure_stalled(read) == 123456
+
+
+def test_no_cgroup_v2_or_no_quota_leaves_the_affinity_mask():
+    assert cpus.usable_cpus(files({}), mask=lambda: {0, 1, 2}) == 3
+    read = files({"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "max 100000\n"})
+    assert cpus.cgroup_dirs(read) == ["/sys/fs/cgroup"] and cpus.usable_cpus(read, mask=lambda: {0, 1}) == 2
+    assert cpus.usable_cpus(files({"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "50000 100000"}),
+                            mask=lambda: {0, 1}) == 1  # half a CPU: still one
+    assert cpus.pressure_stalled(files({})) is None
+
+
+def test_this_process_reads_its_own_affinity():
+    assert cpus.usable_cpus() <= len(os.sched_getaffinity(0))
+
+
+NO_FILES = files({})
+
+
+def _share(store, rank: int, mask: set[int], read=NO_FILES) -> CpuShare:
+    return CpuShare(store, "machine-a", rank, read=read, mask=lambda: mask, machine_cpus=8)
+
+
+def test_ranks_bound_each_to_a_core_of_their_own_run_side_by_side():
+    """Open MPI's and srun's per-rank binding: each mask has one CPU, the union has two."""
+    store = HashStore()
+    shares = [_share(store, rank, {rank}) for rank in range(2)]
+    assert [share.cpus([0, 1]) for share in shares] == [2, 2]
+
+
+def test_ranks_pinned_together_share_their_cpus():
+    """taskset -c 0 on the whole job: two ranks, one CPU."""
+    store = HashStore()
+    shares = [_share(store, rank, {0}) for rank in range(2)]
+    assert [share.cpus([0, 1]) for share in shares] == [1, 1]
+    three = [_share(store, rank, {0, 1}) for rank in range(2, 5)]
+    assert three[0].cpus([2, 3, 4]) == 2
+
+
+def test_a_rank_with_the_whole_machine_appends_nothing_and_counts_for_it():
+    store = HashStore()
+    whole, narrowed = _share(store, 0, set(range(8))), _share(store, 1, {3})
+    assert store.get("shm/cpus/machine-a") == cpus.entry(1, {3}).encode()
+    assert narrowed.cpus([0, 1]) == 8 and whole.cpus([0, 1]) == 8
+    assert narrowed.cpus([1]) == 1  # alone: no store read needed
+
+
+def test_the_quota_caps_the_union_and_a_malformed_entry_is_skipped():
+    store = HashStore()
+    quota = files({"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "100000 100000"})
+    shares = [_share(store, rank, {rank}, quota) for rank in range(2)]
+    assert shares[0].cpus([0, 1]) == 1
+    store.append("shm/cpus/machine-a", "2:zz;3;:1;4:1")
+    assert cpus.masks(store.get("shm/cpus/machine-a").decode()) == {0: 1, 1: 2, 4: 1}
+
+
+@pytest.mark.parametrize("cpus_given, expected", [({0, 1, 2}, "7"), ({63}, "8000000000000000")])
+def test_an_entry_is_the_rank_and_its_mask_in_hex(cpus_given, expected):
+    assert cpus.entry(12, cpus_given) == f"12:{expected};"
+    assert cpus.masks(cpus.entry(12, cpus_given)) == {12: int(expected, 16)}
+
+
+
+RANK_SAYS = ("import pydist; from pydist.groups.world import current; pydist.init_process_group(); "
+             "print(current().transport.oversubscribed, flush=True); pydist.destroy_process_group()")
+
+
+def _oversubscribed(masks: list[set[int]]) -> list[str]:
+    """Whether each rank of a job whose rank r runs on the CPUs ``masks[r]`` (set before it
+    starts, as taskset or a launcher's binding does) finds itself oversubscribed."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SAYS], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(masks)), "PYDIST_SHM": "1",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                              preexec_fn=functools.partial(os.sched_setaffinity, 0, mask))
+             for rank, mask in enumerate(masks)]
+    try:
+        return [proc.communicate(timeout=60)[0].strip() for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow  # jobs of two processes: ~1-2 s each
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to tell pinned from free")
+def test_ranks_pinned_to_one_cpu_are_oversubscribed_and_ranks_bound_apart_are_not():
+    """taskset -c 0 on the job: the waits must not spin long, as with more ranks than the
+    machine's CPUs (os.cpu_count() said 2); bound one per CPU (mpiexec, srun --cpu-bind), the
+    ranks run side by side, as do free ones."""
+    first, second, *_ = sorted(os.sched_getaffinity(0))
+    assert _oversubscribed([{first}, {first}]) == ["True", "True"]
+    assert _oversubscribed([{first}, {second}]) == ["False", "False"]
+    assert _oversubscribed([{first, second}] * 2) == ["False", "False"]
