@@ -36,9 +36,11 @@ def test_the_parsers_read_what_the_kernel_writes_and_nothing_else():
     assert cpus.cpu_max_quota("150000 100000\n") == 1.5
     for unset in ("max 100000\n", "", None, "12 0", "-1 100000", "1 2 3", "a b"):
         assert cpus.cpu_max_quota(unset) is None, unset
-    assert cpus.pressure_total(PRESSURE) == 123456
-    for unset in ("", None, "full avg10=0 total=5", "some avg10=1.0 total=x"):
+    assert (cpus.pressure_total(PRESSURE, "some"), cpus.pressure_total(PRESSURE)) == (123456, 7)
+    for unset in ("", None, "some avg10=0 total=5", "full avg10=1.0 total=x"):
         assert cpus.pressure_total(unset) is None, unset
+    assert cpus.running_beyond(4, "0.50 0.40 0.30 5/300 123\n") and not cpus.running_beyond(4, "1 1 1 4/300 1")
+    assert not cpus.running_beyond(0, None) and not cpus.running_beyond(0, "garbage")
 
 
 def test_a_containers_quota_caps_the_cpus_and_the_tightest_ancestor_counts():
@@ -46,11 +48,10 @@ def test_a_containers_quota_caps_the_cpus_and_the_tightest_ancestor_counts():
                   "/sys/fs/cgroup/unified/kubepods/pod1/c2/cpu.max": "max 100000\n",
                   "/sys/fs/cgroup/unified/kubepods/pod1/cpu.max": "250000 100000\n",
                   "/sys/fs/cgroup/unified/kubepods/cpu.max": "400000 100000\n",
-                  "/sys/fs/cgroup/unified/kubepods/pod1/c2/cpu.pressure": PRESSURE})
+                  })
     assert cpus.cpu_quota(read) == 2.5
     assert cpus.usable_cpus(read, mask=lambda: set(range(64))) == 2  # 2.5 CPUs cannot keep 3 ranks running
     assert cpus.usable_cpus(read, mask=lambda: {5}) == 1  # taskset -c 5
-    assert cpus.pressure_stalled(read) == 123456
 
 
 def test_no_cgroup_v2_or_no_quota_leaves_the_affinity_mask():
@@ -59,7 +60,53 @@ def test_no_cgroup_v2_or_no_quota_leaves_the_affinity_mask():
     assert cpus.cgroup_dirs(read) == ["/sys/fs/cgroup"] and cpus.usable_cpus(read, mask=lambda: {0, 1}) == 2
     assert cpus.usable_cpus(files({"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "50000 100000"}),
                             mask=lambda: {0, 1}) == 1  # half a CPU: still one
-    assert cpus.pressure_stalled(files({})) is None
+
+
+CONTAINER = "/sys/fs/cgroup/unified/docker/c1/"
+
+
+def container(stalled_us: list[int]) -> dict[str, str]:
+    """A container's files (its namespaced root, a non-root cgroup: cgroup.type) whose CPU
+    pressure reads ``full total=`` the last value of ``stalled_us``, on a host whose load
+    counts 60 runnable tasks."""
+    class Files(dict):
+        def get(self, path, default=None):
+            if path == CONTAINER + "cpu.pressure":
+                return f"some avg10=0 avg60=0 avg300=0 total=1\nfull avg10=0 avg60=0 avg300=0 total={stalled_us[-1]}\n"
+            return super().get(path, default)
+    return Files({"/proc/self/cgroup": "0::/docker/c1\n", "/proc/self/mounts": HYBRID_MOUNTS,
+                  CONTAINER + "cgroup.type": "domain\n", "/proc/loadavg": "60.0 60.0 60.0 60/900 1\n"})
+
+
+def test_in_a_container_on_a_busy_host_only_this_cgroups_pressure_counts():
+    """The host's 60 runnable tasks say nothing; the cgroup stalled whole (something outside
+    it held its CPUs) for at least half of a long yield since the last look does."""
+    stalled = [1000]
+    neighbours = cpus.Neighbours(4, read=container(stalled).get, mask=lambda: set(range(8)), machine_cpus=8)
+    assert neighbours.how == "pressure"
+    assert not neighbours.busy(0.005)  # no stall since it was made
+    stalled.append(1000 + 2400)  # 2.4 ms of a 5 ms yield: its ranks ran the rest
+    assert not neighbours.busy(0.005)
+    stalled.append(stalled[-1] + 4000)
+    assert neighbours.busy(0.005)
+    assert not neighbours.busy(0.005)  # counted from the last look
+    without_psi = {**container(stalled), CONTAINER + "cpu.pressure": "some avg10=0 total=5\n"}  # before Linux 5.13
+    assert cpus.Neighbours(4, read=without_psi.get, mask=lambda: set(range(8)), machine_cpus=8).how == "off"
+
+
+def test_the_hosts_load_counts_only_where_the_job_is_the_whole_host():
+    host = {"/proc/self/cgroup": "0::/\n", "/proc/self/mounts": HYBRID_MOUNTS,
+            "/sys/fs/cgroup/unified/cpu.pressure": "some avg10=0 total=5\nfull avg10=0 total=0\n",
+            "/proc/loadavg": "9.0 9.0 9.0 9/300 1\n"}
+    whole = cpus.Neighbours(4, read=files(host), mask=lambda: set(range(8)), machine_cpus=8)
+    assert whole.how == "load" and whole.busy(0.005)
+    assert not cpus.Neighbours(12, read=files(host), mask=lambda: set(range(8)), machine_cpus=8).busy(0.005)
+    pinned = cpus.Neighbours(4, read=files(host), mask=lambda: {0}, machine_cpus=8)  # taskset: others' CPUs too
+    assert pinned.how == "off" and not pinned.busy(0.005)
+    quota = files({**host, "/sys/fs/cgroup/unified/cpu.max": "100000 100000"})
+    assert cpus.Neighbours(4, read=quota, mask=lambda: set(range(8)), machine_cpus=8).how == "off"
+    assert cpus.Neighbours(4, read=files({"/proc/loadavg": "9 9 9 9/300 1"}), mask=lambda: set(range(8)),
+                           machine_cpus=8).how == "load"  # no cgroup v2: the job as the host, as before
 
 
 def test_this_process_reads_its_own_affinity():

@@ -154,6 +154,23 @@ def test_an_oversubscribed_machine_keeps_its_short_spin():
     assert signal.spins == signal.spin_cap == signal.spin_floor == 30
 
 
+class _Neighbours:
+    """cpus.Neighbours saying ``busy`` at every look; ``looks``: the yields' lengths it was given."""
+
+    busy_says = False
+
+    def __init__(self, ranks_here: int):
+        self.ranks_here, self.looks = ranks_here, []
+
+    @classmethod
+    def saying(cls, busy: bool) -> type:
+        return type("Saying", (cls,), {"busy_says": busy})
+
+    def busy(self, took: float) -> bool:
+        self.looks.append(took)
+        return self.busy_says
+
+
 def _yields_of_a_missed_wait(signal: Signal, yields: list) -> int:
     """Yields of one wait whose counter never comes (its deadline has passed: after the yield
     phase it raises instead of sleeping)."""
@@ -170,10 +187,10 @@ def test_a_yield_that_ran_a_busy_process_makes_oversubscribed_waits_sleep_for_a_
     next SKIP_YIELDS_SECONDS sleep after their spin instead of yielding again; then one
     tries. With a core per rank nothing changes."""
     memory, base = anonymous(4096)
+    monkeypatch.setattr(signal_module, "Neighbours", _Neighbours.saying(True))
     signal = Signal(memory.data, base, 64, oversubscribed=oversubscribed, ranks_here=4)
     signal._words = _Counter()
     now, yields = [0.0], []
-    monkeypatch.setattr(signal_module, "others_running", lambda ranks: True)
     monkeypatch.setattr(signal_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     monkeypatch.setattr(signal_module.atomics, "PLAIN_ORDERING", True)
 
@@ -193,28 +210,23 @@ def test_a_long_yield_among_ranks_alone_keeps_the_waits_yielding(monkeypatch):
     cores), and the waits go on yielding."""
     memory, base = anonymous(4096)
     monkeypatch.setattr(signal_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(signal_module, "Neighbours", _Neighbours.saying(False))
     signal = Signal(memory.data, base, 64, oversubscribed=True, ranks_here=8)
     signal._words = _Counter()
-    now, yields, looked = [0.0], [], []
+    now, yields = [0.0], []
+    looked = signal._neighbours.looks
     monkeypatch.setattr(signal_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     monkeypatch.setattr(signal_module.atomics, "PLAIN_ORDERING", True)
-    monkeypatch.setattr(signal_module, "others_running", lambda ranks: looked.append(ranks) or False)
 
     def long_yield():
         yields.append(now[0])
         now[0] += 0.005
     monkeypatch.setattr(os, "sched_yield", long_yield)
     assert [_yields_of_a_missed_wait(signal, yields) for _ in range(2)] == [1, 1]
-    assert looked == [8]  # within LOOK_SECONDS of the first look: what it saw
+    assert looked == [0.005]  # within LOOK_SECONDS of the first look: what it saw
     now[0] += signal_module.LOOK_SECONDS
     assert _yields_of_a_missed_wait(signal, yields) == 1
-    assert looked == [8, 8]
-
-
-def test_others_running_counts_the_runnable_tasks_beyond_the_ranks():
-    """This process runs while it reads: at least one task is runnable."""
-    assert signal_module.others_running(0)
-    assert not signal_module.others_running(10 ** 6)
+    assert looked == pytest.approx([0.005, 0.005])
 
 
 def test_many_ranks_per_core_never_skip_yields(monkeypatch):
@@ -222,4 +234,4 @@ def test_many_ranks_per_core_never_skip_yields(monkeypatch):
     memory, base = anonymous(4096)
     monkeypatch.setattr(signal_module, "usable_cpus", lambda: 2)
     signal = Signal(memory.data, base, 64, oversubscribed=True, ranks_here=32)
-    assert signal._ranks_here == 0
+    assert signal._ranks_here == 0 and signal._neighbours is None

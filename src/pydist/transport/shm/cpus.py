@@ -17,10 +17,18 @@ has fewer CPUs than the machine's ranks reads the key. A rank that appended noth
 whole machine. (Through a network transport whose build is no barrier, an append may come
 late and be read as the whole machine: the waits then spin as before this rule.)
 
-``/proc/loadavg`` counts the whole host's runnable tasks; in a container on a busy node it
-says nothing about this job's CPUs. :func:`pressure_stalled` reads this cgroup's CPU pressure
-(PSI, ``cpu.pressure``'s ``some total=``: microseconds in which a task of the cgroup waited
-for a CPU), which counts only waits of this cgroup's tasks, whoever took their CPU.
+Busy neighbours (:class:`Neighbours`, the rule of signal's LONG_YIELD): ``/proc/loadavg``
+counts the whole host's runnable tasks; in a container on a busy node every wait would
+believe it is beside busy processes. So the host's count is read only where the host is
+this process's neighbourhood: in the root cgroup (no ``cgroup.type`` there; a container's
+namespaced root has one), with every CPU in its mask and no quota. In any other cgroup v2
+cgroup the rule reads this cgroup's CPU pressure (PSI ``cpu.pressure``, ``full total=``:
+microseconds in which every runnable task of the cgroup waited for a CPU, i.e. tasks of
+other cgroups held its CPUs, or its quota throttled it; its own crowded ranks never make
+it, as one of them runs), or is off on a kernel without PSI; in the root cgroup with a CPU
+mask or quota it is off. What it cannot see: busy processes inside the job's own cgroup (a
+container's data loaders), as the host's count could where the job is the whole host; nor,
+without cgroup v2 (a cgroup v1 container), that the host is not the job's.
 
 The parsers are pure (text in, value out) and the readers take the file reader as an
 argument, so tests feed file contents. Any file missing, unreadable or malformed means "not
@@ -37,6 +45,7 @@ Reader = Callable[[str], "str | None"]
 #: Where cgroup v2 is mounted when /proc/self/mounts does not say (a pure v2 machine's mount).
 DEFAULT_MOUNT = "/sys/fs/cgroup"
 KEY = "shm/cpus/"  # + the machine: "rank:mask;" of each rank of it with a narrowed mask
+MASK_DIGITS = 4096  # the most hex digits of a mask read (16,384 CPUs)
 
 
 def read_text(path: str) -> str | None:
@@ -75,11 +84,12 @@ def cpu_max_quota(cpu_max: str | None) -> float | None:
     return int(fields[0]) / int(fields[1])
 
 
-def pressure_total(cpu_pressure: str | None) -> int | None:
-    """``some total=`` of ``cpu.pressure``'s text (microseconds stalled), or None."""
+def pressure_total(cpu_pressure: str | None, kind: str = "full") -> int | None:
+    """``total=`` of the ``kind`` line ("some" or "full") of ``cpu.pressure``'s text
+    (microseconds stalled), or None."""
     for line in (cpu_pressure or "").splitlines():
         fields = line.split()
-        if fields[:1] == ["some"]:
+        if fields[:1] == [kind]:
             for field in fields[1:]:
                 if field.startswith("total=") and field[6:].isdigit():
                     return int(field[6:])
@@ -122,11 +132,44 @@ def usable_cpus(read: Reader = read_text, mask: Callable[[], set[int]] = affinit
     return capped(len(mask()), cpu_quota(read))
 
 
-def pressure_stalled(read: Reader = read_text) -> int | None:
-    """This cgroup's CPU pressure total (microseconds a task waited for a CPU), or None
-    where the kernel has no PSI or no cgroup v2."""
-    dirs = cgroup_dirs(read)
-    return pressure_total(read(posixpath.join(dirs[0], "cpu.pressure"))) if dirs else None
+def running_beyond(ranks_here: int, loadavg: str | None) -> bool:
+    """Whether /proc/loadavg's text counts more runnable tasks than the job's ranks here."""
+    try:
+        return int((loadavg or "").split()[3].split("/")[0]) > ranks_here
+    except (ValueError, IndexError):
+        return False
+
+
+class Neighbours:
+    """Whether busy processes beside the job took its CPUs lately (see the module docstring):
+    ``how`` is "pressure" (this cgroup's PSI), "load" (the host's runnable count) or "off"."""
+
+    def __init__(self, ranks_here: int, read: Reader = read_text, mask: Callable[[], set[int]] = affinity,
+                 machine_cpus: int | None = None):
+        self._ranks_here, self._read = ranks_here, read
+        dirs = cgroup_dirs(read)
+        self._pressure = posixpath.join(dirs[0], "cpu.pressure") if dirs else ""
+        self._stalled = pressure_total(read(self._pressure)) if dirs else None
+        if dirs and read(posixpath.join(dirs[0], "cgroup.type")) is not None:  # not the host's root cgroup
+            self.how = "pressure" if self._stalled is not None else "off"  # (off: a kernel without PSI)
+        elif len(mask()) >= (machine_cpus or os.cpu_count() or 1) and cpu_quota(read) is None:
+            self.how = "load"
+        else:
+            self.how = "off"
+
+    def busy(self, took: float) -> bool:
+        """After a yield that took ``took`` seconds: was it beside busy processes? (pressure:
+        the cgroup was fully stalled at least half that long since the last look)."""
+        if self.how == "load":
+            return running_beyond(self._ranks_here, self._read("/proc/loadavg"))
+        if self.how == "off":
+            return False
+        stalled = pressure_total(self._read(self._pressure))
+        if stalled is None or self._stalled is None:
+            return False
+        busy = stalled - self._stalled >= took * 500_000  # microseconds: half the yield
+        self._stalled = stalled
+        return busy
 
 
 def entry(rank: int, cpus: Iterable[int]) -> str:
@@ -140,7 +183,7 @@ def masks(text: str) -> dict[int, int]:
     found = {}
     for item in text.split(";"):
         rank, _, mask = item.partition(":")
-        if rank.isdigit() and mask and all(c in "0123456789abcdef" for c in mask):
+        if rank.isdigit() and 0 < len(mask) <= MASK_DIGITS and all(c in "0123456789abcdef" for c in mask):
             found[int(rank)] = int(mask, 16)
     return found
 

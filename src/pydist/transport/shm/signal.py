@@ -25,12 +25,13 @@ the count ends the phase first, as before: 4 ranks on 2 cores, where the yields 
 core to the rank waited for, and 2 ranks, 4 B to 64 MiB, within the runs' noise.
 
 A yield that took longer than LONG_YIELD handed the core to something that ran a whole
-scheduler slice. Where more tasks are runnable than the job has ranks here
-(``others_running``), that was a busy process: yields then only cost slices, while a futex
-sleeper is woken at once when its counter comes (the scheduler favours a task that slept
-over one that ran), so the waits of the next SKIP_YIELDS_SECONDS skip yielding and sleep
-after their spin; then one tries again. Only where ranks outnumber cores (their spin is
-short). Measured on 2 cores, a barrier then a 4 B all_reduce per call:
+scheduler slice. Where busy processes run beside the job (``cpus.Neighbours``: more tasks
+runnable than the job has ranks here, where the job is the whole host; else this cgroup's
+CPU pressure, or no look at all), that was a busy process: yields then only cost slices,
+while a futex sleeper is woken at once when its counter comes (the scheduler favours a task
+that slept over one that ran), so the waits of the next SKIP_YIELDS_SECONDS skip yielding
+and sleep after their spin; then one tries again. Only where ranks outnumber cores (their
+spin is short). Measured on 2 cores, a barrier then a 4 B all_reduce per call:
 - 4 ranks beside 2 busy processes: 0.85-0.95 ms a call yielding, 0.17-0.47 ms sleeping;
   alone, sleeping at once was slower (0.12-0.19 ms, 0.05-0.11 yielding);
 - 8 ranks alone, where a few yields in a thousand take 1-10 ms running other ranks:
@@ -78,7 +79,7 @@ from functools import partial
 
 from ...core.deadline import Deadline
 from . import atomics
-from .cpus import usable_cpus
+from .cpus import Neighbours, usable_cpus
 
 SLEEP_SLICE = 0.05
 #: Seconds a waiter yields the CPU (after spinning) before it sleeps on the futex.
@@ -128,8 +129,9 @@ class Signal:
         # (cores: the CPUs this process may use, cpus.usable_cpus, read only where it matters)
         crowded = oversubscribed and ranks_here <= BUSY_RULE_RANKS_PER_CORE * usable_cpus()
         self._ranks_here = ranks_here if crowded else 0
+        self._neighbours = Neighbours(ranks_here) if crowded else None
         self._yield_again = 0.0
-        self._busy_seen = (-1.0, False)  # (when, what) others_running said last (see _busy_beside)
+        self._busy_seen = (-1.0, False)  # (when, what) the neighbours said last (see _busy_beside)
 
     def address(self, index: int) -> int:
         return self._base + 8 * index
@@ -218,18 +220,19 @@ class Signal:
             os.sched_yield()
             took = time.perf_counter() - now
             quick = quick and took < QUICK_YIELD
-            if took > LONG_YIELD and self._ranks_here and self._busy_beside(now):
+            if took > LONG_YIELD and self._ranks_here and self._busy_beside(now, took):
                 self._yield_again = now + took + SKIP_YIELDS_SECONDS  # a busy process took the core: sleep
                 break
         self._learn(spins, False)
         self._sleep_until(index, target, deadline, alive)
 
-    def _busy_beside(self, now: float) -> bool:
-        """``others_running``, looked at most once per LOOK_SECONDS: at 32 ranks on 2 cores
+    def _busy_beside(self, now: float, took: float) -> bool:
+        """Whether busy processes took the core during a yield of ``took`` seconds
+        (``Neighbours.busy``), looked at most once per LOOK_SECONDS: at 32 ranks on 2 cores
         most yields are long, and reading /proc/loadavg at each made calls 1.5-2x slower."""
         when, busy = self._busy_seen
-        if now - when >= LOOK_SECONDS:
-            busy = others_running(self._ranks_here)
+        if now - when >= LOOK_SECONDS and self._neighbours is not None:
+            busy = self._neighbours.busy(took)
             self._busy_seen = (now, busy)
         return busy
 
@@ -291,14 +294,3 @@ class Signal:
         ``seconds``): a blocking primitive's wait for ``Deadline.wait``, True once it rang."""
         atomics.futex_wait(self._doorbell, bell, SLEEP_SLICE if seconds is None else min(seconds, SLEEP_SLICE))
         return atomics.load_u32_seq_cst(self._doorbell) != bell
-
-
-def others_running(ranks_here: int) -> bool:
-    """Whether more tasks are runnable on this machine right now than the job's ranks here
-    (/proc/loadavg's count; False where it cannot be read)."""
-    try:
-        with open("/proc/loadavg", "rb") as loadavg:
-            running = int(loadavg.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    return running > ranks_here
