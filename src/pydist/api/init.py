@@ -8,6 +8,7 @@ from typing import Any
 
 from ..core import init_marks
 from ..core.settings import settings
+from ..groups import farewell
 from ..groups.factory import join_mpi, join_native, leave, make_group
 from ..groups.process_group import ProcessGroup
 from ..groups.world import current, process_world
@@ -79,7 +80,10 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
 
 @atexit.register
 def _destroy_at_exit() -> None:
-    """Destroy the process's groups at interpreter exit (best effort: the process is ending)."""
+    """At interpreter exit, tell the peers of every world still joined why this process ends
+    (groups.farewell: the failure that ends it, or none), then destroy the process's groups
+    (best effort: the process is ending)."""
+    farewell.at_exit()
     world = process_world()
     if world.default_group is not None:
         try:

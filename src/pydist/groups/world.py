@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import farewell
 from .state import GroupStates
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class World:
         self.started = size if started is None else started
         self.joined = started is not None
         if transport is not None:
+            farewell.track(self)
             self.states.carrier = transport
             transport.use_store(store)  # shared-memory arenas meet through the world's namespace
 

@@ -225,6 +225,10 @@ class WorldTransport:
         for arena in list(self._live_arenas):
             arena.wake()
 
+    def announce_exit(self, cause: str | None) -> None:
+        """See NetworkTransport.announce_exit (the network transport carries it to every peer)."""
+        self.network.announce_exit(cause)
+
     def close(self) -> None:
         if self.host_local is not None:
             self.host_local.close()

@@ -18,6 +18,7 @@ from typing import Protocol
 from ...core.errors import EvictedError, PeerFailedError
 from ..base import Request
 from ..framing import Header, Kind, encode_frame
+from ..goodbye import departure, read_payload
 from ..matching import Matcher
 from ..receiver import FrameReceiver
 from .tls_socket import TlsSocket
@@ -93,6 +94,7 @@ class Connection:
         self.closing = False  # close(): read to the peer's EOF, paused or not
         self.bye_received = False
         self.evicted: dict | None = None  # the peer's BYE said it declared this rank dead
+        self.exited: str | None = None  # the peer's BYE said its process is ending: why ("": no failure seen)
         self.notified = False  # this rank told the peer it declared it dead
         self.error: BaseException | None = None
         # real time (the heartbeat's, see TcpTransport._check_liveness): the last bytes in and out
@@ -187,11 +189,11 @@ class Connection:
     def _control(self, header: Header, payload: bytes) -> None:
         if header.kind == Kind.BYE:
             self.bye_received = True
-            if payload:
-                try:
-                    self.evicted = json.loads(payload)
-                except ValueError:
-                    self.evicted = {"reason": payload.decode(errors="replace")}
+            said = read_payload(payload)
+            if "exit" in said:
+                self.exited = str(said["exit"])
+            elif said:
+                self.evicted = said
         elif header.kind == Kind.ABORT:
             self.transport.peer_aborted(self.peer, header.group, payload)
 
@@ -205,7 +207,9 @@ class Connection:
             return EvictedError(f"rank {me} was stopped or stuck for {stall:.1f} s, longer than PYDIST_PEER_TIMEOUT, "
                                 f"and rank {self.peer} on {self.host} hung up on it meanwhile: its peers declared it "
                                 "dead and went on without it", rank=self.peer, host=self.host)
-        if self.bye_received:
+        if self.exited is not None:
+            text = f"{departure(f'rank {self.peer} on {self.host}', me, self.exited)}: {CLOSED}"
+        elif self.bye_received:
             text = (f"rank {self.peer} on {self.host} has shut down its process group "
                     f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")
         else:

@@ -31,6 +31,7 @@ from ...net.tls import contexts
 from ..abort import abort_payload, aborted_by
 from ..base import Events, MessageKey, NetworkTransport, Request, completed_request
 from ..framing import FramingError, Kind, encode_frame, encode_header
+from ..goodbye import exit_payload
 from ..identity import lane_addresses
 from ..matching import Matcher
 from .caller_reads import CallerReads
@@ -236,6 +237,13 @@ class TcpTransport(CallerReads, Peers, PeerFailures, NetworkTransport):
         for peer in peers:
             if peer in self._lanes:  # an unconnected peer (lazy) waits on nothing from this rank
                 self._lanes[peer][0].send([frame], None)
+
+    def announce_exit(self, cause: str | None) -> None:
+        if self._closed:
+            return
+        frame = memoryview(encode_frame(Kind.BYE, 0, 0, 0, exit_payload(cause)))
+        for conn in self._every:
+            conn.send([frame], None)
 
     def close(self) -> None:
         """Flush queued sends, send BYE and EOF, wait briefly for peers' EOF (so nothing they
