@@ -56,16 +56,17 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
     in one of the ranks (env://): without the barrier, that rank could return, finish and
     exit while a slower one still needs the store for its own setup. Releases what it made
     (and ``owned_store``) when it fails. The job's rank 0 (``world.job``'s rank, else ``rank``)
-    warns when the job is open (net.auth.warn_if_open): a torch subgroup's rank 0 does not."""
+    warns when the job is open (net.auth.warn_if_open, once its listeners are bound): a torch
+    subgroup's rank 0 does not."""
     scoped = namespace(world, store)
     deadline = Deadline.after(timeout)
     transport = progress = None
-    if (world.job or (rank, size))[0] == 0 and world.transport_factory is None:  # is anyone let in?
-        warn_if_open(store)
     try:
         factory = world.transport_factory or default_transport
         transport = factory(rank, size, scoped, deadline, world.states, False)
         init_marks.mark(init_marks.TRANSPORT_READY)
+        if (world.job or (rank, size))[0] == 0 and world.transport_factory is None:  # is anyone let in?
+            warn_if_open(store, transport.network.listening_addresses())
         progress = ProgressBoard(scoped, rank, size)  # writes its first record: before the barrier
         barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))  # group id 0: none
     except BaseException:

@@ -63,6 +63,20 @@ def route_to(host: str, port: int) -> str:
     return "127.0.0.1"
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or a name resolved here) means this machine's loopback
+    only; "" and the wildcards (0.0.0.0, ::) mean every interface, an unresolvable name is not."""
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None) if host else []
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
 def host_port(address: str, port: int) -> str:
     """``address:port``, with IPv6 addresses in brackets: ``[::1]:29500``."""
     return f"[{address}]:{port}" if family_of(address) == socket.AF_INET6 else f"{address}:{port}"

@@ -28,12 +28,14 @@ import hmac
 import logging
 import secrets
 import struct
+from collections.abc import Sequence
 from hashlib import sha256
 from typing import Any
 
 from ..core.errors import DistNetworkError, DistStoreError
 from ..core.settings import settings
 from . import tls as _tls
+from .addresses import is_loopback
 
 #: The environment variable holding the shared token.
 TOKEN_ENV = "PYDIST_AUTH_TOKEN"
@@ -44,6 +46,9 @@ OPEN_JOB_WARNING = (
     "same PYDIST_AUTH_TOKEN (a long random secret, e.g. from secrets.token_hex(32)) for every rank, or "
     "mutual TLS (PYDIST_TLS_CERT, PYDIST_TLS_KEY, PYDIST_TLS_CA); pydist-run does this by itself for a "
     "single-node job.")
+#: What it logs instead when the job is bound to loopback only (see reaches_only_this_machine).
+LOCAL_JOB_NOTICE = ("pydist: no PYDIST_AUTH_TOKEN, so any process on this machine (loopback only) can reach "
+                    "this job; set one on every rank to close it")
 _warned_open = False
 NONCE_BYTES = 32
 MAC_BYTES = 32
@@ -82,16 +87,37 @@ def token_of(store: Any) -> bytes | None:
     return resolve_token()
 
 
-def warn_if_open(store: Any) -> bool:
-    """Log :data:`OPEN_JOB_WARNING` (logger "pydist") once per process if the job met through
-    ``store`` has no token (see :func:`token_of`) and no TLS, unless pydist-run started this
-    worker (its launcher says it once for the job). Whether it logged now."""
+def warn_if_open(store: Any, listening: Sequence[str] = ()) -> bool:
+    """Log once per process (logger "pydist") that the job met through ``store``, whose rank
+    listens on ``listening``, is open when it has no token (see :func:`token_of`) and no TLS:
+    :data:`LOCAL_JOB_NOTICE` if only this machine can reach it (reaches_only_this_machine),
+    else :data:`OPEN_JOB_WARNING`; nothing when pydist-run started this worker (its launcher
+    says it once for the job). Whether it logged now."""
     global _warned_open
     if _warned_open or settings().run_worker or token_of(store) is not None or _tls.contexts() is not None:
         return False
     _warned_open = True
-    logging.getLogger("pydist").warning(OPEN_JOB_WARNING)
+    local = reaches_only_this_machine(store, listening)
+    logging.getLogger("pydist").warning(LOCAL_JOB_NOTICE if local else OPEN_JOB_WARNING)
     return True
+
+
+def reaches_only_this_machine(store: Any, listening: Sequence[str]) -> bool:
+    """Whether a job is bound to loopback only: every address its rank listens on
+    (``listening``) is a loopback one, and ``store`` (the end of its ``underlying_store``
+    chain) lives in this process (HashStore) or a file (FileStore), or is a pydist TCPStore
+    serving from this process on a loopback address. A store served elsewhere counts as
+    reachable: where its server listens is not known here (torch's listens on every interface)."""
+    if not all(is_loopback(address) for address in listening):
+        return False
+    for _ in range(64):
+        if getattr(store, "underlying_store", None) is None:
+            break
+        store = store.underlying_store
+    if type(store).__name__ in ("HashStore", "FileStore"):
+        return True
+    serving = getattr(store, "server_stats", None)
+    return callable(serving) and serving() is not None and is_loopback(store.host)
 
 
 def new_nonce() -> bytes:

@@ -182,6 +182,10 @@ class NetworkTransport(Transport):
         """Where peers reach this rank, every lane of it (for debug output)."""
         return self.peer_host(self.rank)
 
+    def listening_addresses(self) -> list[str]:
+        """The addresses this rank accepts peers' connections on (none: it takes no connections)."""
+        return []
+
     def announce_exit(self, cause: str | None) -> None:  # noqa: B027 - a transport without goodbyes
         """This process is ending with its groups alive (no destroy_process_group): tell every
         connected peer, with ``cause``, the failure that ends it (None: none seen; see goodbye)."""

@@ -238,6 +238,10 @@ class TcpTransport(CallerReads, Peers, PeerFailures, NetworkTransport):
             if peer in self._lanes:  # an unconnected peer (lazy) waits on nothing from this rank
                 self._lanes[peer][0].send([frame], None)
 
+    def listening_addresses(self) -> list[str]:
+        own = self.records[self.rank]
+        return [own.address, *(lane[0] for lane in own.lanes)]
+
     def announce_exit(self, cause: str | None) -> None:
         if self._closed:
             return
