@@ -24,7 +24,7 @@ venv: $(VENV)/.installed
 test-venv: $(VENV)/.installed-test
 
 demo: venv
-	$(VENV)/bin/pydist-run --nproc-per-node 2 examples/train.py
+	$(VENV)/bin/pydist-run --nproc-per-node 2 -m pydist.examples.train
 
 # pytest rewrites every test module's asserts when it imports it; with bytecode allowed it
 # keeps the rewritten modules in __pycache__ (collection: ~10 s -> ~6 s here). Environments

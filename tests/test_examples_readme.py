@@ -23,7 +23,7 @@ def launch(*args: str, cwd: Path = ROOT, timeout: float = 240) -> subprocess.Com
 
 
 def test_collectives_tour_on_four_ranks():
-    done = launch("--nproc-per-node", "4", str(ROOT / "examples" / "collectives.py"))
+    done = launch("--nproc-per-node", "4", "-m", "pydist.examples.collectives")
     assert done.returncode == 0, done.stderr
     for rank in range(4):
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"[rank{rank}]:")]
@@ -36,20 +36,20 @@ def test_training_demo_learns_snapshots_and_resumes(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
     snapshot = str(tmp_path / "snap.pt")
-    first = launch("--nproc-per-node", "2", str(ROOT / "examples" / "train.py"), "--epochs", "3",
+    first = launch("--nproc-per-node", "2", "-m", "pydist.examples.train", "--epochs", "3",
                    "--snapshot", snapshot)
     assert first.returncode == 0, first.stderr
     accuracies = [float(a) for a in re.findall(r"held-out accuracy ([\d.]+) %", first.stdout)]
     assert len(accuracies) == 3 and accuracies[-1] >= 90.0, first.stdout
     assert re.search(r"\[rank0\]:\d+ steps, .* communication: [\d.]+ MB reduced", first.stdout), first.stdout
-    second = launch("--nproc-per-node", "2", str(ROOT / "examples" / "train.py"), "--epochs", "4",
+    second = launch("--nproc-per-node", "2", "-m", "pydist.examples.train", "--epochs", "4",
                     "--snapshot", snapshot)
     assert second.returncode == 0, second.stderr
     assert "resuming from" in second.stdout and "after epoch 3" in second.stdout
     assert re.findall(r"epoch +(\d+)/4", second.stdout) == ["4"], second.stdout
 
 
-FAULT_TOLERANT = ["--nproc-per-node", "4", "--on-failure", "continue", str(ROOT / "examples" / "train.py"),
+FAULT_TOLERANT = ["--nproc-per-node", "4", "--on-failure", "continue", "-m", "pydist.examples.train",
                   "--fault-tolerant", "--epochs", "3"]
 FINAL_ACCURACY = r"finished on \d ranks .*: held-out accuracy ([\d.]+) %"
 

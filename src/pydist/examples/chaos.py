@@ -1,7 +1,7 @@
 """The chaos demo: train.py --fault-tolerant under ``pydist-run --on-failure replace`` while a
 random worker is SIGKILLed or SIGSTOPped every --every seconds, for --minutes.
 
-    python examples/chaos.py [--nproc 4] [--minutes 30] [--every 15] [--freeze-share 0.5]
+    python -m pydist.examples.chaos [--nproc 4] [--minutes 30] [--every 15] [--freeze-share 0.5]
                              [--epochs 620] [--step-seconds 0.2] [--tcp]
 
 A failure is made only when the world is back to full size. A stopped worker is declared dead
@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ACCURACY = re.compile(r"held-out accuracy ([0-9.]+) %")
 
 
@@ -36,7 +35,7 @@ def _command(args, chaos: bool) -> list[str]:
     command = [sys.executable, "-m", "pydist.run", "--nproc-per-node", str(args.nproc)]
     if chaos:
         command += ["--on-failure", "replace", "--max-replacements", "100000"]
-    command += [os.path.join(HERE, "train.py"), "--fault-tolerant", "--epochs", str(args.epochs)]
+    command += ["-m", "pydist.examples.train", "--fault-tolerant", "--epochs", str(args.epochs)]
     return command + (["--report-events", "--step-seconds", str(args.step_seconds)] if chaos else [])
 
 

@@ -1,6 +1,6 @@
 """train.py --fault-tolerant: training that loses workers, and takes their replacements in.
 
-    pydist-run --nproc-per-node 4 --on-failure replace examples/train.py --fault-tolerant \\
+    pydist-run --nproc-per-node 4 --on-failure replace -m pydist.examples.train --fault-tolerant \\
                [--kill-rank 2 --kill-step 60]
 
 Every step takes the same global batch, whatever the number of ranks: step k of an epoch is
@@ -13,8 +13,8 @@ they admit the replacements ``pydist-run --on-failure replace`` starts and heal 
 peers (with ``--on-failure continue`` the job goes on smaller). DDP is rebuilt whenever the
 world changes. ``--kill-rank R --kill-step S`` makes the worker launched as rank R kill itself
 (SIGKILL) at global step S, for the demonstration; killing or stopping any worker from
-outside works the same (examples/chaos.py does it every 15 s). ``--report-events`` prints one
-``EVENT {json}`` line per start, recovery and first step after a change, for examples/chaos.py.
+outside works the same (pydist.examples.chaos does it every 15 s). ``--report-events`` prints one
+``EVENT {json}`` line per start, recovery and first step after a change, for pydist.examples.chaos.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A tour of pydist on N ranks: point-to-point and every collective, printing what each rank got.
 
-Run it with the launcher:  pydist-run --nproc-per-node 4 examples/collectives.py
+Run it with the launcher:  pydist-run --nproc-per-node 4 -m pydist.examples.collectives
 """
 import numpy as np
 

@@ -1,6 +1,6 @@
 """Data-parallel training of a small MLP on scikit-learn's digits, with pydist.
 
-    pydist-run --nproc-per-node 2 examples/train.py [--epochs 15] [--snapshot PATH]
+    pydist-run --nproc-per-node 2 -m pydist.examples.train [--epochs 15] [--snapshot PATH]
 
 Every rank trains on its DistributedSampler share of the training images; pydist's
 DistributedDataParallel averages the gradients. Rank 0 prints the per-epoch loss (the
@@ -21,8 +21,13 @@ import time
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
+
+try:
+    from sklearn.datasets import load_digits
+except ImportError as missing:  # the demo extra brings it
+    raise SystemExit("pydist.examples.train learns scikit-learn's digits: pip install scikit-learn "
+                     "(or pydist[demo], which brings torch too)") from missing
 
 import pydist
 from pydist.data import DistributedSampler
@@ -92,10 +97,10 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="with --fault-tolerant: sleep this long per step (stands for a heavier model)")
     parser.add_argument("--report-events", action="store_true",
-                        help="with --fault-tolerant: print EVENT lines for examples/chaos.py")
+                        help="with --fault-tolerant: print EVENT lines for pydist.examples.chaos")
     args = parser.parse_args()
     if args.fault_tolerant:
-        import fault_tolerant  # beside this script
+        from pydist.examples import fault_tolerant
         fault_tolerant.run(args, *load_data(), make_model, accuracy)
         return
 
