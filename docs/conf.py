@@ -27,6 +27,11 @@ nitpick_ignore_regex = [
     (r"py:class", r"(Engine|GroupState|ProgressBoard|World|FailurePath|OpSpec|OpContext|Buffer|Join)"),
 ]
 
+# Text stays as typed: no curly quotes, and "--" stays two hyphens (docutils' smartquotes would turn
+# "--nproc" in prose, the generated CLI/settings tables and the changelog into "–nproc", which a
+# copied command then fails on); pages type a real dash where they mean one.
+smartquotes = False
+
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
