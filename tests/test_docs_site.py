@@ -43,3 +43,10 @@ def test_the_generated_pages_show_flags_as_typed(site):
     cli = (site / "reference" / "cli.html").read_text()
     assert "a different --nproc is an error" in cli and "a small all_reduce (--iters calls)" in cli  # help texts
     assert "PYDIST_" in (site / "reference" / "settings.html").read_text()
+
+
+def test_api_pages_spell_reduce_ops_as_users_do(site):
+    """The sources' defaults name the enum (RedOpType.SUM); users write ReduceOp.SUM, which it is."""
+    collectives = (site / "api" / "collectives.html").read_text()
+    defaults = re.findall(r'<span class="default_value"><span class="pre">(\w+)\.SUM</span>', collectives)  # op=...
+    assert defaults and set(defaults) == {"ReduceOp"}, defaults

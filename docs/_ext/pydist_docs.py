@@ -128,6 +128,21 @@ def _on_source_read(app: Any, docname: str, source: list[str]) -> None:
     source[0] = expand(source[0])
 
 
+#: How users spell a reduce op: the defaults in the sources name the enum (``RedOpType.SUM``,
+#: which ``ReduceOp.SUM`` is), the pages show torch's spelling.
+_ENUM_OP = re.compile(r"\bRedOpType\.(?=[A-Z])")
+
+
+def users_spelling(signature: str | None) -> str | None:
+    """``signature`` with every ``RedOpType.X`` default written ``ReduceOp.X``."""
+    return None if signature is None else _ENUM_OP.sub("ReduceOp.", signature)
+
+
+def _on_process_signature(app: Any, what: str, name: str, obj: Any, options: Any, signature: str | None,
+                          return_annotation: str | None) -> tuple[str | None, str | None]:
+    return users_spelling(signature), return_annotation
+
+
 def _on_builder_inited(app: Any) -> None:
     missing = missing_docstrings()
     if missing:
@@ -160,6 +175,7 @@ def _on_consistency(app: Any, env: Any) -> None:
 def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", _on_builder_inited)
     app.connect("source-read", _on_source_read)
+    app.connect("autodoc-process-signature", _on_process_signature)
     app.connect("env-check-consistency", _on_consistency)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
