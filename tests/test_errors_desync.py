@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pydist
-from pydist.core.fingerprint import describe_fingerprint, fingerprint
+from pydist.core.fingerprint import describe_fingerprint, fingerprint, how_calls_differ
 from pydist.testing import run_processes, run_threads
 from pydist.testing.threads import RankFailed
 
@@ -56,10 +56,28 @@ EXPECTED = {
 }
 
 
+#: what the error says first: another operation, or which arguments of the same one differ
+DIFFERENCE = {"op": "ranks called different operations", "count": "ranks called all_reduce with different sizes",
+              "dtype": "ranks called all_reduce with different dtypes",
+              "root": "ranks called broadcast with different roots",
+              "reduce_op": "ranks called all_reduce with different reduce ops",
+              "skipped": "ranks called different operations"}
+
+
+def test_a_desync_says_which_arguments_of_the_same_operation_differ():
+    """An all_reduce of 4 elements against one of 8 is a size mismatch, not "different operations"."""
+    four, eight = fingerprint("all_reduce", np.dtype("float32"), 4), fingerprint("all_reduce", np.dtype("float32"), 8)
+    assert how_calls_differ(four, eight) == "ranks called all_reduce with different sizes"
+    wide = fingerprint("all_reduce", np.dtype("float64"), 8, reduce_op=2)
+    assert how_calls_differ(four, wide) == "ranks called all_reduce with different dtypes and sizes and reduce ops"
+    assert how_calls_differ(four, fingerprint("broadcast", np.dtype("float32"), 4, root=0)) == \
+        "ranks called different operations"
+
+
 def _check(error: BaseException, size: int, case: str) -> None:
     text = str(error)
     odd_call, other_call = EXPECTED[case]
-    assert "ranks called different operations" in text, text
+    assert DIFFERENCE[case] in text, text
     assert odd_call in text and other_call in text, text
     assert re.search(r"rank 1 called " + re.escape(odd_call), text) or \
         re.search(r"rank \d called " + re.escape(other_call) + " while this rank called " + re.escape(odd_call),
@@ -127,7 +145,7 @@ def test_every_collective_with_another_dtype_on_one_rank_raises_naming_both_call
         run_threads(2, _every_collective_in_two_dtypes, op, transport="tcp", hosts=hosts, pg_timeout=20, timeout=60)
     text = str(failed.value)
     kind, args = EVERY[op]
-    assert "ranks called different operations" in text, text
+    assert f"ranks called {kind} with different dtypes" in text, text
     assert f"{kind}({args.format('float64')})" in text and f"{kind}({args.format('float32')})" in text, text
 
 

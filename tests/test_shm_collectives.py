@@ -147,13 +147,14 @@ def _disagree(rank, size, case):
     return str(caught.value)
 
 
-@pytest.mark.parametrize("case, words", [("dtype", "float32"), ("root", "root"), ("op", "MAX"),
-                                         ("collective", "broadcast")])
-def test_arena_detects_ranks_calling_different_things(case, words):
+@pytest.mark.parametrize("case, words, difference", [
+    ("dtype", "float32", "all_reduce with different dtypes"), ("root", "root", "broadcast with different roots"),
+    ("op", "MAX", "all_reduce with different reduce ops"), ("collective", "broadcast", "different operations")])
+def test_arena_detects_ranks_calling_different_things(case, words, difference):
     """Every rank raises, naming the other rank and both calls, instead of mixing data."""
     messages = run_threads(2, _disagree, case, transport="tcp", pg_timeout=10)
     for rank, message in enumerate(messages):
-        assert f"rank {1 - rank}" in message and "ranks called different operations" in message, message
+        assert f"rank {1 - rank}" in message and f"ranks called {difference}" in message, message
         assert words in message, message
 
 

@@ -41,5 +41,18 @@ def describe_fingerprint(value: int) -> str:
     return f"{op}(" + ", ".join(p for p in parts if p) + ")"
 
 
+#: the arguments a fingerprint holds besides the operation: (what differs, shift, mask)
+_ARGUMENTS = (("dtypes", 50, 0x3F), ("sizes", 0, 0xFFFFFFFF), ("roots", 32, 0x3FFF), ("reduce ops", 46, 0xF))
+
+
+def how_calls_differ(mine: int, theirs: int) -> str:
+    """What a desync error says first: "ranks called different operations", or for one
+    operation which of its arguments differ ("ranks called all_reduce with different sizes")."""
+    if mine >> 56 != theirs >> 56:
+        return "ranks called different operations"
+    differing = [what for what, shift, mask in _ARGUMENTS if (mine >> shift) & mask != (theirs >> shift) & mask]
+    return f"ranks called {describe_fingerprint(mine).split('(')[0]} with different {' and '.join(differing)}"
+
+
 def _reduce_op_name(code: int) -> str:
     return RedOpType(code).name if code in RedOpType._value2member_map_ else "?"

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import DesyncError, DistBackendError
-from ..core.fingerprint import describe_fingerprint
+from ..core.fingerprint import describe_fingerprint, how_calls_differ
 from .base import Events, MessageKey, Request
 from .flow import ReadThrottle
 from .framing import FramingError
@@ -73,7 +73,7 @@ def size_mismatch(request: Request, source: int, key: MessageKey, nbytes: int) -
 
 def call_mismatch(mine: int, source: int, key: MessageKey, theirs: int) -> DesyncError:
     return DesyncError(
-        f"ranks called different operations (group {key.group:#x}, seq {key.seq}): rank {source} called "
+        f"{how_calls_differ(mine, theirs)} (group {key.group:#x}, seq {key.seq}): rank {source} called "
         f"{describe_fingerprint(theirs)} while this rank called {describe_fingerprint(mine)}")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...core.deadline import Deadline
 from ...core.errors import DesyncError, OpTimeoutError
-from ...core.fingerprint import describe_fingerprint
+from ...core.fingerprint import describe_fingerprint, how_calls_differ
 from .segment import Keepalive
 from .signal import Signal, WaitTimeout
 
@@ -179,6 +179,6 @@ class Arena:
         for member in range(self.size):
             theirs = self._words[self._line[member] + 1 + (self.phase & 1)]
             if theirs != fingerprint:
-                raise DesyncError(f"{op.describe()}: ranks called different operations: {self._describe(member)} "
+                raise DesyncError(f"{op.describe()}: {how_calls_differ(fingerprint, theirs)}: {self._describe(member)} "
                                   f"called {describe_fingerprint(theirs)} while this rank called "
                                   f"{describe_fingerprint(fingerprint)}")
