@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import pydist  # noqa: E402
+from pydist.core.settings import settings  # noqa: E402
 from pydist.data import DistributedSampler  # noqa: E402
 
 IMPORTED = time.time()
@@ -57,7 +58,7 @@ def run(args, train, held_out, make_model, accuracy) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pydist.init_process_group("pydist")
     launch_rank = int(os.environ.get("RANK", pydist.get_rank()))
-    joined = os.environ.get("PYDIST_JOIN") == "1"
+    joined = settings().join  # PYDIST_JOIN=1: pydist-run started this process to replace one
     _event(args, event="hello", launch_rank=launch_rank, joined=joined, started=STARTED,
            imported=IMPORTED)
     global_batch = args.batch_size * int(os.environ.get("WORLD_SIZE", pydist.get_world_size()))
