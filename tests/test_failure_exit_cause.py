@@ -131,7 +131,8 @@ def _launch(launcher: str, mode: str, api: str, **env: str) -> str:
             "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", SCRIPT, mode, api],
             "mpiexec": [str(MPIEXEC), "-n", "2", sys.executable, SCRIPT, mode, api],
             "spawn": [sys.executable, SCRIPT, mode, api, "spawn"]}[launcher]
-    result = run_command(argv, timeout=120, env=with_tests_on_path(clean_env(**env)))
+    # 90 s: under pytest-timeout's 120, so that a hung job is killed and its output shown
+    result = run_command(argv, timeout=90, env=with_tests_on_path(clean_env(**env)))
     error = _rank0_error(result.stdout)
     assert error is not None, result.stdout + result.stderr
     return error

@@ -18,7 +18,6 @@ import numpy as np
 
 
 def rank_main(mode: str, api: str, out: str | None = None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a launcher stopping rank 0 must not cut its report short
     if api == "torch":
         import torch
         import torch.distributed as dist
@@ -40,6 +39,7 @@ def rank_main(mode: str, api: str, out: str | None = None) -> None:
         if mode == "destroy":
             dist.destroy_process_group()
         return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a launcher stopping rank 0 now must not cut its report short
     try:
         dist.all_reduce(buffer)
         line = {"rank0_error": None}
