@@ -82,6 +82,23 @@ def test_the_first_few_in_full_then_one_summary_per_interval(clock, caplog):
         "refusals: 3 more in the last 3 s (rate limited), the last: refused 109"]
 
 
+def test_the_period_doubles_while_the_warnings_keep_coming_and_resets_after_a_quiet_one(clock, caplog):
+    limit = LogLimit(logging.getLogger("pydist.test"), "refusals", burst=1, interval=10.0)
+    with caplog.at_level(logging.WARNING, logger="pydist.test"):
+        limit.warning("refused")  # in full, at 0 s
+        for _ in range(400):  # then one a second for 400 s
+            clock.advance(1.0)
+            limit.warning("refused")
+        clock.advance(400.0)  # quiet for longer than the period (then 300 s)
+        limit.warning("refused")  # a summary at once: it had been a period since the last line
+        clock.advance(10.0)
+        limit.warning("refused")  # the next 10 s later again
+    lines = _lines(caplog, "pydist.test")
+    assert lines[0] == "refused"
+    counts = [int(line.split(": ")[1].split()[0]) for line in lines[1:]]
+    assert counts == [10, 20, 40, 80, 160, 91, 1]  # at 10, 30, 70, 150, 310 s; 90 more held until the quiet one
+
+
 def test_a_warning_whose_arguments_do_not_format_is_summarised_by_its_format(clock, caplog):
     limit = LogLimit(logging.getLogger("pydist.test"), "refusals", burst=0)
     with caplog.at_level(logging.WARNING, logger="pydist.test"):

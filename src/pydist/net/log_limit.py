@@ -2,13 +2,15 @@
 
 An outsider can open connections faster than anyone can read their warnings. A
 :class:`LogLimit` logs the first ``burst`` warnings given to it in full; after those it
-counts them and logs at most one summary line per ``interval`` seconds (on pydist's
-injectable clock, :func:`pydist.core.deadline.now`): how many came since the last line, in
-how long, and the last one in full. A summary is written when a warning arrives an interval or more after
-the last line, and by :meth:`LogLimit.flush` (the listener's close) for those still counted,
-so none is lost without a trace. Thread-safe; it never raises (the logging module handles
-its handlers' errors, and a warning whose arguments do not format is summarised by its
-format string).
+counts them and logs at most one summary line per period (on pydist's injectable clock,
+:func:`pydist.core.deadline.now`): how many came since the last line, in how long, and the
+last one in full. The period is ``interval`` seconds at first and doubles with each summary
+while the warnings keep coming (up to ``MAX_INTERVAL``: a flood of an hour leaves about 20
+lines), back to ``interval`` after a period without any. A summary is written when a warning
+arrives a period or more after the last line, and by :meth:`LogLimit.flush` (the listener's
+close) for those still counted, so none is lost without a trace. Thread-safe; it never
+raises (the logging module handles its handlers' errors, and a warning whose arguments do
+not format is summarised by its format string).
 """
 from __future__ import annotations
 
@@ -22,12 +24,14 @@ from ..core import deadline as _deadline
 BURST = 5
 #: seconds between two summary lines of one limit, at least
 INTERVAL = 10.0
+#: seconds between two summary lines of one limit at most (the period stops doubling there)
+MAX_INTERVAL = 300.0
 
 
 class LogLimit:
     """The warnings of one source (``what``: a name for them in the summary, e.g.
     ``"pydist rank 3: connections refused"``) on ``logger``: the first ``burst`` in full,
-    then at most one summary per ``interval`` seconds (see the module)."""
+    then at most one summary per period, ``interval`` seconds at first (see the module)."""
 
     def __init__(self, logger: logging.Logger, what: str, burst: int = BURST, interval: float = INTERVAL):
         self._logger, self._what, self._burst, self._interval = logger, what, burst, interval
@@ -37,11 +41,18 @@ class LogLimit:
         self._last_line: float | None = None  # clock time of the last line written
         self._held_since = 0.0  # clock time of the first warning counted since
         self._last: tuple[str, tuple[Any, ...]] = ("", ())  # the last warning counted
+        self._period = interval  # seconds from the last line to the next summary, at least
+        self._last_warning: float | None = None  # clock time of the last warning given
 
-    def warning(self, msg: str, *args: Any) -> None:
-        """Log ``msg % args`` at WARNING, or count it (and maybe summarise; see the class)."""
+    def warning(self, msg: str, *args: Any, exc_info: bool = False) -> None:
+        """Log ``msg % args`` at WARNING (``exc_info``: with the exception being handled), or
+        count it (and maybe summarise; see the class)."""
         now, summary = _deadline.now(), None
         with self._lock:
+            quiet = self._last_warning is not None and now - self._last_warning >= self._period
+            if quiet:
+                self._period = self._interval  # a new episode: its summaries come sooner again
+            self._last_warning = now
             full = self._logged < self._burst
             if full:
                 self._logged += 1
@@ -51,10 +62,12 @@ class LogLimit:
                     self._held_since = now
                 self._held += 1
                 self._last = (msg, args)
-                if self._last_line is None or now - self._last_line >= self._interval:
+                if self._last_line is None or now - self._last_line >= self._period:
                     summary = self._take(now)
+                    if not quiet:
+                        self._period = min(2 * self._period, max(MAX_INTERVAL, self._interval))
         if full:
-            self._logger.warning(msg, *args)
+            self._logger.warning(msg, *args, exc_info=exc_info)
         elif summary is not None:
             self._logger.warning("%s", summary)
 
