@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import select
+import queue
 import socket
 import ssl
 import threading
@@ -21,9 +21,10 @@ import pytest
 
 from pydist.core.deadline import Deadline
 from pydist.core.errors import DistNetworkError
+from pydist.net import accepting
+from pydist.net import admission as policy
 from pydist.net.auth import AuthenticationError
 from pydist.testing.clock import MockClock
-from pydist.transport.tcp import admission, joining
 from pydist.transport.tcp.admission import Admission
 from pydist.transport.tcp.hello import Connector, hello_frame, read_frame
 from pydist.transport.tcp.joining import JoinListener
@@ -103,10 +104,10 @@ def _wait_delivered(delivered: list, arrived: threading.Event, n: int) -> None:
 
 
 # -- finding 1: a legitimate burst is not cut ----------------------------------------------------
-def test_a_burst_of_ranks_larger_than_max_handshakes_is_not_cut(monkeypatch, caplog):
-    """Eight ranks in their handshakes at once, MAX_HANDSHAKES 3: the cap scales with the
+def test_a_burst_of_ranks_larger_than_max_unproven_is_not_cut(monkeypatch, caplog):
+    """Eight ranks in their handshakes at once, MAX_UNPROVEN 3: the cap scales with the
     ranks expected, so none is cut and all eight are delivered."""
-    monkeypatch.setattr(admission, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(policy, "MAX_UNPROVEN", 3)
     monkeypatch.setenv("PYDIST_HANDSHAKE_TIMEOUT", str(SECONDS * 10))
     ranks = range(1, 9)
     started = _Counted(monkeypatch)
@@ -121,7 +122,7 @@ def test_a_burst_of_ranks_larger_than_max_handshakes_is_not_cut(monkeypatch, cap
                 handshake.on_hello(read_frame(sock))
                 assert handshake.done
             _wait_delivered(delivered, arrived, len(dialled))
-        assert "in flight" not in caplog.text
+        assert "waiting to prove themselves" not in caplog.text
     finally:
         joined.close()
         for sock in dialled:
@@ -192,18 +193,38 @@ def test_a_connection_cut_after_its_tls_handshake_is_retried_not_blamed_on_a_cer
 
 
 # -- finding 4: two claims of one rank -----------------------------------------------------------
-def _admitting(taken=lambda peer: False):
-    """An Admission of rank 0 (no secret, ``claim_of``: CLAIM) and a listener feeding it:
-    ``dial()`` connects and starts the accepted side's handshake."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    gate = Admission(0, "world", None, None, lambda peer: CLAIM, SECONDS * 10, peers=1)
+class _Driven:
+    """An Admission of rank 0 (no secret, ``claim_of``: CLAIM) listening for rank 1 on
+    ``listener`` (a fresh one by default), driven by a thread of its own, its only user:
+    ``proven`` gets the (peer, socket, where) it hands over; ``dial()`` connects to it."""
 
-    def dial() -> socket.socket:
-        sock = socket.create_connection(listener.getsockname(), timeout=SECONDS)
-        accepted, where = listener.accept()
-        gate.start(accepted, where, {1}, taken)
-        return sock
-    return listener, gate, dial
+    def __init__(self, taken=lambda peer: False, listener: socket.socket | None = None, timeout: float = SECONDS * 10):
+        self.listener = listener or socket.create_server(("127.0.0.1", 0))
+        self.gate = Admission(0, "world", None, None, lambda peer: CLAIM, timeout, peers=1)
+        self.gate.listen(self.listener, lambda: {1}, taken)
+        self.proven: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.gate.poll(0.01)
+                for each in self.gate.take():
+                    self.proven.put(each)
+        finally:
+            self.gate.close()
+
+    def dial(self) -> socket.socket:
+        return socket.create_connection(self.listener.getsockname(), timeout=SECONDS)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(SECONDS)
+        self.listener.close()
+        while not self.proven.empty():
+            self.proven.get()[1].close()
 
 
 def _hello(sock: socket.socket, fields: dict) -> dict:
@@ -218,59 +239,37 @@ def test_the_second_of_two_concurrent_claims_gets_the_refusal():
     """The first claim's handshake is done but not taken yet (the caller has not marked the
     rank connected: ``taken`` is still False): a second claim is refused in its HELLO, and
     only the first is handed over."""
-    listener, gate, dial = _admitting()
-    first, second = dial(), dial()
+    driven = _Driven()
+    first, second = driven.dial(), driven.dial()
     try:
         assert _hello(first, {})["done"]
         with pytest.raises(AuthenticationError, match="rank 1 is connected to rank 0 already"):
             _hello(second, {})
-        assert select.select([gate.wake_fd], [], [], SECONDS)[0]  # the first is proven
-        assert [peer for peer, _, _ in gate.take()] == [1]
+        peer, sock, _ = driven.proven.get(timeout=SECONDS)
+        sock.close()
+        assert peer == 1 and driven.proven.empty()
     finally:
-        for sock in (first, second, listener):
+        driven.close()
+        for sock in (first, second):
             sock.close()
-        gate.close()
 
 
 def test_a_claim_refused_after_its_reservation_frees_the_rank():
     """A HELLO carrying rank 1's claim but a nonce (it authenticates; this rank has no
     token) is refused after the rank was reserved for it: the real rank 1 then gets in."""
-    listener, gate, dial = _admitting()
-    stray, real = dial(), dial()
+    driven = _Driven()
+    stray, real = driven.dial(), driven.dial()
     try:
         with pytest.raises(AuthenticationError, match="it has no token"):
             _hello(stray, {"nonce": "00"})
         assert _hello(real, {})["done"]
     finally:
-        for sock in (stray, real, listener):
+        driven.close()
+        for sock in (stray, real):
             sock.close()
-        gate.close()
 
 
-# -- finding 5: out of file descriptors ----------------------------------------------------------
-class _NoFds(socket.socket):
-    """A socket that cannot be duplicated (the process is out of file descriptors)."""
-
-    def dup(self):
-        raise OSError(errno.EMFILE, "Too many open files")
-
-
-def test_a_handshake_that_cannot_start_drops_its_connection_and_logs(caplog):
-    listener = socket.create_server(("127.0.0.1", 0))
-    gate = Admission(0, "world", None, None, lambda peer: None, SECONDS, peers=1)
-    try:
-        with socket.create_connection(listener.getsockname(), timeout=SECONDS) as sock:
-            accepted, where = listener.accept()
-            starved = _NoFds(accepted.family, accepted.type, accepted.proto, accepted.detach())
-            with caplog.at_level(logging.WARNING, logger="pydist.transport"):
-                gate.start(starved, where, {1}, lambda peer: False)
-            assert _until_closed(sock) == b""
-        assert "Too many open files" in caplog.text and gate.due() is None
-    finally:
-        listener.close()
-        gate.close()
-
-
+# -- finding 5 and issue 46: out of file descriptors ---------------------------------------------
 class _FailingListener(socket.socket):
     """A listening socket whose ``accept`` fails with ``error`` the first ``times`` calls
     (each noted with its time), then works."""
@@ -288,7 +287,30 @@ class _FailingListener(socket.socket):
         return super().accept()
 
 
+def test_out_of_descriptors_the_listener_drops_the_least_advanced_unproven_connection(monkeypatch, caplog):
+    """An idle connection in its handshake, then accept fails with EMFILE: the idle one is
+    dropped (logged, saying why) and accept is retried at once, so rank 1 gets in."""
+    failing = _FailingListener(OSError(errno.EMFILE, "Too many open files"), 0)
+    started = _Counted(monkeypatch)
+    driven = _Driven(listener=failing)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pydist.transport"):
+            with driven.dial() as idle:
+                started.reached(1)
+                failing.times = 1  # the next accept fails, once
+                with driven.dial() as real:
+                    assert _until_closed(idle) == b""  # dropped for the newcomer
+                    assert _hello(real, {})["done"]
+                    driven.proven.get(timeout=SECONDS)[1].close()
+        assert "out of descriptors ([Errno 24] Too many open files)" in caplog.text
+        assert "could not accept" not in caplog.text  # a connection was dropped instead
+    finally:
+        driven.close()
+
+
 def test_the_lazy_listener_backs_off_after_accept_errors_and_keeps_accepting(caplog):
+    """With nothing to drop, a failed accept pauses the listener (no spin) and is logged,
+    rate limited, and the listener keeps accepting."""
     failing = _FailingListener(OSError(errno.EMFILE, "Too many open files"), 4)
     mine, joined, delivered, arrived = _listening({1}, failing)
     try:
@@ -299,8 +321,8 @@ def test_the_lazy_listener_backs_off_after_accept_errors_and_keeps_accepting(cap
     finally:
         joined.close()
     gaps = [later - earlier for earlier, later in zip(failing.calls, failing.calls[1:])]
-    assert len(gaps) == 3 and min(gaps) >= joining.ACCEPT_BACKOFF_SECONDS * 0.9  # time.sleep's lower bound
-    assert caplog.text.count("accepting a connection failed") == 1  # one warning for the streak
+    assert len(gaps) == 3 and min(gaps) >= accepting.BACKOFF_SECONDS * 0.9  # time.sleep's lower bound
+    assert caplog.text.count("could not accept a connection") == 4  # each in full: fewer than LogLimit's burst
     assert [peer for peer, _ in delivered] == [1]
 
 
@@ -314,7 +336,7 @@ def test_the_lazy_listener_closes_its_handshakes_when_it_stops_on_an_error(monke
         with caplog.at_level(logging.ERROR, logger="pydist.transport"):
             with socket.create_connection((mine.address, mine.port), timeout=SECONDS) as idle:
                 started.reached(1)
-                failing.times = 1  # the next accept fails with a bug
+                failing.times = len(failing.calls) + 1  # the next accept fails with a bug
                 with socket.create_connection((mine.address, mine.port), timeout=SECONDS):
                     assert _until_closed(idle) == b""
         assert "a bug" in caplog.text
@@ -322,12 +344,14 @@ def test_the_lazy_listener_closes_its_handshakes_when_it_stops_on_an_error(monke
         joined.close()
 
 
-def test_accept_errors_at_init_raise_a_dist_network_error_naming_the_rank():
-    failing = _FailingListener(OSError(errno.EMFILE, "Too many open files"), 1)
+def test_accept_errors_at_init_end_in_a_dist_network_error_naming_the_rank():
+    """Accept failing until the deadline: the error names the rank, its listener and the cause."""
+    failing = _FailingListener(OSError(errno.EMFILE, "Too many open files"), 10 ** 6)
     try:
         with socket.create_connection(failing.getsockname(), timeout=SECONDS):
-            with pytest.raises(DistNetworkError, match=r"rank 0 .*Too many open files") as info:
-                accept_from(failing, {1}, 0, "world", Deadline.after(SECONDS))
+            with pytest.raises(DistNetworkError, match=r"rank 0 .*accepting on 127.0.0.1:\d+ failed: "
+                                                       r".*Too many open files") as info:
+                accept_from(failing, {1}, 0, "world", Deadline.after(0.3))  # real time: the accept pauses are
         assert isinstance(info.value.__cause__, OSError)
     finally:
         failing.close()

@@ -15,12 +15,11 @@ import socket
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_admission_bursts import _until_closed
+from test_admission_bursts import _Driven, _until_closed
 
 from pydist.core import deadline
 from pydist.net.log_limit import LogLimit
 from pydist.store._tcp_server import Server
-from pydist.transport.tcp.admission import Admission
 
 SECONDS = 60
 FLOOD = 40
@@ -115,21 +114,16 @@ def _accounted(lines: list[str], full: str) -> int:
 
 # -- a flood at a rank's listener ---------------------------------------------------------------
 def test_a_flood_of_refused_connections_at_a_rank_logs_a_bounded_number_of_lines(clock, caplog):
-    listener = socket.create_server(("127.0.0.1", 0))
-    gate = Admission(0, "world", None, None, lambda peer: None, SECONDS * 10, peers=1)
-    try:
-        with caplog.at_level(logging.WARNING, logger="pydist.transport"):
+    with caplog.at_level(logging.WARNING, logger="pydist.transport"):
+        driven = _Driven()
+        try:
             for _ in range(FLOOD):
-                with socket.create_connection(listener.getsockname(), timeout=SECONDS) as sock:
-                    accepted, where = listener.accept()
-                    gate.start(accepted, where, {1}, lambda peer: False)
+                with driven.dial() as sock:
                     sock.sendall(b"GET / HTTP/1.0\r\n\r\n" * 4)
                     _until_closed(sock)  # closed once the garbage was refused, and logged
             assert len(_lines(caplog, "pydist.transport")) == 5
-            gate.close()
-    finally:
-        listener.close()
-        gate.close()
+        finally:
+            driven.close()
     lines = _lines(caplog, "pydist.transport")
     assert len(lines) == 6 and "pydist rank 0: connections refused or dropped: 35 more" in lines[-1]
     assert _accounted(lines, "pydist rank 0 dropped a connection from") == FLOOD

@@ -10,7 +10,7 @@ each refused and logged while the real ranks connect and exchange the right byte
 - a second claim of a rank already connected (lazy connections' listener, no secret);
 - idle connections ahead of the real rank: handshakes run side by side (the real rank is
   accepted while they are still open), are cut after PYDIST_HANDSHAKE_TIMEOUT, and at most
-  MAX_HANDSHAKES are held.
+  the admission's cap (net.admission.MAX_UNPROVEN here) are held.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ import threading
 import pytest
 
 from pydist.core.deadline import Deadline
+from pydist.net import admission as policy
 from pydist.net.auth import AuthenticationError
 from pydist.store.hash import HashStore
-from pydist.transport.tcp import admission
 from pydist.transport.tcp.hello import hello_frame
 from pydist.transport.tcp.joining import JoinListener
 from pydist.transport.tcp.mesh import PeerRecord, build_mesh, connect_to, own_record
@@ -280,7 +280,7 @@ def test_idle_connections_do_not_hold_up_a_token_protected_startup(monkeypatch, 
     with caplog.at_level(logging.WARNING, logger="pydist.transport"):
         _, attacks = _job_with(HashStore(), *[_idle] * 6, settle=False)
     idle = [result["value"] for result in attacks.values()]
-    assert "no handshake within" not in caplog.text and "in flight" not in caplog.text
+    assert "no handshake within" not in caplog.text and "waiting to prove themselves" not in caplog.text
     for sock in idle:
         sock.settimeout(SECONDS)
         assert _until_closed(sock) == b""  # cut once rank 0 had its ranks
@@ -317,11 +317,11 @@ def test_an_idle_connection_is_cut_after_the_handshake_timeout(monkeypatch, capl
     assert "no handshake within 0.5 s (PYDIST_HANDSHAKE_TIMEOUT)" in caplog.text
 
 
-def test_at_most_max_handshakes_are_held(monkeypatch, caplog):
-    monkeypatch.setattr(admission, "MAX_HANDSHAKES", 3)
+def test_at_most_max_unproven_are_held(monkeypatch, caplog):
+    monkeypatch.setattr(policy, "MAX_UNPROVEN", 3)
     monkeypatch.setenv("PYDIST_HANDSHAKE_TIMEOUT", str(SECONDS * 10))
     with caplog.at_level(logging.WARNING, logger="pydist.transport"):
         _, attacks = _job_with(HashStore(), *[_idle] * 8, settle=False)
     for result in attacks.values():
         result["value"].close()
-    assert caplog.text.count("3 handshakes were in flight") >= 5  # the oldest, cut for newer ones
+    assert caplog.text.count("3 connections were waiting to prove themselves") >= 5  # the oldest, cut for newer ones

@@ -29,13 +29,19 @@ def hello_frame(fields: dict) -> bytes:
     return encode_frame(Kind.HELLO, 0, 0, 0, json.dumps(fields).encode())
 
 
-def read_frame(sock: socket.socket) -> bytes:
-    """One whole HELLO frame (header and payload); FramingError/ConnectionError on anything else."""
-    head = recv_exactly(sock, HEADER_SIZE)
+def hello_size(head: bytes) -> int:
+    """The size of the HELLO frame (header and payload) whose header is ``head``;
+    FramingError if it is not one, or is over MAX_HELLO_BYTES."""
     header = decode_header(head)
     if header.kind != Kind.HELLO or header.nbytes > MAX_HELLO_BYTES:
         raise FramingError(f"expected a HELLO frame, got {header.kind.name} of {header.nbytes} bytes")
-    return head + recv_exactly(sock, header.nbytes)
+    return HEADER_SIZE + header.nbytes
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """One whole HELLO frame (header and payload); FramingError/ConnectionError on anything else."""
+    head = recv_exactly(sock, HEADER_SIZE)
+    return head + recv_exactly(sock, hello_size(head) - HEADER_SIZE)
 
 
 def fields_of(frame: bytes) -> dict:

@@ -14,13 +14,12 @@ import socket
 import threading
 from collections.abc import Callable
 
-from ...core import deadline as _deadline
 from ...core.deadline import Deadline
 from ...core.errors import DistNetworkError
 from ...core.settings import settings
 from ...net.auth import token_of
 from ...net.tls import Contexts, contexts
-from .admission import Admission
+from .admission import Admission, serve
 from .mesh import (
     Connection,
     PeerRecord,
@@ -37,9 +36,6 @@ from .mesh_tls import secured
 log = logging.getLogger("pydist.transport")
 #: seconds between two looks at whether the listener is closing
 POLL_SECONDS = 0.2
-#: seconds the listener pauses after a failed accept (out of file descriptors): the
-#: connection still waits, so accepting again at once would spin
-ACCEPT_BACKOFF_SECONDS = 0.05
 
 
 class JoinListener:
@@ -47,11 +43,13 @@ class JoinListener:
     on each of this rank's listeners until closed; ``take(peer, theirs, deadline)`` hands
     over one peer's, or, with ``deliver``, each peer's go to ``deliver(peer, connections)``
     once all ``lanes_of(peer)`` of its lanes are in (lazy connections, see lazy.py).
-    Handshakes run side by side (:mod:`.admission`); without a secret a HELLO must carry the
-    ``claim_of(peer)`` of the rank's record (None: not checked), and a second connection
-    claiming a (rank, lane) accepted already is refused. A failed accept (out of file
-    descriptors) is logged once until one succeeds, and paced by ACCEPT_BACKOFF_SECONDS;
-    an error that ends the listener's thread is logged, and cuts the handshakes in flight."""
+    Handshakes run side by side in the listener's thread, one selector for every lane
+    (:mod:`.admission`); without a secret a HELLO must carry the ``claim_of(peer)`` of the
+    rank's record (None: not checked), and a second connection claiming a (rank, lane)
+    accepted already is refused. A failed accept follows :mod:`pydist.net.accepting` (out of
+    file descriptors: the least advanced unproven connection is dropped, else a pause), logged
+    rate limited; an error that ends the listener's thread is logged, and cuts the
+    handshakes in flight."""
 
     def __init__(self, record: PeerRecord, listeners: list[socket.socket], token: str, peer_timeout: float,
                  auth_token: bytes | None, tls: Contexts | None, expected: set[int] | None = None,
@@ -66,60 +64,37 @@ class JoinListener:
         self._arrived: dict[tuple[int, int], Connection] = {}  # (peer, lane) -> its connection
         self._met: set[tuple[int, int]] = set()  # (peer, lane) accepted once (see _arrive)
         timeout = settings().handshake_timeout
+        self._selector = selectors.DefaultSelector()
         self._admissions = [Admission(record.rank, lane_token(token, lane), auth_token, tls, claim_of, timeout,
-                                      len(self._expected)) for lane in range(len(listeners))]
+                                      len(self._expected), self._selector) for lane in range(len(listeners))]
         self._changed = threading.Condition()
         self._closing = False
-        self._failing = False  # the last accept failed (logged once until one succeeds)
+        for lane, (listener, admission) in enumerate(zip(listeners, self._admissions)):
+            admission.listen(listener, lambda: self._expected, self._met_on(lane), lambda: not self._closing)
         self._thread = threading.Thread(target=self._run, name=f"pydist-tcp-join-{record.rank}", daemon=True)
         self._thread.start()
 
+    def _met_on(self, lane: int) -> Callable[[int], bool]:
+        """Whether a peer's connection on ``lane`` was accepted once (see _arrive)."""
+        return lambda peer: (peer, lane) in self._met
+
     def _run(self) -> None:
         try:
-            with selectors.DefaultSelector() as selector:
-                for lane, listener in enumerate(self._listeners):
-                    listener.setblocking(False)
-                    selector.register(listener, selectors.EVENT_READ, lane)
-                    selector.register(self._admissions[lane].wake_fd, selectors.EVENT_READ, None)
-                while not self._closing:
-                    due = [d for d in (a.due() for a in self._admissions) if d is not None]
-                    for key, _ in selector.select(min([POLL_SECONDS, *due])):
-                        if key.data is not None:
-                            self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
-                    for lane, admission in enumerate(self._admissions):
-                        admission.reap()
-                        for peer, sock, where in admission.take():
-                            self._arrive(peer, lane, sock, where, admission)
+            while not self._closing:
+                due = [d for d in (a.due() for a in self._admissions) if d is not None]
+                serve(self._selector, min([POLL_SECONDS, *due]))
+                for lane, admission in enumerate(self._admissions):
+                    admission.reap()
+                    for peer, sock, where in admission.take():
+                        self._arrive(peer, lane, sock, where)
         except Exception:  # a bug: this rank accepts no more connections; say so
             log.exception("pydist rank %d: the listener of lazy connections stopped", self.record.rank)
         finally:
             for admission in self._admissions:
                 admission.close()
+            self._selector.close()
 
-    def _accept(self, listener: socket.socket, lane: int) -> None:
-        """Start the handshakes of what waits on ``lane``'s listener (a few at a time)."""
-        admission = self._admissions[lane]
-        for _ in range(16):
-            if self._closing:  # close() shut the listeners down: accept nothing more
-                return
-            try:
-                sock, where = listener.accept()
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                return
-            except OSError as error:  # e.g. out of file descriptors: the connection still waits
-                if self._closing:
-                    return
-                if not self._failing:
-                    log.warning("pydist rank %d: accepting a connection failed: %s (retried every %g s)",
-                                self.record.rank, error, ACCEPT_BACKOFF_SECONDS)
-                self._failing = True
-                _deadline.sleep(ACCEPT_BACKOFF_SECONDS)
-                return
-            self._failing = False
-            sock.setblocking(True)
-            admission.start(sock, where, self._expected, lambda peer: (peer, lane) in self._met)
-
-    def _arrive(self, peer: int, lane: int, sock: socket.socket, where, admission: Admission) -> None:
+    def _arrive(self, peer: int, lane: int, sock: socket.socket, where) -> None:
         """A proven connection of ``peer`` on ``lane``: kept (with a secret a later one of the
         same lane replaces it: a retry whose first try failed on its side; without one the
         Admission refused a second claim in its HELLO)."""

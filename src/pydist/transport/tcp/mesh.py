@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import select
 import socket
 import ssl
 import uuid
@@ -34,7 +33,7 @@ from ...net.auth import AuthenticationError, token_of
 from ...net.interfaces import interface_of
 from ...net.tls import Contexts, contexts
 from ...store._base import StoreTimeoutError
-from .admission import Admission
+from .admission import Admission, listening_at
 from .hello import Connector, read_frame
 from .liveness import process_identity
 from .mesh_tls import refused_by, secured
@@ -213,11 +212,12 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
     (:mod:`.admission`): strays, garbage, TLS failures and mismatches, failed authentication
     and (without a secret) HELLOs without the claim of the rank's record in ``records`` or
     claiming a rank accepted already are dropped and logged, never raised; DistNetworkError
-    at the deadline names the ranks missing and the connections refused meanwhile, and when
-    accepting fails (out of file descriptors) names this rank and its listener."""
+    at the deadline names the ranks missing, the connections refused meanwhile, and the
+    last failed accept (out of file descriptors) with this rank's listener."""
     claims = (lambda peer: records[peer].claim) if records is not None else (lambda peer: None)
     admission = Admission(rank, token, auth_token, tls, claims, settings().handshake_timeout, len(expected))
     accepted: dict[int, socket.socket | TlsSocket] = {}
+    admission.listen(listener, lambda: expected - accepted.keys(), accepted.__contains__)
     try:
         while len(accepted) < len(expected):
             for peer, sock, _ in admission.take():  # without a secret, one per rank (Admission)
@@ -227,13 +227,8 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
             if len(accepted) == len(expected):
                 break
             if deadline.expired():
-                missing = sorted(expected - accepted.keys())
-                refused = f"; refused meanwhile: {'; '.join(admission.refusals)}" if admission.refusals else ""
-                raise DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}"
-                                       f"{refused}")
-            if _pending(listener, admission, deadline):
-                _accept_into(listener, admission, expected - accepted.keys(), accepted.__contains__, rank)
-            admission.reap()
+                raise _missing(rank, listener, sorted(expected - accepted.keys()), admission)
+            deadline.wait(admission.poll)
     except BaseException:
         for done in accepted.values():
             done.close()
@@ -243,50 +238,15 @@ def accept_from(listener: socket.socket, expected: set[int], rank: int, token: s
     return accepted
 
 
-def _pending(listener: socket.socket, admission: Admission, deadline: Deadline) -> bool:
-    """Wait until a connection waits on ``listener`` (True), a handshake is proven or late,
-    or the deadline passes (False)."""
-    poll = select.poll()
-    poll.register(listener, select.POLLIN)
-    poll.register(admission.wake_fd, select.POLLIN)
-    due = admission.due()
-    ready: list[tuple[int, int]] = []
-
-    def wait(seconds: float | None) -> bool:
-        limit = seconds if due is None else due if seconds is None else min(seconds, due)
-        ready.extend(poll.poll(None if limit is None else limit * 1000))
-        return bool(ready)
-
-    deadline.wait(wait)
-    return any(fd == listener.fileno() for fd, _ in ready)
-
-
-def _accept_into(listener: socket.socket, admission: Admission, expected: set[int], taken, rank: int) -> None:
-    """Accept what waits on ``listener`` (a few at a time) and start each one's handshake;
-    DistNetworkError naming ``rank`` when accepting fails (out of file descriptors)."""
-    listener.setblocking(False)
-    try:
-        for _ in range(16):
-            try:
-                sock, where = listener.accept()
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                return
-            except OSError as error:
-                raise DistNetworkError(f"rank {rank} could not accept connections on {_listening_at(listener)}: "
-                                       f"{error} (out of file descriptors? see ulimit -n)") from error
-            sock.setblocking(True)
-            admission.start(sock, where, expected, taken)
-    finally:
-        listener.setblocking(True)
-
-
-def _listening_at(listener: socket.socket) -> str:
-    """``host:port`` of a listening socket, for errors."""
-    try:
-        address = listener.getsockname()
-    except OSError:
-        return "its listener"
-    return host_port(address[0], address[1])
+def _missing(rank: int, listener: socket.socket, missing: list[int], admission: Admission) -> DistNetworkError:
+    """The error of a rank whose deadline passed before ranks ``missing`` connected."""
+    refused = f"; refused meanwhile: {'; '.join(admission.refusals)}" if admission.refusals else ""
+    error = admission.accept_error
+    failed = (f"; accepting on {listening_at(listener)} failed: {error} (out of file descriptors? see ulimit -n)"
+              if error is not None else "")
+    missed = DistNetworkError(f"rank {rank} timed out waiting for connections from ranks {missing}{refused}{failed}")
+    missed.__cause__ = error
+    return missed
 
 
 Connection = socket.socket | TlsSocket
