@@ -1,11 +1,12 @@
 """Issue 39, "nobody gets in by default": what clients that prove nothing can make a live
 TCPStore server hold is bounded, measured with the server's own counters (``stats()``), and
-the good clients keep working. The limits are lowered here (module constants the service
-reads at each use) so that a few connections reach them.
+the good clients keep working. The limits are lowered here (module constants read at each
+use) so that a few connections reach them.
 
 - with a token: bytes one connection sends before authenticating, the bytes of all such
-  connections together, and how many may wait to authenticate (past the cap the oldest
-  silent ones are dropped, with TLS too; a burst of clients that talk is never cut);
+  connections together, and how many may wait to prove themselves (the admission policy's
+  cap, issue 46: past it the oldest of the least advanced are dropped, with TLS too; clients
+  that talk go after the silent ones);
 - token or not: the bytes of unfinished messages held for all connections together (they
   were 512 MiB per connection, with no total).
 """
@@ -21,7 +22,8 @@ import pytest
 
 from pydist import TCPStore
 from pydist.core.deadline import Deadline, poll_until
-from pydist.store import _service
+from pydist.net import admission as policy
+from pydist.store import _limits
 from pydist.store._protocol import REQUESTS, WIRE_MAGIC, auth_hello, hello
 from pydist.store._tcp_server import READ_BYTES
 
@@ -80,7 +82,7 @@ def _partial_auth_hello() -> bytes:
 
 @pytest.mark.parametrize("store", [TOKEN], indirect=True)
 def test_bytes_sent_before_authenticating_are_capped_per_connection(store, monkeypatch, caplog):
-    monkeypatch.setattr(_service, "UNAUTHENTICATED_BYTES", 16)
+    monkeypatch.setattr(_limits, "UNAUTHENTICATED_BYTES", 16)
     with caplog.at_level(logging.WARNING, logger="pydist.store"):
         with _raw(store, _partial_auth_hello()) as attacker:
             assert _closed_by_server(attacker)
@@ -92,7 +94,7 @@ def test_bytes_sent_before_authenticating_are_capped_per_connection(store, monke
 
 @pytest.mark.parametrize("store", [TOKEN], indirect=True)
 def test_bytes_of_all_unauthenticated_connections_are_capped(store, monkeypatch):
-    monkeypatch.setattr(_service, "UNAUTHENTICATED_TOTAL", 100)  # two partial hellos (37 bytes each) fit, not three
+    monkeypatch.setattr(_limits, "UNAUTHENTICATED_TOTAL", 100)  # two partial hellos (37 bytes each) fit, not three
     attackers = [_raw(store, _partial_auth_hello()) for _ in range(5)]
     try:
         ready, _, _ = select.select(attackers, [], [], SECONDS)
@@ -108,8 +110,7 @@ def test_bytes_of_all_unauthenticated_connections_are_capped(store, monkeypatch)
 
 @pytest.mark.parametrize("store", [TOKEN], indirect=True)
 def test_idle_unauthenticated_connections_are_capped_oldest_first(store, monkeypatch, caplog):
-    monkeypatch.setattr(_service, "MAX_UNAUTHENTICATED", 5)
-    monkeypatch.setattr(_service, "SILENT_SECONDS", 0.0)  # silent at once: dropped as the next one comes
+    monkeypatch.setattr(policy, "MAX_UNPROVEN", 5)
     with caplog.at_level(logging.WARNING, logger="pydist.store"):
         idle = [_raw(store) for _ in range(12)]
         try:
@@ -120,7 +121,7 @@ def test_idle_unauthenticated_connections_are_capped_oldest_first(store, monkeyp
         finally:
             for sock in idle:
                 sock.close()
-    assert "5 connections were waiting to authenticate; the oldest silent for 0 s is dropped" in caplog.text
+    assert "5 connections were waiting to prove themselves; the oldest of those with the least progress" in caplog.text
 
 
 @pytest.fixture
@@ -136,9 +137,8 @@ def tls_store(tmp_path, monkeypatch):
 
 
 def test_idle_connections_in_their_tls_handshake_are_capped_oldest_first(tls_store, monkeypatch, caplog):
-    """The TLS handshake's cap is read at each use, like the service's."""
-    monkeypatch.setattr(_service, "MAX_UNAUTHENTICATED", 5)
-    monkeypatch.setattr(_service, "SILENT_SECONDS", 0.0)
+    """The cap holds connections in their TLS handshake too."""
+    monkeypatch.setattr(policy, "MAX_UNPROVEN", 5)
     with caplog.at_level(logging.WARNING, logger="pydist.store"):
         idle = [_raw(tls_store) for _ in range(12)]
         try:
@@ -148,28 +148,28 @@ def test_idle_connections_in_their_tls_handshake_are_capped_oldest_first(tls_sto
         finally:
             for sock in idle:
                 sock.close()
-    assert "5 connections were in their TLS handshake; the oldest silent for 0 s is dropped" in caplog.text
+    assert "5 connections were waiting to prove themselves; the oldest of those with the least progress" in caplog.text
 
 
 @pytest.mark.parametrize("store", [TOKEN], indirect=True)
-def test_a_burst_of_clients_that_talk_is_not_cut_by_the_cap(store, monkeypatch):
-    """Twelve connections in the middle of their opening (real clients on a busy host), cap
-    5: none is dropped, while a silent one is; a good client works."""
-    monkeypatch.setattr(_service, "MAX_UNAUTHENTICATED", 5)
-    monkeypatch.setattr(_service, "SILENT_SECONDS", SECONDS)  # the server reads them before any counts as silent
-    talking = [_raw(store, _partial_auth_hello()) for _ in range(12)]
+def test_clients_that_talk_are_cut_after_the_silent_ones(store, monkeypatch):
+    """Cap 5: three connections in the middle of their opening (real clients on a busy host),
+    then three silent ones: the oldest silent one is dropped for the third, the next for a
+    good client (never the newcomer itself), which works; none that talks is dropped."""
+    monkeypatch.setattr(policy, "MAX_UNPROVEN", 5)
+    talking = [_raw(store, _partial_auth_hello()) for _ in range(3)]
+    silent: list[socket.socket] = []
     try:
-        poll_until(lambda: _stats(store)["unauthenticated_bytes"] == 12 * 37, Deadline.after(SECONDS))
-        monkeypatch.setattr(_service, "SILENT_SECONDS", 0.0)
-        with _raw(store) as silent:
-            assert _closed_by_server(silent)  # the one silent connection is dropped for the cap
-        stats = _stats(store)
-        assert stats["dropped_for_limits"] == 1 and stats["unauthenticated"] == 12
-        assert not select.select(talking, [], [], 0)[0]  # none of them was closed (nothing to read)
-        monkeypatch.setattr(_service, "SILENT_SECONDS", SECONDS)
+        poll_until(lambda: _stats(store)["unauthenticated_bytes"] == 3 * 37, Deadline.after(SECONDS))
+        silent = [_raw(store) for _ in range(3)]
+        assert _closed_by_server(silent[0])
         _works(store, TOKEN)
+        assert _closed_by_server(silent[1])
+        stats = _stats(store)
+        assert stats["dropped_for_limits"] == 2
+        assert not select.select(talking + silent[2:], [], [], 0)[0]  # none of them was closed (nothing to read)
     finally:
-        for sock in talking:
+        for sock in talking + silent:
             sock.close()
 
 
@@ -177,7 +177,7 @@ def test_a_burst_of_clients_that_talk_is_not_cut_by_the_cap(store, monkeypatch):
 def test_bytes_of_unfinished_messages_are_capped_in_total(store, monkeypatch, caplog):
     """Three clients each send 2 MiB of a 100 MiB set (authenticated, with the token): the
     store holds at most BUFFERED_TOTAL (4 MiB here) and one read more."""
-    monkeypatch.setattr(_service, "BUFFERED_TOTAL", 4 << 20)
+    monkeypatch.setattr(_limits, "BUFFERED_TOTAL", 4 << 20)
     token = store.auth_token
     start = (_authenticated(store, token) if token else _greeted(store) for _ in range(3))
     attackers = []

@@ -127,9 +127,10 @@ class Settings:
         "store) instead of being retried until the group's timeout.")
     handshake_timeout: float = _setting(
         "PYDIST_HANDSHAKE_TIMEOUT", 5.0, _seconds, "seconds, >= 0",
-        "A connection to a rank's listener must finish its TLS and HELLO handshake within this "
-        "long, or it is dropped (logged); handshakes run side by side, so idle or slow connections "
-        "cannot hold up the job's own. 0: no limit.")
+        "A connection to a rank's listener or to a store server must prove it belongs within this "
+        "long after it was accepted (TLS, then the HELLOs or the store's opening), talking or not, or "
+        "it is dropped (logged, rate limited); handshakes run side by side, so idle or slow "
+        "connections cannot hold up the job's own. 0: no limit.")
     tcp_reader: str = _setting(
         "PYDIST_TCP_READER", "caller", _choice("caller", "io", lower=True), "caller / io",
         "Who reads a TCP peer's socket for a blocked receive: caller (its own thread, no hand-off; "

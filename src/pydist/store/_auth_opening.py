@@ -46,6 +46,11 @@ class _Opening:
         self.done = False
 
     @property
+    def answered(self) -> bool:
+        """The peer's hello was taken (and answered, on the server's side)."""
+        return self._step > 0
+
+    @property
     def pending(self) -> int:
         """Bytes received and not consumed yet (the peer's next step, or what it sent early)."""
         return len(self._buf)

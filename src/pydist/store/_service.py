@@ -24,16 +24,12 @@ a request parser, so it can neither read nor write a key. A connection that fail
 speaks torch's protocol (torch's clients cannot authenticate), is dropped with a reason
 naming authentication, after its refusal reply is sent.
 
-What a connection may make the server hold is bounded, so that clients that never prove
-anything cannot exhaust its memory (each drop is logged by the I/O loop with its reason,
-rate limited): with a token, a connection sends at most ``UNAUTHENTICATED_BYTES`` before it has
-authenticated, all of them together at most ``UNAUTHENTICATED_TOTAL``, and past
-``MAX_UNAUTHENTICATED`` connections waiting to authenticate the oldest that has sent nothing
-for ``SILENT_SECONDS`` is dropped (:class:`Waiting`: a burst of real clients, each sending
-its opening at once, is never cut; the I/O loop applies the same cap to TLS handshakes);
-token or not, the bytes of unfinished messages held for all connections together stay under
-``BUFFERED_TOTAL`` (a message is at most ``MAX_MESSAGE_BYTES``), the connection whose bytes
-pass it being dropped. ``stats`` counts what is held, its peaks, and the drops.
+What a connection may make the server hold in memory is bounded (:mod:`._limits`: the
+connection whose bytes pass a limit is dropped); ``stats`` counts what is held, its peaks,
+and the drops. ``proven`` says when a connection has proven it may use the store (with a
+token: its opening is done; without: its hello came, or a torch client's VALIDATE): until
+then the I/O loop holds it to the admission policy (:mod:`pydist.net.admission`: a deadline
+and a cap on such connections).
 """
 from __future__ import annotations
 
@@ -42,14 +38,14 @@ import itertools
 import logging
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.errors import DistStoreError
+from ..net.log_limit import LogLimit
 from ..net.tls import HANDSHAKE_RECORD
 from ._auth_opening import ServerOpening
+from ._limits import Holdings, ServiceStats
 from ._protocol import (
-    MAX_MESSAGE_BYTES,
     REQUESTS,
     WIRE_MAGIC,
     AuthRefused,
@@ -70,68 +66,17 @@ MAX_ERROR_CHARS = 2000
 #: Answers pending for one connection beyond which its next requests wait (back-pressure on a
 #: client that does not read): the I/O loop calls ``resume`` once they are sent.
 OUTPUT_LIMIT = 4 << 20
-#: Bytes one connection may send before it has authenticated (with a token; the opening is 70).
-UNAUTHENTICATED_BYTES = 64 << 10
-#: Bytes all connections that have not authenticated yet may have the server hold together.
-UNAUTHENTICATED_TOTAL = 16 << 20
-#: Connections waiting to authenticate (or, with TLS, in their TLS handshake) past which the
-#: oldest silent one is dropped (see Waiting).
-MAX_UNAUTHENTICATED = 1024
-#: Seconds a connection may stay silent (no byte since it was accepted) before that cap may drop it.
-SILENT_SECONDS = 2.0
-#: Bytes of unfinished messages held for all connections together (one whole message fits).
-BUFFERED_TOTAL = MAX_MESSAGE_BYTES + (128 << 20)
-
-
-class Waiting:
-    """Connections not proven yet (ids, oldest first), capped: past ``MAX_UNAUTHENTICATED``
-    (read at each use), ``over`` names the oldest connections that sent nothing for
-    ``SILENT_SECONDS``, to drop; one that sent a byte (``heard``) is never named, so a burst
-    of real clients is never cut (what talking ones hold is capped by bytes and, with TLS,
-    by the handshake's deadline)."""
-
-    def __init__(self) -> None:
-        self.since: dict[int, float | None] = {}  # id -> when accepted while silent, None once heard
-
-    def __len__(self) -> int:
-        return len(self.since)
-
-    def __contains__(self, cid: int) -> bool:
-        return cid in self.since
-
-    def add(self, cid: int, now: float) -> None:
-        self.since[cid] = now
-
-    def heard(self, cid: int) -> None:
-        if cid in self.since:
-            self.since[cid] = None
-
-    def discard(self, cid: int) -> bool:
-        """Forget ``cid``; whether it was waiting."""
-        return self.since.pop(cid, 0) != 0
-
-    def over(self, now: float) -> list[int]:
-        """The connections to drop now, oldest first (see the class)."""
-        excess = len(self.since) - MAX_UNAUTHENTICATED
-        if excess <= 0:
-            return []
-        silent = (cid for cid, since in self.since.items() if since is not None and now - since >= SILENT_SECONDS)
-        return list(itertools.islice(silent, excess))
-
-    def due(self) -> float | None:
-        """When ``over`` may name one next (None: not over the cap, or none silent)."""
-        if len(self.since) <= MAX_UNAUTHENTICATED:
-            return None
-        silent = [since for since in self.since.values() if since is not None]
-        return min(silent) + SILENT_SECONDS if silent else None
-
-
 class PydistCodec(RequestParser):
     """A pydist client's connection: its request parser, the operations it runs (the
     state's methods) and how answers are framed."""
 
     greeting = hello()
     cancel_op: str | None = None
+
+    @property
+    def greeted(self) -> bool:
+        """Its hello came."""
+        return self.handshaken
 
     def bind(self, state: KVState) -> KVState:
         return state
@@ -171,11 +116,10 @@ def _codec_for(first: bytes) -> Codec:
 
 
 class _Conn:
-    __slots__ = ("cid", "codec", "ops", "waiter", "opening", "held")
+    __slots__ = ("cid", "codec", "ops", "waiter", "opening")
 
     def __init__(self, cid: int):
         self.cid = cid
-        self.held = 0  # bytes received and not yet parsed into messages (see StoreService._account)
         self.codec: Codec | None = None
         self.ops: Any = None
         self.waiter: _Waiter | None = None
@@ -193,31 +137,6 @@ class _Waiter:
         self.done = False
 
 
-@dataclass
-class ServiceStats:
-    """What a service has handled since it started (pydist-bench --scale reads it): requests
-    by name, each counted once when it arrives (a parked one is not counted again when it is
-    re-run); connections open now, the most open at once, and opened in all; connections
-    waiting to authenticate now; bytes of unfinished messages held now and at most, all
-    connections' and those of connections not authenticated yet; connections dropped for a
-    limit (see the module docstring)."""
-
-    requests: dict[str, int] = field(default_factory=dict)
-    connections: int = 0
-    peak_connections: int = 0
-    opened: int = 0
-    unauthenticated: int = 0
-    buffered_bytes: int = 0
-    peak_buffered_bytes: int = 0
-    unauthenticated_bytes: int = 0
-    peak_unauthenticated_bytes: int = 0
-    dropped_for_limits: int = 0
-
-    def snapshot(self) -> dict[str, Any]:
-        """A copy as plain data (the counts as they are now)."""
-        return asdict(self)
-
-
 class StoreService:
     """One store's state and every connection to it; single-threaded, never raises on
     bad input (the offending connection is reported through ``take_dropped``)."""
@@ -233,7 +152,8 @@ class StoreService:
         self._changed: deque[str] = deque()
         self._output: dict[int, bytearray] = {}
         self._dropped: dict[int, str] = {}
-        self._unproven = Waiting()  # with a token: connections not authenticated yet
+        self._holdings = Holdings(self.stats)
+        self._warnings = LogLimit(logger, "store server: operations failed")
 
     # -- the I/O loop's interface ----------------------------------------------------
     def open(self, cid: int, now: float = 0.0) -> None:
@@ -243,17 +163,13 @@ class StoreService:
         stats.connections += 1
         stats.opened += 1
         stats.peak_connections = max(stats.peak_connections, stats.connections)
-        if self.auth_token is not None:
-            self._unproven.add(cid, now)
-            self._cap_unproven(now)
-            self.stats.unauthenticated = len(self._unproven)
+        self._holdings.open(cid, unproven=self.auth_token is not None)
 
     def receive(self, cid: int, data: bytes, now: float) -> None:
         """Bytes from connection ``cid``; answers what they complete."""
         conn = self._conns.get(cid)
         if conn is None or cid in self._dropped or not data:
             return
-        self._unproven.heard(cid)
         if conn.codec is None and not self._start(conn, data[:1]):
             return
         if conn.opening is not None:
@@ -276,7 +192,7 @@ class StoreService:
         if conn is None:
             return None
         self.stats.connections -= 1
-        self._forget(conn)
+        self._holdings.forget(cid)
         if conn.waiter is not None:
             self._unpark(conn.waiter)
         if conn.opening is not None:
@@ -293,18 +209,26 @@ class StoreService:
             self._settle(now)
             self._account(conn)
 
+    def proven(self, cid: int) -> bool:
+        """Whether connection ``cid`` proved it may use the store: with a token its opening
+        is done, without one its hello came (a torch client's VALIDATE)."""
+        conn = self._conns.get(cid)
+        return (conn is not None and cid not in self._dropped and conn.opening is None and conn.codec is not None
+                and conn.codec.greeted)
+
+    def greeted(self, cid: int) -> bool:
+        """Whether connection ``cid``'s authenticating hello was answered (it owes its proof)."""
+        conn = self._conns.get(cid)
+        return conn is not None and conn.opening is not None and conn.opening.answered
+
     def next_deadline(self) -> float | None:
-        """When the earliest parked request times out, or a silent connection may be dropped
-        for the cap (monotonic seconds), if any."""
+        """When the earliest parked request times out (monotonic seconds), if any."""
         while self._timers and self._timers[0][2].done:
             heapq.heappop(self._timers)
-        due = [d for d in (self._timers[0][0] if self._timers else None, self._unproven.due()) if d is not None]
-        return min(due, default=None)
+        return self._timers[0][0] if self._timers else None
 
     def expire(self, now: float) -> None:
-        """Answer ``timeout`` to every parked request whose deadline is past; drop the silent
-        connections the cap on those waiting to authenticate names (see Waiting)."""
-        self._cap_unproven(now)
+        """Answer ``timeout`` to every parked request whose deadline is past."""
         while self._timers and self._timers[0][0] <= now:
             waiter = heapq.heappop(self._timers)[2]
             if not waiter.done:
@@ -335,46 +259,14 @@ class StoreService:
     def _account(self, conn: _Conn) -> None:
         """Count what ``conn`` holds unparsed now; drop it if that passes a limit."""
         if conn.cid in self._dropped:  # closed next: held no longer
-            self._forget(conn)
+            self._holdings.forget(conn.cid)
             return
         held = (conn.opening.pending if conn.opening is not None else 0) + (conn.codec.pending if conn.codec else 0)
-        stats = self.stats
-        stats.buffered_bytes += held - conn.held
-        unproven = conn.cid in self._unproven
-        if unproven:
-            stats.unauthenticated_bytes += held - conn.held
-        conn.held = held
-        stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, stats.buffered_bytes)
-        stats.peak_unauthenticated_bytes = max(stats.peak_unauthenticated_bytes, stats.unauthenticated_bytes)
-        if unproven and held > UNAUTHENTICATED_BYTES:
-            self._over_limit(conn.cid, f"it sent {held} bytes before authenticating (limit {UNAUTHENTICATED_BYTES})")
-        elif unproven and stats.unauthenticated_bytes > UNAUTHENTICATED_TOTAL:
-            self._over_limit(conn.cid, f"connections not authenticated yet hold {stats.unauthenticated_bytes} bytes "
-                                       f"(limit {UNAUTHENTICATED_TOTAL})")
-        elif stats.buffered_bytes > BUFFERED_TOTAL:
-            self._over_limit(conn.cid, f"unfinished messages hold {stats.buffered_bytes} bytes of the store's memory "
-                                       f"(limit {BUFFERED_TOTAL}); this connection's {held}")
-
-    def _cap_unproven(self, now: float) -> None:
-        for cid in self._unproven.over(now):
-            self._over_limit(cid, f"{MAX_UNAUTHENTICATED} connections were waiting to authenticate; the oldest "
-                                  f"silent for {SILENT_SECONDS:g} s is dropped")
-
-    def _over_limit(self, cid: int, reason: str) -> None:
-        if cid not in self._dropped:
+        over = self._holdings.count(conn.cid, held)
+        if over is not None:
             self.stats.dropped_for_limits += 1
-            self._drop(cid, f"over a limit: {reason}")
-        conn = self._conns.get(cid)
-        if conn is not None:
-            self._forget(conn)
-
-    def _forget(self, conn: _Conn) -> None:
-        """Stop counting what ``conn`` holds (it is closed, dropped, or authenticated)."""
-        self.stats.buffered_bytes -= conn.held
-        if self._unproven.discard(conn.cid):
-            self.stats.unauthenticated_bytes -= conn.held
-            self.stats.unauthenticated = len(self._unproven)
-        conn.held = 0
+            self._drop(conn.cid, f"over a limit: {over}")
+            self._holdings.forget(conn.cid)
 
     # -- internals -------------------------------------------------------------------
     def _send(self, cid: int, data: bytes) -> None:
@@ -421,7 +313,7 @@ class StoreService:
             return b""
         if not conn.opening.done:
             return b""
-        self._forget(conn)  # authenticated: what it holds is counted again as any connection's
+        self._holdings.forget(conn.cid)  # authenticated: what it holds is counted again as any connection's
         data, conn.opening = conn.opening.leftover(), None
         return data
 
@@ -483,7 +375,7 @@ class StoreService:
             raise
         except Exception as e:  # a failing operation is answered, never fatal
             if not isinstance(e, (ValueError, DistStoreError)):
-                logger.warning("store server: %s failed: %r", op, e)
+                self._warnings.warning("store server: %s failed: %r", op, e)
             return self._checked(conn, conn.codec.error(op, e), f"{op} failed: {e}")
         finally:
             self._changed.extend(change.args[0] for change in self.state.take_changes())

@@ -3,10 +3,10 @@
 The thread runs a ``selectors`` loop around a sans-IO
 :class:`~pydist.store._service.StoreService` (no thread per client). It binds only the
 address it is given, answers blocking requests when their keys arrive or ``timeout`` at
-their deadline, and drops only a connection that sends garbage or fails (logging one
-warning: a server's first few in full, then one summary line per interval, see
-:class:`~pydist.net.log_limit.LogLimit`); an internal error costs that connection, never
-the server. A client that does not read its answers is not read from until they drain
+their deadline, and drops only a connection that sends garbage, fails, or breaks the
+admission policy below (logging one warning: a server's first few in full, then one summary
+line per interval, see :class:`~pydist.net.log_limit.LogLimit`); an internal error costs
+that connection, never the server. A client that does not read its answers is not read from until they drain
 (``OUTPUT_LIMIT``). Multi-tenant masters of one process share the server of a (host, port)
 through :func:`acquire_server` / :func:`release_server`; the last release stops it.
 
@@ -16,17 +16,19 @@ is peeked; anything but a TLS record is refused (a pydist client gets its hello 
 ``error`` answer saying TLS is required; a torch client, which cannot do TLS, is just
 closed), else the socket is wrapped (``do_handshake_on_connect=False``) and ``do_handshake``
 is retried on readiness (WantRead/WantWrite). A handshake that fails (a certificate the CA did
-not sign, expired) or is not done within ``HANDSHAKE_TIMEOUT_S`` drops the connection with a
-warning. A TLS socket gives one record per ``recv``: it is read until WantRead, or until
-``READ_BYTES`` were read and its decrypted buffer is empty (``pending()``: bytes left there
-would never make the socket readable again).
+not sign, expired) drops the connection with a warning. A TLS socket gives one record per
+``recv``: it is read until WantRead, or until ``READ_BYTES`` were read and its decrypted
+buffer is empty (``pending()``: bytes left there would never make the socket readable again).
 
-What clients that prove nothing can make the server hold is bounded (the limits are the
-service's, see :mod:`._service`; with TLS, past ``MAX_UNAUTHENTICATED`` connections in their
-TLS handshake the oldest that has sent nothing for ``SILENT_SECONDS`` is dropped, as
-:class:`~._service.Waiting` says); the listener takes ``ACCEPT_BATCH`` connections per
-wake-up, so a burst's first bytes are read before more come in. A failed accept (out of
-file descriptors) pauses the loop ``ACCEPT_BACKOFF_S``: the connection still waits.
+Until a connection has proven it may use the store (its TLS handshake, then its
+authenticated opening with a token, its hello without; see ``StoreService.proven``) it is
+held to the one admission policy of every pydist listener (:mod:`pydist.net.admission`):
+dropped PYDIST_HANDSHAKE_TIMEOUT after it was accepted, talking or not; past the cap, one
+more drops the connection with the least progress (the oldest of those). Connections are
+accepted by :func:`pydist.net.accepting.accept_ready` (a batch per wake-up, so that a burst's
+first bytes are read before more come in; out of file descriptors, the unproven connection
+the policy names first is dropped to accept again). What they may make the server hold in
+memory is bounded too (:mod:`._limits`).
 """
 from __future__ import annotations
 
@@ -38,29 +40,24 @@ import selectors
 import socket
 import ssl
 import threading
-import time
 from contextlib import suppress
 from typing import Any
 
 from ..core import deadline as _deadline
 from ..core.errors import DistNetworkError, DistStoreError
+from ..core.settings import settings
+from ..net.accepting import accept_ready
 from ..net.addresses import family_unusable, host_port
+from ..net.admission import GREETED, HEARD, SECURED, Gate
 from ..net.log_limit import LogLimit
 from ..net.tls import HANDSHAKE_RECORD
 from ..net.tls import reason as tls_reason
-from . import _service
 from ._protocol import WIRE_MAGIC, Message, encode_response, error_code, hello
-from ._service import OUTPUT_LIMIT, StoreService, Waiting
+from ._service import OUTPUT_LIMIT, StoreService
 
 logger = logging.getLogger("pydist.store")
-#: Seconds a connection may take to finish its TLS handshake before it is dropped.
-HANDSHAKE_TIMEOUT_S = 30.0
 #: Bytes read from one connection per readiness event.
 READ_BYTES = 262144
-#: Connections accepted per readiness event of the listener (then the others' bytes are read).
-ACCEPT_BATCH = 64
-#: Seconds the loop pauses after a failed accept (real time: for the CPU's sake, not a timeout).
-ACCEPT_BACKOFF_S = 0.01
 _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _TLS_REQUIRED = DistStoreError("this store requires TLS: set PYDIST_TLS_CERT, PYDIST_TLS_KEY and PYDIST_TLS_CA "
                                "for this client too")
@@ -96,13 +93,14 @@ def _discard_input(sock: socket.socket) -> None:
 
 
 class _Peer:
-    __slots__ = ("cid", "sock", "address", "out", "events", "held")
+    __slots__ = ("cid", "sock", "address", "out", "events", "held", "securing")
 
-    def __init__(self, cid: int, sock: socket.socket, address: Any):
+    def __init__(self, cid: int, sock: socket.socket, address: Any, securing: bool):
         self.cid, self.sock, self.address = cid, sock, address
         self.out = bytearray()
         self.events = selectors.EVENT_READ
         self.held = False  # the service may be holding requests back (OUTPUT_LIMIT)
+        self.securing = securing  # in its TLS handshake
 
 
 class Server:
@@ -116,8 +114,7 @@ class Server:
         self._service = StoreService(auth_token)
         self._warnings = LogLimit(logger, f"store server {self.host}:{self.port}: clients dropped")
         self._peers: dict[int, _Peer] = {}
-        self._handshakes: dict[int, float] = {}  # TLS connections not open yet: their deadlines, oldest first
-        self._waiting = Waiting()  # the same connections, capped (see _cap_handshakes)
+        self._gate: Gate[int] = Gate(settings().handshake_timeout)  # connections not proven yet
         self._drained: set[int] = set()  # held connections whose answers went out
         self._ids = itertools.count()
         self._stopping = False
@@ -150,7 +147,8 @@ class Server:
                     self._on_event(key, mask)
                 now = _deadline.now()
                 self._service.expire(now)
-                self._expire_handshakes(now)
+                for cid in self._gate.late(now):
+                    self._limit(cid, self._gate.late_reason())
                 self._deliver()
                 self._resume_drained()
         except Exception:  # pragma: no cover - a bug; keep the process alive and say so
@@ -164,9 +162,8 @@ class Server:
             self._warnings.flush()
 
     def _timeout(self) -> float | None:
-        """Seconds until a parked request or a TLS handshake is due (None: nothing is)."""
-        handshake = next(iter(self._handshakes.values()), None)  # the oldest: deadlines grow with accept time
-        due = [d for d in (self._service.next_deadline(), handshake, self._waiting.due()) if d is not None]
+        """Seconds until a parked request or an unproven connection is due (None: nothing is)."""
+        due = [d for d in (self._service.next_deadline(), self._gate.due()) if d is not None]
         return max(0.0, min(due) - _deadline.now()) if due else None
 
     def _select(self) -> list[tuple[selectors.SelectorKey, int]]:
@@ -193,7 +190,7 @@ class Server:
         else:
             peer: _Peer = key.data
             try:
-                if peer.cid in self._handshakes:
+                if peer.securing:
                     self._handshake(peer)
                     return
                 if mask & selectors.EVENT_READ and peer.cid in self._peers:
@@ -201,42 +198,42 @@ class Server:
                 if mask & selectors.EVENT_WRITE and peer.cid in self._peers:
                     self._flush(peer)
             except Exception as e:  # a bug costs one connection, never the server
-                logger.exception("store server %s:%d: error serving %s", self.host, self.port, peer.address)
+                self._warnings.warning("store server %s:%d: error serving %s", self.host, self.port, peer.address,
+                                       exc_info=True)
                 if peer.cid in self._peers:
                     self._drop(peer, f"internal error: {e!r}")
 
     def _accept(self) -> None:
-        """Accept up to ACCEPT_BATCH connections (a burst's first bytes are read before more
-        come in, so that the cap on connections waiting to authenticate drops idle ones)."""
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, address = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:  # e.g. out of file descriptors: back off a little
-                logger.warning("store server %s:%d: accept failed: %s", self.host, self.port, e)
-                time.sleep(ACCEPT_BACKOFF_S)
-                return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = _Peer(next(self._ids), sock, address)
-            self._peers[peer.cid] = peer
-            self._sel.register(sock, selectors.EVENT_READ, peer)
-            now = _deadline.now()
-            if self.tls is None:
-                self._service.open(peer.cid, now)
-                continue
-            self._handshakes[peer.cid] = now + HANDSHAKE_TIMEOUT_S
-            self._waiting.add(peer.cid, now)
-            self._cap_handshakes(now)
+        accept_ready(self._listener, self._admit, self._gate, self._limit, self._accept_failed)
 
-    def _cap_handshakes(self, now: float) -> None:
-        """Drop the silent TLS connections past the cap (see Waiting)."""
-        for cid in self._waiting.over(now):
-            self._service.stats.dropped_for_limits += 1
-            self._drop(self._peers[cid], f"over a limit: {_service.MAX_UNAUTHENTICATED} connections were in "
-                                         f"their TLS handshake; the oldest silent for {_service.SILENT_SECONDS:g} s "
-                                         "is dropped")
+    def _admit(self, sock: socket.socket, address: Any) -> None:
+        """A new connection: held to the admission policy until proven (see the module)."""
+        peer = _Peer(next(self._ids), sock, address, securing=self.tls is not None)
+        self._peers[peer.cid] = peer
+        self._sel.register(sock, selectors.EVENT_READ, peer)
+        now = _deadline.now()
+        if self.tls is None:
+            self._service.open(peer.cid, now)
+        for cid in self._gate.admit(peer.cid, now):
+            self._limit(cid, self._gate.cap_reason())
+
+    def _accept_failed(self, error: OSError) -> None:
+        self._warnings.warning("store server %s:%d: accept failed: %s (out of file descriptors? see ulimit -n)",
+                               self.host, self.port, error)
+
+    def _limit(self, cid: int, why: str) -> None:
+        """Drop an unproven connection the admission policy names (late, past the cap, or
+        for a new one when out of file descriptors)."""
+        self._service.stats.dropped_for_limits += 1
+        self._drop(self._peers[cid], f"over a limit: {why}")
+
+    def _progress(self, peer: _Peer) -> None:
+        """After a read: the connection's progress, or its proof, as the policy sees it."""
+        if peer.cid in self._gate and peer.cid in self._peers:
+            if self._service.proven(peer.cid):
+                self._gate.prove(peer.cid)
+            else:
+                self._gate.progress(peer.cid, GREETED if self._service.greeted(peer.cid) else HEARD)
 
     def _handshake(self, peer: _Peer) -> None:
         """Advance a TLS connection's opening (see the module docstring); once done, the
@@ -255,8 +252,8 @@ class Server:
         except OSError as e:
             self._drop(peer, f"TLS handshake failed: {tls_reason(e)}")
         else:
-            del self._handshakes[peer.cid]
-            self._waiting.discard(peer.cid)
+            peer.securing = False
+            self._gate.progress(peer.cid, SECURED)
             self._service.open(peer.cid, _deadline.now())
             self._watch(peer, selectors.EVENT_READ)
             self._read(peer)
@@ -266,7 +263,7 @@ class Server:
         assert self.tls is not None  # only TLS servers have handshakes
         first = peer.sock.recv(1, socket.MSG_PEEK)
         if first:
-            self._waiting.heard(peer.cid)
+            self._gate.progress(peer.cid, HEARD)
         if first == bytes([HANDSHAKE_RECORD]):
             self._sel.unregister(peer.sock)
             sock = peer.sock = self.tls.wrap_socket(peer.sock, server_side=True, do_handshake_on_connect=False)
@@ -286,16 +283,6 @@ class Server:
         self._drop(peer, why)
         return None
 
-    def _expire_handshakes(self, now: float) -> None:
-        """Drop the connections whose TLS handshake is past its deadline, and the silent
-        ones past the cap."""
-        self._cap_handshakes(now)
-        while self._handshakes:
-            cid, deadline = next(iter(self._handshakes.items()))  # the oldest
-            if deadline > now:
-                return
-            self._drop(self._peers[cid], f"TLS handshake not finished within {HANDSHAKE_TIMEOUT_S:g}s")
-
     def _read(self, peer: _Peer) -> None:
         """Receive up to READ_BYTES of what ``peer`` sent (one ``recv``; a TLS socket, which
         gives a record per call, until WantRead, or the budget is spent and no decrypted byte
@@ -313,6 +300,7 @@ class Server:
                 self._drop(peer, self._service.close(peer.cid))
                 return
             self._service.receive(peer.cid, data, _deadline.now())
+            self._progress(peer)
             budget -= len(data)
             if not isinstance(peer.sock, ssl.SSLSocket) or (budget <= 0 and not peer.sock.pending()):
                 return
@@ -376,8 +364,8 @@ class Server:
             self._warnings.warning("store server %s:%d: dropping client %s: %s", self.host, self.port,
                                    peer.address, reason)
         self._service.close(peer.cid)
-        self._waiting.discard(peer.cid)
-        if self._handshakes.pop(peer.cid, None) is not None:
+        self._gate.discard(peer.cid)
+        if peer.securing:
             _discard_input(peer.sock)
         del self._peers[peer.cid]
         self._sel.unregister(peer.sock)

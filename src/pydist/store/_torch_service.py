@@ -114,6 +114,11 @@ class TorchCodec(TorchRequestParser):
     greeting = b""
     cancel_op: str | None = "cancel_wait"
 
+    @property
+    def greeted(self) -> bool:
+        """Its VALIDATE came."""
+        return self.validated
+
     def bind(self, state: KVState) -> TorchView:
         return TorchView(state)
 

@@ -117,7 +117,7 @@ class TCPStore(Store):
 
     def server_stats(self) -> dict[str, Any] | None:
         """The counts of the server this master runs (requests by name, connections open,
-        peak and opened; see ``_service.ServiceStats``), or None for a client only."""
+        peak and opened; see ``_limits.ServiceStats``), or None for a client only."""
         return self._server.stats() if self._server is not None else None
 
     def _where(self) -> str:
