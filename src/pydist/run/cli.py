@@ -240,8 +240,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of ``pydist-run`` and ``python -m pydist.run``: exits with the job's code."""
+    from ..net.accepting import raise_descriptor_limit
     from .agent import Agent
 
+    raise_descriptor_limit()  # this process hosts the job's store: a descriptor per client
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
