@@ -181,7 +181,7 @@ class Admission:
             outcome = handshake.advance()
         except Refusal as refusal:
             outcome = self._refuse(handshake, refusal)
-        except (OSError, ValueError) as error:  # the connection failed, or sent garbage
+        except Exception as error:  # noqa: BLE001 - whatever fails (a reset, garbage), the connection is not a rank
             outcome = Outcome.CLOSED if handshake.closing else self._refuse(handshake, Refusal(
                 str(error) or type(error).__name__))
         if outcome is Outcome.PROVEN:
