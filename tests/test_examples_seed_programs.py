@@ -1,13 +1,16 @@
 """The seed programs (tests/seed_programs/), run the seeds' way, checked against the values they imply.
 
 The programs live in tests/seed_programs/ and are the seed text with ``import pydist as
-dist``. The ``test_seedNNN_*`` tests launch them as the seeds do: multiprocessing with the
-"spawn" start method, a module-level ``init_process(rank, size, fn)`` that sets
-MASTER_ADDR/MASTER_PORT (a free port per test, through SEED_MASTER_PORT) and calls
-``init_process_group("pydist", rank=rank, world_size=size)``; seed 004 with
-``torch.multiprocessing.spawn`` and with the launcher (pydist-run, torchrun's
-counterpart). They print ``Rank: r, has data ...`` lines, compared with the expected
-tensors formatted by the same library. Each runs on torch tensors and on numpy arrays.
+dist``. The ``test_seedNNN_*`` tests launch them as the seeds do: one process per rank, a
+module-level ``init_process(rank, size, fn)`` that sets MASTER_ADDR/MASTER_PORT (a free port
+per test, through SEED_MASTER_PORT) and calls ``init_process_group("pydist", rank=rank,
+world_size=size)``; seed 004 with ``torch.multiprocessing.spawn`` and with the launcher
+(pydist-run, torchrun's counterpart). They print ``Rank: r, has data ...`` lines, compared
+with the expected tensors formatted by the same library. Each runs on torch tensors and on
+numpy arrays. The numpy runs start their ranks the seeds' way, multiprocessing's "spawn"
+(fresh interpreters, torch never imported); the torch runs fork theirs from the warm fork
+server (seed_programs.launch.forked), which imported torch once: importing it again in
+every rank of every test cost seconds each.
 
 ``test_sweep`` generalises the collective examples to world sizes 1..8 with each of the
 four initialisations (env://, tcp://, file://, store=TCPStore) through
@@ -76,8 +79,9 @@ class Lib:
         """Seed 001's module, imported on first use (see seed000)."""
         return importlib.import_module("seed_programs.seed001")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, start):
         self.name = name
+        self.start = start  # how its runs start their ranks: launch.spawn or launch.forked
 
     float = "float32"  # the seeds' float tensors: torch's default dtype, and the stand-in's
 
@@ -91,7 +95,7 @@ class Lib:
         return self.name
 
 
-LIBS = [Lib("torch"), Lib("numpy")]
+LIBS = [Lib("torch", launch.forked), Lib("numpy", launch.spawn)]
 
 
 @pytest.fixture(params=LIBS, ids=repr)
@@ -132,13 +136,14 @@ def no_leftover_children():
 
 
 @pytest.fixture
-def spawn_seed(seed_port, capfd):
-    """Launch like the seeds (spawn, init_process, join); return the printed messages."""
+def run_seed(seed_port, capfd):
+    """Launch like the seeds (a process per rank, init_process, join); return the printed
+    messages. ``start``: launch.forked (warm ranks) or launch.spawn (the seeds' own start)."""
 
-    def run(size: int, fn=None, target=None, args=()) -> list[str]:
+    def run(size: int, fn=None, target=None, args=(), start=launch.forked) -> list[str]:
         capfd.readouterr()
         started = time.monotonic()
-        codes = launch.spawn(size, fn, timeout=LAUNCH_TIMEOUT, target=target, args=args)
+        codes = start(size, fn, timeout=LAUNCH_TIMEOUT, target=target, args=args)
         out, err = capfd.readouterr()
         assert codes == [0] * size, (f"exit codes {codes} after {time.monotonic() - started:.1f} s\n"
                                      f"--- stdout\n{out}\n--- stderr\n{err}")
@@ -153,24 +158,24 @@ def has_data(rank: int, tensor, sep: str = "") -> str:
 
 # -- seed 000: send/recv, all_reduce on new_group([0, 1]) ------------------------------------
 
-def test_seed000_send_recv(lib, spawn_seed):
-    out = spawn_seed(2, lib.seed000.run)
+def test_seed000_send_recv(lib, run_seed):
+    out = run_seed(2, lib.seed000.run, start=lib.start)
     assert out == sorted([f"init tentor {lib.t([0.], lib.float)}",
                           has_data(0, lib.t([1.], lib.float)),
                           has_data(1, lib.t([1.], lib.float))])
 
 
-def test_store_host_leaving_right_after_init_does_not_fail_slower_ranks(spawn_seed):
+def test_store_host_leaving_right_after_init_does_not_fail_slower_ranks(run_seed):
     """Rank 0 hosts the store, sends eagerly and exits; ranks still finishing their own
     init_process_group need that store: init returns only once every rank is done with it."""
-    got = spawn_seed(3, target=launch.slow_init_rank, args=(0.5,))
+    got = run_seed(3, target=launch.slow_init_rank, args=(0.5,))
     assert got == ["Rank: 0, has data [1. 1. 1. 1.]", "Rank: 1, has data [1. 1. 1. 1.]",
                    "Rank: 2, has data [0. 0. 0. 0.]"]
 
 
-def test_seed000_all_reduce_new_group(lib, spawn_seed):
+def test_seed000_all_reduce_new_group(lib, run_seed):
     dtype = lib.float
-    out = spawn_seed(2, lib.seed000.run_all_reduce)
+    out = run_seed(2, lib.seed000.run_all_reduce, start=lib.start)
     assert out == sorted([f"Rank: 0, random tensor: {lib.t([1., 2., 3.], dtype)}",
                           f"Rank: 1, random tensor: {lib.t([4., 5., 6.], dtype)}",
                           has_data(0, lib.t([5., 7., 9.], dtype), ":"),
@@ -179,10 +184,10 @@ def test_seed000_all_reduce_new_group(lib, spawn_seed):
 
 # -- seed 001: ping-pong and the six collectives on 4 ranks ----------------------------------
 
-def test_seed001_ping_pong(lib, spawn_seed):
+def test_seed001_ping_pong(lib, run_seed):
     # rank 0 sends 1, rank 1 adds 1 and sends it back: both end with 2
     dtype = lib.float
-    out = spawn_seed(2, lib.seed001.run)
+    out = run_seed(2, lib.seed001.run, start=lib.start)
     assert out == sorted([has_data(0, lib.t([2.], dtype)), has_data(1, lib.t([2.], dtype))])
 
 
@@ -191,48 +196,48 @@ def seed001_inputs(size: int = 4) -> list[list[int]]:
     return [[1 + 2 * r, 2 + 2 * r] for r in range(size)]
 
 
-def test_seed001_broadcast(lib, spawn_seed):
-    out = spawn_seed(4, lib.seed001.run_broadcast)
+def test_seed001_broadcast(lib, run_seed):
+    out = run_seed(4, lib.seed001.run_broadcast, start=lib.start)
     assert out == sorted(has_data(r, lib.t([1, 2])) for r in range(4))
 
 
-def test_seed001_scatter(lib, spawn_seed):
-    out = spawn_seed(4, lib.seed001.run_scatter)
+def test_seed001_scatter(lib, run_seed):
+    out = run_seed(4, lib.seed001.run_scatter, start=lib.start)
     assert out == sorted(has_data(r, lib.t([r, r])) for r in range(4))
 
 
-def test_seed001_gather(lib, spawn_seed):
-    out = spawn_seed(4, lib.seed001.run_gather)
+def test_seed001_gather(lib, run_seed):
+    out = run_seed(4, lib.seed001.run_gather, start=lib.start)
     gathered = [lib.t([1, 2]), lib.t([3, 4]), lib.t([5, 6]), lib.t([7, 8])]
     expected = [f"Rank: 0, gather_list {gathered}"]
     expected += [has_data(r, lib.t(seed001_inputs()[r])) for r in range(4)]  # inputs unchanged
     assert out == sorted(expected)
 
 
-def test_seed001_reduce(lib, spawn_seed):
-    out = spawn_seed(4, lib.seed001.run_reduce)
+def test_seed001_reduce(lib, run_seed):
+    out = run_seed(4, lib.seed001.run_reduce, start=lib.start)
     assert has_data(3, lib.t([16, 20])) in out  # 1+3+5+7, 2+4+6+8 on dst=3
     # the seed: tensors of the other ranks "might be altered"; each rank still reports
     assert [m.split(",")[0] for m in out] == [f"Rank: {r}" for r in range(4)]
 
 
-def test_seed001_all_gather(lib, spawn_seed):
-    out = spawn_seed(4, lib.seed001.run_all_gather)
+def test_seed001_all_gather(lib, run_seed):
+    out = run_seed(4, lib.seed001.run_all_gather, start=lib.start)
     gathered = [lib.t([1, 2]), lib.t([3, 4]), lib.t([5, 6]), lib.t([7, 8])]
     assert out == sorted(f"Rank: {r}, gather_list {gathered}" for r in range(4))
 
 
-def test_seed001_all_reduce(lib, spawn_seed):
-    out = spawn_seed(4, lib.seed001.run_all_reduce)
+def test_seed001_all_reduce(lib, run_seed):
+    out = run_seed(4, lib.seed001.run_all_reduce, start=lib.start)
     assert out == sorted(has_data(r, lib.t([16, 20])) for r in range(4))
 
 
 # -- seed 002: tcp://, file://, env:// initialisation; loss averaging; positional reduce -----
 
-def test_seed002_initialisations(spawn_seed, tmp_path):
+def test_seed002_initialisations(run_seed, tmp_path):
     torch, seed002 = _torch(), _seed_program("seed002")
     shared = tmp_path / "sharedfile"  # must not exist beforehand (seed 002, 2.2)
-    out = spawn_seed(4, target=seed002.all_inits, args=(free_port(), str(shared), free_port()))
+    out = run_seed(4, target=seed002.all_inits, args=(free_port(), str(shared), free_port()))
     per_init = [f"Rank: {r}, mean loss 2.5, reduce {torch.tensor([10.]) if r == 0 else '-'}" for r in range(4)]
     expected = []
     for scheme in ("tcp", "file", "env"):
@@ -246,8 +251,8 @@ def test_seed002_initialisations(spawn_seed, tmp_path):
 # -- seed 003: setup/cleanup, new_group on a subset, init_process_group's full signature -----
 
 @pytest.mark.parametrize("target", ["demo", "demo_full_signature"], ids=["setup", "full_signature"])
-def test_seed003_process_group(spawn_seed, target):
-    out = spawn_seed(3, target=getattr(_seed_program("seed003"), target))
+def test_seed003_process_group(run_seed, target):
+    out = run_seed(3, target=getattr(_seed_program("seed003"), target))
     expected = [f"Rank: {r}, initialized True, backend pydist" for r in range(3)]
     expected += [f"Rank: {r}, initialized after cleanup False" for r in range(3)]
     # group [0, 2]: members sum 1 + 3; rank 1 is outside it (rank and size -1, data unchanged)

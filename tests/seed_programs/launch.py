@@ -3,15 +3,20 @@
 As in seeds 000/001, ``init_process`` sets MASTER_ADDR/MASTER_PORT and calls
 ``dist.init_process_group(backend, rank=rank, world_size=size)`` before ``fn(rank, size)``.
 The port comes from SEED_MASTER_PORT (tests pick a free one, so they can run side by
-side) and defaults to the seeds' 29500.
+side) and defaults to the seeds' 29500. ``forked`` is ``spawn`` for the tests: the same
+ranks, forked from a fork server that has torch imported already.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import multiprocessing as mp
 import os
+import pickle
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pydist as dist
 
@@ -46,15 +51,17 @@ def spawn(size, fn, timeout=60.0, target=None, args=()):
     ``target`` is given. Ranks still alive after ``timeout`` seconds are killed by pid.
     Returns the exit codes in rank order (a killed rank shows -9)."""
     ctx = mp.get_context("spawn")
-    processes = []
+    runner, rest = (init_process, (fn,)) if target is None else (target, args)
+    return _run(timeout, [ctx.Process(target=_block_buffered, args=(runner, rank, size, *rest))
+                                for rank in range(size)])
+
+
+def _run(timeout, processes):
+    """Start ``processes``, join them within ``timeout`` seconds in all, kill (by pid) those
+    still alive then; their exit codes."""
     try:
-        for rank in range(size):
-            if target is None:
-                p = ctx.Process(target=_block_buffered, args=(init_process, rank, size, fn))
-            else:
-                p = ctx.Process(target=_block_buffered, args=(target, rank, size, *args))
+        for p in processes:
             p.start()
-            processes.append(p)
         deadline = time.monotonic() + timeout
         for p in processes:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -64,6 +71,49 @@ def spawn(size, fn, timeout=60.0, target=None, args=()):
                 p.kill()
                 p.join()
     return [p.exitcode for p in processes]
+
+
+def forked(size, fn, timeout=60.0, target=None, args=()):
+    """``spawn`` for the tests, with warm ranks: each is forked from multiprocessing's fork
+    server, which imported numpy, pydist and torch once (the tests set its preload), instead
+    of starting an interpreter that imports them again (torch: seconds per rank here).
+
+    A fork server's child inherits the server's environment from when it started, so each
+    rank takes this process's environment as it is now, and only then unpickles what it runs
+    (seed modules read SEED_TENSORS when imported). Each rank's stdout and stderr go to files
+    of its own, written out here whole, rank by rank, once every rank has ended. Ranks still
+    alive after ``timeout`` seconds are killed by pid. Returns the exit codes in rank order."""
+    ctx = mp.get_context("forkserver")
+    call = pickle.dumps((init_process, (fn,)) if target is None else (target, args))
+    with tempfile.TemporaryDirectory(prefix="seed-ranks-") as outdir:
+        codes = _run(timeout, [ctx.Process(target=_forked_rank, args=(dict(os.environ), call, rank, size, outdir))
+                                     for rank in range(size)])
+        for rank in range(size):
+            for stream, name in ((sys.stdout, "out"), (sys.stderr, "err")):
+                path = Path(outdir, f"{rank}.{name}")
+                if path.exists():
+                    stream.write(path.read_text(errors="replace"))
+                    stream.flush()
+    return codes
+
+
+def _forked_rank(environ, call, rank, size, outdir):
+    """One rank of ``forked``: this test's environment and output files, then the call, then
+    the atexit handlers, as a spawned rank's interpreter runs them when it ends (a forked
+    child ends with os._exit, which skips them; pydist's own destroys the groups of a program
+    that did not, as the seeds 000 and 001 do not)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, name in ((1, "out"), (2, "err")):
+        with open(os.path.join(outdir, f"{rank}.{name}"), "wb") as file:
+            os.dup2(file.fileno(), fd)
+    runner, rest = pickle.loads(call)
+    try:
+        runner(rank, size, *rest)
+    finally:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def main(size, fn):
