@@ -15,7 +15,8 @@ every rank of every test cost seconds each.
 ``test_sweep`` generalises the collective examples to world sizes 1..8 with each of the
 four initialisations (env://, tcp://, file://, store=TCPStore) through
 ``pydist.testing.run_processes`` (forkserver; torch is preloaded into the fork server so
-torch ranks do not pay its import each).
+torch ranks do not pay its import each); one job per size and initialisation runs the
+examples on both libraries.
 
 No test leaves a process behind: launches are joined with a deadline and what is still
 alive is killed by pid (see seed_programs.launch.spawn); ``no_leftover_children`` checks.
@@ -329,16 +330,20 @@ def sweep_expected(rank: int, size: int, kind: str) -> dict:
     return expected
 
 
-@pytest.mark.parametrize("lib_name", ["numpy", "torch"])
 @pytest.mark.parametrize("init", ["env", "tcp", "file", "store"])
 @pytest.mark.parametrize("size", range(1, 9))
-def test_sweep(size, init, lib_name):
-    if lib_name == "torch":
-        _torch()
-    results = run_processes(size, sweep.run_all, lib_name, init=init, timeout=LAUNCH_TIMEOUT)
-    kind = "Tensor" if lib_name == "torch" else "ndarray"
-    for rank, result in enumerate(results):
-        if "group_warnings" in result:
-            assert all("all_reduce" in text for text in result["group_warnings"]), result["group_warnings"]
-            result["group_warnings"] = len(result["group_warnings"])
-        assert result == sweep_expected(rank, size, kind), f"rank {rank}"
+def test_sweep(size, init):
+    """Both libraries in one job per (size, init): numpy first on even sizes, torch first on
+    odd ones, so that each also runs first in a freshly made group at every init."""
+    libs = ["numpy", "torch"] if HAVE_TORCH else ["numpy"]
+    if size % 2:
+        libs.reverse()
+    results = run_processes(size, sweep.run_libs, libs, init=init, timeout=LAUNCH_TIMEOUT)
+    for lib_name in libs:
+        kind = "Tensor" if lib_name == "torch" else "ndarray"
+        for rank, per_lib in enumerate(results):
+            result = per_lib[lib_name]
+            if "group_warnings" in result:
+                assert all("all_reduce" in text for text in result["group_warnings"]), result["group_warnings"]
+                result["group_warnings"] = len(result["group_warnings"])
+            assert result == sweep_expected(rank, size, kind), f"rank {rank}, {lib_name}"

@@ -6,7 +6,8 @@ passes it on, rank 0 receives ``size``), then broadcast / scatter / gather / red
 (dst = size - 1) / all_gather / all_reduce on ``arange(2) + 1 + 2 * rank_id`` with the
 lists sized to the world, then seed 000's all_reduce on ``new_group([0, 1])`` (ranks
 outside the group call it too: a no-op with a warning). It returns what each rank holds
-afterwards, as plain lists.
+afterwards, as plain lists. ``run_libs`` runs it once per library named, in that order,
+in the same group.
 """
 from __future__ import annotations
 
@@ -112,3 +113,8 @@ def run_all(rank_id, size, lib="numpy"):
 
     dist.barrier()
     return out
+
+
+def run_libs(rank_id, size, libs):
+    """``run_all`` on each library of ``libs`` in turn, in the one group: ``{lib: result}``."""
+    return {lib: run_all(rank_id, size, lib) for lib in libs}
