@@ -38,6 +38,7 @@ from seed_programs import launch, sweep
 
 from pydist.testing import free_port, run_processes
 from pydist.testing.commands import run_command
+from pydist.testing.processes import preload
 
 TESTS = Path(__file__).resolve().parent
 
@@ -47,7 +48,7 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 # Preloaded modules are imported once by the fork server (started by the first
 # run_processes); children fork from it, so torch ranks start in milliseconds.
-multiprocessing.get_context("forkserver").set_forkserver_preload(["numpy", "pydist"] + ["torch"] * HAVE_TORCH)
+preload(*["torch"] * HAVE_TORCH)
 
 
 def _torch():
@@ -307,6 +308,19 @@ def test_seed004_torchrun_snippet(tmp_path):
     lines = sorted(line for line in out.splitlines() if "Rank:" in line)
     assert lines == [f"[rank{r}]:Rank: {r}, local_rank {r}, world_size 2, has data {torch.tensor([3.])}"
                      for r in range(2)], out + err
+
+
+# -- the warm fork server ------------------------------------------------------------------
+
+def _frozen_objects(rank, size):
+    import gc
+    return gc.get_freeze_count()
+
+
+def test_ranks_fork_from_a_server_whose_preloaded_objects_are_frozen():
+    """pydist.testing._frozen ran in the fork server after its preloads: a rank's full
+    collections skip those objects (walking them would copy the server's heap into every rank)."""
+    assert all(count > 10_000 for count in run_processes(2, _frozen_objects))
 
 
 # -- the collective examples at world sizes 1..8, four initialisations, numpy and torch ------

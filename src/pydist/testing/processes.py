@@ -17,7 +17,17 @@ from ..net.addresses import family_of, host_port
 from .threads import RankFailed
 
 _CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["numpy", "pydist"])
+
+
+def preload(*modules: str) -> None:
+    """Have the fork server that starts process-ranks import ``modules`` as well as numpy and
+    pydist, once, so that no rank imports them itself (e.g. "torch": seconds a rank); then
+    pydist.testing._frozen, so that the ranks do not copy what they imported. Takes effect
+    only if called before the server starts (at the first rank of this process)."""
+    _CONTEXT.set_forkserver_preload(["numpy", "pydist", *modules, "pydist.testing._frozen"])
+
+
+preload()
 
 
 def start_ranks(target: Callable[..., Any], size: int, *args: Any) -> tuple[list, Any]:
