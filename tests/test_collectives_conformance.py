@@ -1,8 +1,12 @@
 """The conformance matrix: every operation x world sizes 1-8 x dtypes x ReduceOps x counts
-x roots, over loopback (threads), shared memory and tcp (real processes), against naive
-references (see pydist.testing.conformance). Forced algorithms and mixed-host groups are in
-test_shm_collectives.py; every algorithm forced over loopback, for the fast tier, in
-test_collectives_every_algorithm.py."""
+x roots, with the algorithms the engine chooses, over loopback (threads), shared memory and
+tcp (real processes), against naive references (see pydist.testing.conformance). Every
+algorithm forced (lean values for the fast tier; the network algorithms' full cases at
+other sizes) is test_collectives_every_algorithm.py; mixed-host groups and the hierarchical
+and rails algorithms' full cases are test_shm_collectives.py. No collective runs its cases
+with the same algorithm, transport, world size, host layout and arena/segment sizes in two
+of these tests; settings of the transport alone (who reads a socket, when pairs connect) are
+spread over the sizes rather than crossed with each."""
 import numpy as np
 import pytest
 
@@ -35,14 +39,6 @@ def test_threads_loopback(case, size, small_segments):
     assert failures(run_threads(size, run_suite, [case], timeout=240)) == []
 
 
-@pytest.mark.slow  # the fast tier forces every algorithm in test_collectives_every_algorithm.py
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
-def test_threads_loopback_all_reduce_algorithms(algorithm, size, small_segments, monkeypatch):
-    monkeypatch.setenv("PYDIST_ALGO_ALL_REDUCE", algorithm)
-    assert failures(run_threads(size, run_suite, ["all_reduce"], timeout=240)) == []
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_threads_tcp(size, small_segments):
@@ -59,28 +55,35 @@ def test_processes_shared_memory(size):
     assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []
 
 
+#: The tcp-only runs, one per world size (each size's cases run once): each reader and each
+#: way of connecting at two sizes, each reader with both all_reduce algorithms (ring on even sizes).
+#: "auto" is the default: eager below 64 ranks.
+TCP_ONLY = [(2, "caller", "auto"), (3, "io", "auto"), (5, "caller", "lazy"), (8, "io", "lazy")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("size, reader", [(2, "caller"), (3, "caller"), (5, "caller"), (8, "caller"),
-                                          (2, "io"), (5, "io")])
-def test_processes_tcp_only(size, reader):
+@pytest.mark.parametrize("size, reader, connect", TCP_ONLY)
+def test_processes_tcp_only(size, reader, connect):
     """Real processes with shared memory off (PYDIST_SHM=0): every byte over tcp; all_reduce
-    forced onto the ring on even sizes so that both network algorithms run; a blocked caller
-    reads the sockets itself (the default) or leaves them to the I/O thread."""
-    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM": "0", "PYDIST_TCP_READER": reader}
+    forced onto the ring on even sizes so that both network algorithms run. A blocked caller
+    reads the sockets itself (the default) or leaves them to the I/O thread; pairs connect at
+    init (auto, the default, at these sizes) or when they first exchange a message (lazy,
+    transport/tcp/lazy.py)."""
+    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM": "0", "PYDIST_TCP_READER": reader,
+           "PYDIST_TCP_CONNECT": connect}
     if size % 2 == 0:
         env["PYDIST_ALGO_ALL_REDUCE"] = "ring"
     assert failures(run_processes(size, run_suite, init="env", env=env, timeout=300)) == []
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size, shm", [(5, "0"), (8, "0"), (4, "1")])
-def test_processes_with_connections_on_first_use(size, shm):
-    """PYDIST_TCP_CONNECT=lazy (transport/tcp/lazy.py): pairs connect when they first exchange a
-    message; every collective still right, over tcp only, and with shared memory (two ranks
-    per host: the local pair connected at init, the others on first use)."""
-    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_SHM": shm, "PYDIST_TCP_CONNECT": "lazy"}
-    hosts = {r: {"PYDIST_HOST_ID": f"host{r // 2}"} for r in range(size)} if shm == "1" else None
-    assert failures(run_processes(size, run_suite, init="env", env=env, rank_env=hosts, timeout=300)) == []
+def test_processes_with_connections_on_first_use_and_shared_memory():
+    """PYDIST_TCP_CONNECT=lazy with shared memory, two hosts of two ranks: the local pair
+    connected at init, the others on first use; every collective still right (the hierarchical
+    ones with their host stage in rounds of 512-byte arena slots)."""
+    env = {"PYDIST_SEGMENT_BYTES": SMALL_SEGMENTS, "PYDIST_TCP_CONNECT": "lazy", "PYDIST_SHM_SLOT_BYTES": "512"}
+    hosts = {r: {"PYDIST_HOST_ID": f"host{r // 2}"} for r in range(4)}
+    assert failures(run_processes(4, run_suite, init="env", env=env, rank_env=hosts, timeout=300)) == []
 
 
 def test_the_suite_detects_wrong_results(monkeypatch):

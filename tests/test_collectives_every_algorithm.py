@@ -1,6 +1,7 @@
 """Every algorithm of every collective, forced, over the in-process loopback transport: the
-fast tier's proof that each schedule is right (the full conformance cases per algorithm are
-test_shm_collectives.py's test_every_algorithm_forced, marked slow).
+fast tier's proof that each schedule is right (test_forced_algorithm_over_loopback), and,
+marked slow, the full conformance cases of each network algorithm at other world sizes
+(test_forced_network_algorithm_full_cases).
 
 Thread-ranks get host identities (``run_threads(..., hosts=...)``) that make the forced
 algorithm possible: one host for ``shm`` (the ranks share an arena), one host per rank for
@@ -24,7 +25,7 @@ import pydist as dist
 from pydist.core.ops import RedOpType
 from pydist.engines.native import ALGORITHMS, HIERARCHICAL
 from pydist.testing import run_threads
-from pydist.testing.conformance import Checker
+from pydist.testing.conformance import Checker, run_suite
 from pydist.testing.reference import make_op, reduced, value
 from pydist.transport.shm import atomics as _atomics
 
@@ -239,3 +240,40 @@ def test_forced_algorithm_over_loopback(collective, algorithm, hosts, ran, monke
     if algorithm not in HIERARCHICAL:  # (those run a network all_reduce among leaders or rails)
         others = {name: n for (c, name), n in ran.items() if c == collective and name != algorithm}
         assert others == {}, f"{collective} also ran {others}"
+
+
+# -- the full conformance cases (pydist.testing.conformance: every dtype and ReduceOp, counts up
+# -- to many segments, every root) of each network algorithm, forced, at world sizes the lean
+# -- runs above do not use, so that no (collective, algorithm, size) runs twice. The shm
+# -- algorithm's full cases are test_collectives_conformance.py's (the choice on one host, at
+# -- every size, threads and processes); hierarchical's and rails' are test_shm_collectives.py's
+# -- (mixed hosts, uneven and three-host shapes, rails of three hosts).
+
+#: all_reduce's at every size but 3 and 4 (the lean runs'); the other collectives' at 5 ranks
+FULL_SIZES = {"all_reduce": [1, 2, 5, 6, 7, 8]}
+FULL_SIZE = 5
+#: the conformance case of each collective; gather and scatter share one, run with both forced
+FULL_CASE = {"gather": "gather_scatter", "scatter": "gather_scatter", "barrier": "barrier_async"}
+FULL_CASES = [pytest.param(collective, algorithm, size, marks=pytest.mark.slow, id=f"{collective}-{algorithm}-{size}")
+              for collective, algorithms in ALGORITHMS.items() if collective != "scatter"
+              for algorithm in algorithms if algorithm != "shm" and algorithm not in HIERARCHICAL
+              for size in FULL_SIZES.get(collective, [FULL_SIZE])]
+
+
+def test_the_full_cases_cover_every_network_algorithm():
+    covered = {(collective, algorithm) for collective, algorithm, _ in (case.values for case in FULL_CASES)}
+    network = {(c, a) for c, names in ALGORITHMS.items() for a in names if a != "shm" and a not in HIERARCHICAL}
+    assert covered | {("scatter", a) for c, a in covered if c == "gather"} == network
+    assert ALGORITHMS["gather"].keys() == ALGORITHMS["scatter"].keys()
+
+
+@pytest.mark.parametrize("collective, algorithm, size", FULL_CASES)
+def test_forced_network_algorithm_full_cases(collective, algorithm, size, ran, monkeypatch):
+    forced = ["gather", "scatter"] if collective == "gather" else [collective]
+    for name in forced:
+        monkeypatch.setenv(f"PYDIST_ALGO_{name.upper()}", algorithm)
+    monkeypatch.setenv("PYDIST_SEGMENT_BYTES", SEGMENT_BYTES)
+    hosts = [f"h{r}" for r in range(size)]  # a host each: nothing else runs on shared memory
+    results = run_threads(size, run_suite, [FULL_CASE.get(collective, collective)], hosts=hosts, timeout=240)
+    assert [failure for failures in results for failure in failures] == []
+    assert all(ran[name, algorithm] > 0 for name in forced), dict(ran)

@@ -1,5 +1,7 @@
-"""Shared memory: algorithm choice, every algorithm forced, groups mixing hosts, desync
-detection through the arena, p2p rings, and no /dev/shm segment surviving SIGKILL."""
+"""Shared memory: algorithm choice, forcing an impossible algorithm, groups mixing hosts,
+the hierarchical and rails algorithms' full cases in several host shapes, desync detection
+through the arena, p2p rings, and no /dev/shm segment surviving SIGKILL. Every algorithm
+forced: test_collectives_every_algorithm.py."""
 import os
 import signal
 import time
@@ -15,9 +17,6 @@ from pydist.transport.shm import atomics as _atomics
 
 pytestmark = pytest.mark.skipif(not _atomics.available(), reason="no libatomic/futex: shared memory is off")
 
-CASE_OF = {"all_reduce": "all_reduce", "broadcast": "broadcast", "reduce": "reduce", "all_gather": "all_gather",
-           "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all", "gather": "gather_scatter",
-           "scatter": "gather_scatter", "barrier": "barrier_async"}
 TWO_HOSTS = ["hostA", "hostA", "hostB", "hostA", "hostB"]
 
 
@@ -42,19 +41,6 @@ def test_engine_picks_shm_on_one_host_and_hierarchical_across_hosts():
     hierarchical = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"}
     assert {c for c, algorithm in mixed.items() if algorithm == "hierarchical"} == hierarchical
     assert mixed["all_to_all"] == "pairwise" and mixed["gather"] == "linear"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("collective, algorithm",
-                         [(c, a) for c, names in ALGORITHMS.items() for a in names])
-def test_every_algorithm_forced(collective, algorithm, monkeypatch):
-    """Each algorithm of each collective, forced through PYDIST_ALGO_<COLLECTIVE>, passes
-    its conformance cases (4 thread-ranks; two hosts for hierarchical and rails)."""
-    monkeypatch.setenv(f"PYDIST_ALGO_{collective.upper()}", algorithm)
-    monkeypatch.setenv("PYDIST_SHM_SLOT_BYTES", "256")
-    monkeypatch.setenv("PYDIST_SEGMENT_BYTES", "64")
-    hosts = ["h0", "h0", "h1", "h1"] if algorithm in ("hierarchical", "rails") else None
-    assert failures(run_threads(4, run_suite, [CASE_OF[collective]], hosts=hosts, timeout=240)) == []
 
 
 def test_forcing_an_impossible_algorithm_is_a_clear_error(monkeypatch):
@@ -90,9 +76,11 @@ def test_groups_mixing_hosts_thread_ranks(transport, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hosts", [["x", "x", "y", "y"], ["x", "y", "x", "y", "x"]])
-def test_groups_mixing_hosts_processes(hosts):
-    """Real processes; PYDIST_HOST_ID makes this machine pose as several hosts."""
+def test_groups_mixing_hosts_processes():
+    """Real processes; PYDIST_HOST_ID makes this machine pose as several hosts (interleaved,
+    uneven: 3 + 2). Two hosts of two ranks: test_collectives_conformance.py's
+    test_processes_with_connections_on_first_use_and_shared_memory."""
+    hosts = ["x", "y", "x", "y", "x"]
     rank_env = {r: {"PYDIST_HOST_ID": host} for r, host in enumerate(hosts)}
     env = {"PYDIST_SHM_SLOT_BYTES": "512", "PYDIST_SEGMENT_BYTES": "256"}
     results = run_processes(len(hosts), run_suite, ["all_reduce", "broadcast", "p2p", "subgroups", "all_gather"],
