@@ -8,8 +8,9 @@ the test can check that no worker outlives the launcher.
 - spam N: print N long lines made of the rank digit (interleaving check).
 - fail MODE RANK: rank RANK fails after 0.5 s (MODE raise | sigkill | exit3); others sleep 60 s.
 - group-fail MODE: every rank joins a pydist group; rank 1 fails at once (MODE raise: a
-  RuntimeError "boom"; exit3: sys.exit(3)); rank 0 calls all_reduce 0.5 s later, so it fails
-  too, as an echo of rank 1's failure.
+  RuntimeError "boom"; exit3: sys.exit(3)), then, at exit, leaves the group and lingers
+  until the launcher stops it; rank 0's all_reduce fails, as an echo of rank 1's failure,
+  and rank 0 exits first.
 - late-collective: every rank joins a pydist group and makes a new_group of ranks 0 and 1
   (whose arena, unlike the default group's, is made at its first collective); rank 0 enters
   its first all_reduce (it creates the group's shared memory), rank 1 sleeps 60 s instead
@@ -22,11 +23,13 @@ the test can check that no worker outlives the launcher.
   raises ValueError after 0.3 s and the others sleep 60 s; later attempts exit 0.
 - until-world N: print ENV; exit 0 once WORLD_SIZE >= N, else sleep 60 s.
 """
+import atexit
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 VARS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -71,10 +74,14 @@ def main() -> None:
 
         dist.init_process_group("pydist")
         if rank == 1:
+            @atexit.register
+            def leave_then_linger():  # at exit: after the failure below was recorded
+                dist.destroy_process_group()  # rank 0's all_reduce fails now
+                threading.Event().wait()  # an exit-time cleanup outlasting rank 0
+
             if args[0] == "exit3":
                 sys.exit(3)
             raise RuntimeError("boom")
-        time.sleep(0.5)
         dist.all_reduce(np.ones(4, np.float32))
         time.sleep(60)
     elif action == "shrink-on-failure":  # rank 1 is killed; the others shrink and go on
