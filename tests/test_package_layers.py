@@ -1,5 +1,8 @@
-"""The import graph of src/pydist has no cycles (imports inside functions included, TYPE_CHECKING
-blocks not): layers import only downward (DESIGN.md)."""
+"""The import graph of src/pydist: layers import only downward (DESIGN.md), and modules do
+not import each other in a circle. For the layers every import counts, inside functions and
+in ``if TYPE_CHECKING:`` blocks too (an annotation that names a higher layer is an upward
+import all the same); the cycles are those of the imports that run (two modules of one
+package may name each other's types in annotations)."""
 from __future__ import annotations
 
 import ast
@@ -21,23 +24,46 @@ def _modules() -> dict[str, tuple[pathlib.Path, bool]]:
     return found
 
 
-def _imports(tree: ast.AST):
-    """Every import statement, skipping ``if TYPE_CHECKING:`` blocks."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
-            node.body = []
+#: The layers, lowest first: a package imports only packages of lower tiers ("pydist": the
+#: package itself, the public API's re-exports; "_torch_autoload": torch's entry point).
+TIERS = [
+    {"core"},
+    {"net", "device"},
+    {"store"},
+    {"rendezvous", "transport"},
+    {"algorithms", "debug", "run"},
+    {"engines"},
+    {"groups"},
+    {"api"},
+    {"pydist"},
+    {"torch", "data"},
+    {"testing", "examples"},
+    {"bench"},
+    {"_torch_autoload"},
+]
+TIER = {package: tier for tier, packages in enumerate(TIERS) for package in packages}
+
+
+def _imports(tree: ast.AST, annotations: bool = True):
+    """Every import statement, in function bodies too; in ``if TYPE_CHECKING:`` blocks only
+    with ``annotations``."""
+    if not annotations:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+                node.body = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
 
 
-def import_graph() -> dict[str, set[str]]:
-    """{module: the pydist modules it imports} (``from . import x`` counts x, not the package)."""
+def import_graph(annotations: bool = True) -> dict[str, set[str]]:
+    """{module: the pydist modules it imports} (``from . import x`` counts x, not the package);
+    ``annotations``: with the imports of ``if TYPE_CHECKING:`` blocks."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, (path, package) in modules.items():
         edges = set()
-        for node in _imports(ast.parse(path.read_text())):
+        for node in _imports(ast.parse(path.read_text()), annotations):
             if isinstance(node, ast.Import):
                 edges |= {alias.name for alias in node.names}
                 continue
@@ -87,8 +113,44 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package(module: str) -> str:
+    """The layer of ``module``: its folder under pydist, or the module itself at the top
+    ("pydist": the package's ``__init__``)."""
+    return module.split(".")[1] if "." in module else module
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module from a layer that is not below its own (same package aside)."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        mine = package(module)
+        for target in sorted(targets):
+            theirs = package(target)
+            if theirs != mine and TIER[theirs] >= TIER[mine]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_every_package_has_a_layer():
+    assert {package(module) for module in _modules()} <= TIER.keys()
+
+
+def test_layers_import_only_downward():
+    found = upward(import_graph())
+    assert not found, "imports of a layer not below the importer's:\n" + "\n".join(found)
+
+
+def test_the_checker_sees_an_upward_import_under_type_checking():
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..api import groups\n"
+    def modules(annotations: bool) -> list[str | None]:
+        return [node.module for node in _imports(ast.parse(source), annotations) if isinstance(node, ast.ImportFrom)]
+    assert modules(annotations=True) == ["typing", "api"] and modules(annotations=False) == ["typing"]
+    assert upward({"pydist.engines.native": {"pydist.groups.state"}, "pydist.groups.state": {"pydist.core.errors"}}) \
+        == ["pydist.engines.native -> pydist.groups.state"]
+
+
 def test_no_import_cycles():
-    graph = import_graph()
+    graph = import_graph(annotations=False)
     found = cycles(graph)
     described = ["; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a] & set(c))) for c in found]
     assert not found, "import cycles:\n" + "\n".join(described)

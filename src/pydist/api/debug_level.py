@@ -15,6 +15,8 @@ from __future__ import annotations
 import enum
 import os
 
+from ..debug.recorder import set_call_sites
+
 #: The variable torch reads (its values are case-insensitive).
 VARIABLE = "TORCH_DISTRIBUTED_DEBUG"
 
@@ -51,6 +53,7 @@ def set_debug_level(level: DebugLevel) -> None:
         raise TypeError(f"set_debug_level: expected a pydist.DebugLevel (OFF, INFO or DETAIL), "
                         f"got {type(level).__name__} {level!r}")
     _level = level
+    set_call_sites(level is DebugLevel.DETAIL)
 
 
 def set_debug_level_from_env() -> None:

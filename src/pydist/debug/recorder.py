@@ -8,6 +8,7 @@ call's OpSpec (op name, dtype, count, root, reduce op: ``pydist.core.opspec``, a
 function described it), state, the algorithm the engine ran, error text, and monotonic
 times. Entries are reused once the ring has come round, so recording allocates nothing that
 outlives the operation; an entry holds no reference to a tensor. With ``PYDIST_DEBUG=detail``
+(or torch's DETAIL debug level, which ``pydist.set_debug_level`` passes on: ``set_call_sites``)
 the entry also gets the caller's file and line (a frame walk, so only then).
 
 A DistError raised by an operation (timeout, dead peer, aborted group, desync) makes the
@@ -21,7 +22,6 @@ import sys
 import time
 from typing import Any, Protocol
 
-from ..api.debug_level import DebugLevel, get_debug_level
 from ..core.errors import DistError
 from ..core.opspec import OpSpec
 from ..core.settings import settings
@@ -189,6 +189,17 @@ class NullTrace:
 
 NULL_TRACE = NullTrace()
 
+#: whether groups created from now on note each call's file and line although PYDIST_DEBUG
+#: does not ask for it: set by the layer that owns torch's debug level (set_call_sites)
+_call_sites = False
+
+
+def set_call_sites(on: bool) -> None:
+    """Make the recorders of groups created from now on note each call's file and line
+    (torch's DETAIL debug level, ``pydist.set_debug_level``), or stop unless PYDIST_DEBUG=detail."""
+    global _call_sites
+    _call_sites = on
+
 
 def attach(group: Any, rank: int, world_size: int) -> Trace:
     """The recorder of a new ProcessGroup of global rank ``rank`` in a world of ``world_size``
@@ -198,7 +209,7 @@ def attach(group: Any, rank: int, world_size: int) -> Trace:
         _registry.forget(rank)
         return NULL_TRACE
     session = _registry.session_for(rank, world_size, found.timeline)
-    detail = found.debug == "detail" or get_debug_level() is DebugLevel.DETAIL
+    detail = found.debug == "detail" or _call_sites
     trace = GroupTrace(group, session, max(found.trace_buffer, 1), detail)
     session.add(trace)
     return trace

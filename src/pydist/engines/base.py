@@ -12,8 +12,8 @@ progress independently). Ranks given to an engine are group ranks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -31,6 +31,21 @@ class OpContext(NamedTuple):
     deadline: Deadline
     timeout_text: str = "Timed out waiting"  # gloo's wording, with the timeout: core.errors.timed_out_waiting
     spec: OpSpec = OpSpec("operation", "barrier")
+
+
+class GroupHealth(Protocol):
+    """What an engine reads of its group's lifecycle on this rank (the group layer's
+    GroupState is one): members known dead, and why an operation cannot go on."""
+
+    @property
+    def dead(self) -> Mapping[int, BaseException]:
+        """Members known dead: transport rank -> the error that told."""
+
+    def failure(self, sources: list[int]) -> BaseException | None:
+        """Why an operation waiting on ``sources`` (transport ranks) cannot go on; None if it can."""
+
+    def evicted(self) -> BaseException | None:
+        """The error saying the other members declared this rank dead, if they did."""
 
 
 #: A call an engine kept (Engine.kept): ``kept(seq, deadline, timeout_text, array, *args)``

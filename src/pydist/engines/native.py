@@ -65,10 +65,9 @@ from ..core.errors import DistBackendError, DistError, OpTimeoutError
 from ..core.ops import RedOpType, ReduceOp, postscale, prescale
 from ..core.opspec import OpSpec
 from ..core.settings import Settings
-from ..groups.state import GroupState
 from ..transport.base import MessageKey, Request
 from ..transport.world import WorldTransport
-from .base import Engine, KeptCall, OpContext
+from .base import Engine, GroupHealth, KeptCall, OpContext
 
 #: all_reduce among network peers: recursive doubling (log2(p) rounds, the whole buffer each)
 #: up to this size, the pipelined ring (2(p-1) rounds of 1/p of it) above. Recursive doubling
@@ -156,7 +155,7 @@ class NativeEngine(Engine):
     name = "pydist"
 
     def __init__(self, transport: WorldTransport, group_id: int, transport_ranks: list[int], rank: int,
-                 state: GroupState, settings: Settings, segment_bytes: int | None = None):
+                 state: GroupHealth, settings: Settings, segment_bytes: int | None = None):
         self.transport = transport
         self.group_id = group_id
         self.transport_ranks = transport_ranks
