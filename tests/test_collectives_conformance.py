@@ -88,7 +88,7 @@ def test_processes_with_connections_on_first_use_and_shared_memory():
 
 def test_the_suite_detects_wrong_results(monkeypatch):
     """A broken algorithm must make the suite report failures (the checks are live)."""
-    from pydist.engines.native import ALGORITHMS
+    from pydist.engines.choice import ALGORITHMS
 
     def off_by_one(original):
         def broken(comm, buf, root, segment_bytes):

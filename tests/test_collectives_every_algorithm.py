@@ -23,7 +23,7 @@ import pytest
 
 import pydist as dist
 from pydist.core.ops import RedOpType
-from pydist.engines.native import ALGORITHMS, HIERARCHICAL
+from pydist.engines.choice import ALGORITHMS, HIERARCHICAL
 from pydist.testing import run_threads
 from pydist.testing.conformance import Checker, run_suite
 from pydist.testing.reference import make_op, reduced, value

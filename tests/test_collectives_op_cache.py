@@ -1,22 +1,28 @@
-"""The reduce-op check cache: fast for the usual ops, bounded when PREMUL_SUM factors vary."""
+"""The call descriptions (core.opspec.describe, the one cache in front of the engine's plans):
+the reduce op checked once per call shape, fast for the usual ops, bounded when PREMUL_SUM
+factors vary."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import pydist as dist
-from pydist.api import collectives as _collectives
+from pydist.core import opspec
 from pydist.core.buffers import as_buffer
-from pydist.core.ops import _make_nccl_premul_sum
+from pydist.core.ops import RedOpType, ReduceOp, _make_nccl_premul_sum
 from pydist.testing import run_threads
 
 
-def test_varying_premul_sum_factors_do_not_grow_the_cache():
+def test_varying_premul_sum_factors_share_one_spec_and_do_not_grow_the_cache():
     buffer = as_buffer(np.ones(4, dtype=np.float32), "tensor")
-    before = len(_collectives._CHECKED_OPS)  # other tests of this process may have cached ops
+    first = opspec.describe("all_reduce", "all_reduce", buffer, op=_make_nccl_premul_sum(0.5))
+    before = len(opspec._SPECS)  # other tests of this process may have described calls
     for step in range(10_000):
-        op = _collectives._reduce_op(_make_nccl_premul_sum(1.0 / (step + 1)), buffer)
-        assert op.factor == 1.0 / (step + 1)
-    assert len(_collectives._CHECKED_OPS) == before
+        op = _make_nccl_premul_sum(1.0 / (step + 1))
+        spec = opspec.describe("all_reduce", "all_reduce", buffer, op=op)
+        assert spec is first and spec.op is None and spec.reduce_op is RedOpType.PREMUL_SUM
+        assert opspec.op_of(spec, op).factor == 1.0 / (step + 1)
+    assert len(opspec._SPECS) == before
 
 
 def test_all_reduce_with_a_new_factor_each_step_keeps_the_cache_small():
@@ -27,12 +33,21 @@ def test_all_reduce_with_a_new_factor_each_step_keeps_the_cache_small():
             dist.all_reduce(tensor, op=_make_nccl_premul_sum(float(step)))
         return float(tensor[0])
 
-    before = len(_collectives._CHECKED_OPS)
+    before = len(opspec._SPECS)
     assert run_threads(2, body) == [1000.0, 1000.0]
-    assert len(_collectives._CHECKED_OPS) == before
+    assert len(opspec._SPECS) <= before + 4  # the group's set-up calls, not one per factor
 
 
-def test_common_ops_stay_cached():
+def test_common_ops_stay_described_and_checked_once():
     buffer = as_buffer(np.ones(4, dtype=np.int32), "tensor")
-    first = _collectives._reduce_op(dist.ReduceOp.SUM, buffer)
-    assert _collectives._reduce_op(dist.ReduceOp.SUM, buffer) is first
+    first = opspec.describe("all_reduce", "all_reduce", buffer, op=dist.ReduceOp.SUM)
+    assert opspec.describe("all_reduce", "all_reduce", buffer, op=dist.ReduceOp.SUM) is first
+    assert opspec.describe("all_reduce", "all_reduce", buffer, op=ReduceOp(RedOpType.SUM)) is first
+    assert opspec.op_of(first, dist.ReduceOp.SUM) is first.op == ReduceOp(RedOpType.SUM)
+
+
+def test_an_op_the_dtype_cannot_take_raises_every_time():
+    buffer = as_buffer(np.ones(4, dtype=np.float32), "tensor")
+    for _ in range(2):
+        with pytest.raises(TypeError, match="BXOR is a bitwise op"):
+            opspec.describe("all_reduce", "all_reduce", buffer, op=dist.ReduceOp.BXOR)

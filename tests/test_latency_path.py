@@ -1,6 +1,7 @@
 """The shared-memory latency path of all_reduce (issue 40): a small call that repeats runs the
-path its engine bound at the first call (allreduce_shm.latency_path, kept per call spec),
-with the results, the desync check and the failure reports of the general path."""
+path its engine bound at the first call (allreduce_shm.latency_path, in the call's plan,
+kept per call spec), with the results, the desync check and the failure reports of the
+general path."""
 import threading
 from datetime import timedelta
 
@@ -16,6 +17,11 @@ pytestmark = pytest.mark.skipif(not _atomics.available(), reason="no libatomic/f
 
 OPS = [("SUM", np.float32), ("AVG", np.float64), ("PRODUCT", np.float32), ("MIN", np.int32),
        ("MAX", np.float64), ("BXOR", np.int64), ("BAND", np.uint8), ("BOR", np.int32)]
+
+
+def _bound(engine) -> int:
+    """How many call plans of the engine have a bound path."""
+    return sum(plan.bound is not None for plan in engine._plans.values())
 
 
 def _inputs(rank: int, call: int, dtype, count: int) -> np.ndarray:
@@ -47,7 +53,7 @@ def _repeat_every_op(rank, size):
                 dist.all_reduce(buf, op=getattr(dist.ReduceOp, op))
                 if not np.array_equal(buf, _expected(op, size, call, dtype, count)):
                     wrong.append((op, count, call, buf.tolist()))
-    kept = len(engine._kept)
+    kept = _bound(engine)
     return wrong, kept
 
 
@@ -65,7 +71,7 @@ def _premul(rank, size):
         buf = np.full(3, rank + 1.0, np.float64)
         dist.all_reduce(buf, op=dist._make_nccl_premul_sum(factor))
         results.append(buf.tolist())
-    return results, len(dist.group.WORLD.engine._kept)
+    return results, _bound(dist.group.WORLD.engine)
 
 
 def test_premul_sum_scales_by_each_calls_factor():
@@ -80,11 +86,11 @@ def _kept_bounded(rank, size):
             buf = np.full(count, rank + 1, np.int64)
             dist.all_reduce(buf)
             assert buf.tolist() == [3] * count
-    return len(dist.group.WORLD.engine._kept)
+    return _bound(dist.group.WORLD.engine)
 
 
 def test_the_kept_paths_are_bounded(monkeypatch):
-    monkeypatch.setattr(native, "CHOICES_KEPT", 2)
+    monkeypatch.setattr(native, "PLANS_KEPT", 2)
     assert run_threads(2, _kept_bounded, transport="tcp") == [1, 1]  # five shapes, cleared at the 3rd and 5th
 
 
@@ -106,9 +112,9 @@ def _destroyed(rank, size):
     dist.all_reduce(np.ones(1))
     dist.all_reduce(np.ones(1))
     engine = dist.group.WORLD.engine
-    kept = len(engine._kept)
+    kept = _bound(engine)
     dist.destroy_process_group()
-    return kept, len(engine._kept)
+    return kept, _bound(engine)
 
 
 def test_destroying_the_group_drops_the_kept_paths():
@@ -178,7 +184,7 @@ def _broadcasts(rank, size):
                 if not np.array_equal(buf, _inputs(root, call, dtype, count)):
                     wrong.append((root, count, call, buf.tolist()))
         dist.barrier()
-    return wrong, len(dist.group.WORLD.engine._kept)
+    return wrong, _bound(dist.group.WORLD.engine)
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -61,7 +61,7 @@ def test_the_secret_is_not_shown():
 
 
 def test_the_algorithm_choices_are_the_engines():
-    from pydist.engines.native import ALGORITHMS
+    from pydist.engines.choice import ALGORITHMS
     assert {c: tuple(names) for c, names in ALGORITHMS.items()} == _settings.ALGORITHM_CHOICES
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pydist as dist
-from pydist.engines.native import ALGORITHMS
+from pydist.engines.choice import ALGORITHMS
 from pydist.testing import run_processes, run_threads
 from pydist.testing.conformance import run_suite
 from pydist.transport.shm import atomics as _atomics

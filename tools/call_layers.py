@@ -2,8 +2,9 @@
 
 Run: pydist-run --nproc-per-node N tools/call_layers.py [iterations]
 Each layer is called directly in a loop, 4 B float32: the public function (dist.all_reduce,
-dist.broadcast, dist.barrier); ProcessGroup.run with the same OpSpec and engine body; the
-engine's method (engine.all_reduce(ctx, ...)); the shared-memory algorithm on the engine's
+dist.broadcast, dist.barrier); ProcessGroup.run with the same OpSpec and engine method; the
+engine's method (engine.all_reduce(ctx, ...): its plan looked up and run); the plan's bound
+path (plan.bound(ctx, ...)); the shared-memory algorithm's general path on the engine's
 Comm; the arena's sync alone. The rows say what each layer adds to the one below it.
 """
 import numpy as np
@@ -14,7 +15,7 @@ from pydist.core.deadline import Deadline, now
 from pydist.core.ops import ReduceOp
 from pydist.core.opspec import describe
 from pydist.engines.base import OpContext
-from pydist.engines.native import ALGORITHMS
+from pydist.engines.choice import ALGORITHMS
 
 
 def main():
@@ -23,12 +24,12 @@ def main():
     engine = group.engine
     buf = np.zeros(1, np.float32)
     op = ReduceOp(ReduceOp.SUM)
-    specs = {"all_reduce": describe("all_reduce", "all_reduce", buf, reduce_op=op.op),
+    specs = {"all_reduce": describe("all_reduce", "all_reduce", buf, op=dist.ReduceOp.SUM),
              "broadcast": describe("broadcast", "broadcast", buf, root=0),
              "barrier": describe("barrier", "barrier")}
-    bodies = {"all_reduce": lambda ctx: engine.all_reduce(ctx, buf, op),
-              "broadcast": lambda ctx: engine.broadcast(ctx, buf, 0),
-              "barrier": lambda ctx: engine.barrier(ctx)}
+    calls = {"all_reduce": (engine.all_reduce, (buf, op)), "broadcast": (engine.broadcast, (buf, 0)),
+             "barrier": (engine.barrier, ())}
+    bound_args = {"all_reduce": (buf, op), "broadcast": (buf,), "barrier": ()}
     public = {"all_reduce": lambda: dist.all_reduce(buf), "broadcast": lambda: dist.broadcast(buf, 0),
               "barrier": dist.barrier}
     for name in public:
@@ -40,10 +41,12 @@ def main():
         return OpContext(name, seq[0], Deadline(now() + 60), "timed out", specs[name])
 
     def layers(name):
-        spec, body = specs[name], bodies[name]
-        row = {"dist.*": best(public[name]), "group.run": best(lambda: group.run(spec, body, [], False)),
-               "engine": best(lambda: body(context(name)))}
+        spec, (method, args) = specs[name], calls[name]
+        row = {"dist.*": best(public[name]), "group.run": best(lambda: group.run(spec, method, args, [], False)),
+               "engine": best(lambda: method(context(name), *args))}
         if group.size() > 1:
+            bound = engine._plans[spec].bound
+            row["plan.bound"] = best(lambda: bound(context(name), *bound_args[name]))
             comm = engine._shm_comm
             algorithm = ALGORITHMS[name]["shm"]
             args = {"all_reduce": (buf, op, engine.segment_bytes), "broadcast": (buf, 0, engine.segment_bytes),

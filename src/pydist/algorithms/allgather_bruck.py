@@ -5,7 +5,7 @@ own on (fewer in the last round), to rank r - 2^k and receives as many from rank
 each block straight into its final place: blocks are addressed by their owner, so Bruck's
 final rotation is not needed. Each rank sends (n-1)/n of the output, as the ring does, but
 in log2(n) rounds instead of n-1, to log2(n) peers instead of one: the engine picks it while
-the output is small (latency-bound: SMALL_ALL_GATHER_BYTES, engines/native.py), among the
+the output is small (latency-bound: SMALL_ALL_GATHER_BYTES, engines/choice.py), among the
 network ranks and among the hosts' leaders of the hierarchical all_gather. Blocks may differ
 in size.
 """

@@ -3,7 +3,7 @@
 Cost: ceil(log2 n) steps of the whole buffer (plus 2 steps when n is not a power of two:
 the first 2r ranks, r = n - 2^floor(log2 n), fold pairwise into r ranks and unfold at the
 end). Latency optimal; sends log2(n) times the buffer, so the engine picks it only for
-small buffers: up to SMALL_ALL_REDUCE_BYTES (engines/native.py), or fewer elements than
+small buffers: up to SMALL_ALL_REDUCE_BYTES (engines/choice.py), or fewer elements than
 ranks, when the group is neither on one host with shared memory (allreduce_shm) nor
 spread over hosts with several ranks on one (allreduce_hierarchical, whose leaders use it
 for small buffers too). Every rank ends with bitwise-identical results (each step

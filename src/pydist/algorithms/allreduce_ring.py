@@ -2,7 +2,7 @@
 
 Cost: 2(n-1) steps; each rank sends and receives 2(n-1)/n of the buffer (bandwidth
 optimal) and reduces (n-1)/n of it. The engine picks it above SMALL_ALL_REDUCE_BYTES
-(engines/native.py) when the buffer has at least one element per rank and the group is
+(engines/choice.py) when the buffer has at least one element per rank and the group is
 neither on one host with shared memory (allreduce_shm) nor spread over hosts with several
 ranks on one (allreduce_hierarchical, whose leaders use it for large buffers too).
 """

@@ -27,38 +27,23 @@ from .comm import Comm
 SPLIT_MIN_BYTES = 64 * 1024
 
 
-#: latency paths bound per arena (distinct dtype, count and op of small calls): beyond this
-#: many the arena's are dropped and bound again as calls come
-LATENCY_PATHS_KEPT = 256
-
-
 def all_reduce(comm: Comm, buf: np.ndarray, op: ReduceOp, segment_bytes: int = 0) -> None:
     """Reduce ``buf`` over the group, in place on every rank."""
-    latency = latency_path(comm.arena, buf.dtype, buf.size, op)
-    if latency is not None:
-        latency(comm, buf)
-        return
     reduce_chunks(comm, buf, op, comm.call, deliver=True)
 
 
 def latency_path(arena, dtype: np.dtype, count: int, op: ReduceOp) -> Callable[[Comm, np.ndarray], None] | None:
     """The all_reduce of ``count`` elements of ``dtype`` under ``op`` where it is one chunk
-    that every rank reduces whole (the latency path): ``run(comm, buf, this_op=None)`` copies
-    ``buf`` into this rank's slot, syncs once and reduces every slot into ``buf``, with the
-    slot views and the ufunc looked up once per arena (small calls repeat; the engine keeps
-    the function per call spec and calls it directly; ``this_op``, the call's ReduceOp that
-    a kept call passes, is not needed). None for calls that take several chunks or split
-    the reduction."""
-    key = ("all_reduce", dtype, count, op.op)
-    run = arena.bound.get(key)
-    if run is None:
-        nbytes = count * dtype.itemsize
-        if nbytes > arena.slot_bytes or not _alone(arena.size, nbytes):
-            return None
-        if len(arena.bound) >= LATENCY_PATHS_KEPT:
-            arena.bound.clear()
-        run = arena.bound[key] = _bind(arena, dtype, count, op)
-    return run
+    that every rank reduces whole, bound to ``arena``: ``run(comm, buf, this_op=None)``
+    copies ``buf`` into this rank's slot, syncs once and reduces every slot into ``buf`` (the
+    steps and bits of ``all_reduce`` for such a call), with the slot views and the ufunc
+    looked up here, once (the engine keeps it per call spec and calls it directly;
+    ``this_op``, the call's ReduceOp, is not needed). None for calls that take several
+    chunks or split the reduction."""
+    nbytes = count * dtype.itemsize
+    if nbytes > arena.slot_bytes or not _alone(arena.size, nbytes):
+        return None
+    return _bind(arena, dtype, count, op)
 
 
 def _bind(arena, dtype: np.dtype, count: int, op: ReduceOp) -> Callable[[Comm, np.ndarray], None]:

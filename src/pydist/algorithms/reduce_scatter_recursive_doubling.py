@@ -2,7 +2,7 @@
 
 Cost: ceil(log2 n) rounds (+2 when n is not a power of two), each of the whole input: log2 n
 times the bytes of the ring's (n-1)/n, but log2 n rounds instead of n-1. The engine picks it
-while the input is small (SMALL_ALL_REDUCE_BYTES, engines/native.py: the all_reduce's own
+while the input is small (SMALL_ALL_REDUCE_BYTES, engines/choice.py: the all_reduce's own
 threshold, since that is what runs) among more than two network ranks, and among the hosts'
 leaders of the hierarchical reduce_scatter. Blocks may differ in size.
 """

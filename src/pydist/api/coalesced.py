@@ -14,11 +14,10 @@ import numpy as np
 
 from ..core.buffers import Buffer, as_buffer
 from ..core.ops import RedOpType
-from ..core.opspec import describe
+from ..core.opspec import describe, op_of
 from ..groups.work import Work
 from .collectives import (
     _buffer_list,
-    _reduce_op,
     _same_dtype,
     all_gather_into_tensor,
     gather_single,
@@ -42,15 +41,15 @@ def all_reduce_coalesced(tensors: Any, op: Any = RedOpType.SUM, group: Any = Non
         return None
     buffers = [as_buffer(tensor, f"tensors[{i}]") for i, tensor in enumerate(tensors)]
     _same_dtype(buffers, buffers[0])
-    reduce_op = _reduce_op(op, buffers[0])
     count = sum(b.array.size for b in buffers)
-    spec = describe("all_reduce_coalesced", "all_reduce", buffers[0], count=count, reduce_op=reduce_op.op)
+    spec = describe("all_reduce_coalesced", "all_reduce", buffers[0], count=count, op=op)
+    reduce_op = op_of(spec, op)
 
     def body(ctx) -> None:
         flat = _joined(buffers)
         target.engine.all_reduce(ctx, flat, reduce_op)
         _spread(flat, buffers)
-    return target.run(spec, body, buffers, async_op)
+    return target.run(spec, body, (), buffers, async_op)
 
 
 def _joined(buffers: Sequence[Buffer]) -> np.ndarray:
@@ -99,7 +98,7 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
         target.engine.all_gather(ctx, blocks, flat)
         for block, row in zip(blocks, rows):
             _spread(block, row)
-    return target.run(spec, body, [b for row in rows for b in row], async_op,
+    return target.run(spec, body, (), [b for row in rows for b in row], async_op,
                       results=[list(row) for row in output_tensor_lists])
 
 

@@ -14,8 +14,8 @@ from typing import Any
 from ..algorithms._partition import block_bounds
 from ..core.buffers import Buffer, as_buffer
 from ..core.deadline import to_seconds
-from ..core.ops import RedOpType, as_reduce_op, check_op_dtype
-from ..core.opspec import OpSpec, describe
+from ..core.ops import RedOpType
+from ..core.opspec import describe, op_of
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from .groups import member_group
@@ -67,29 +67,6 @@ def _sizes_match(buffers: Sequence[Buffer], size: int, name: str) -> None:
             raise ValueError(f"{name}[{index}]: expected {size} elements, got {buffer.array.size}")
 
 
-#: (op, dtype name) -> the checked ReduceOp, for ops without a factor (a bounded set: the
-#: ReduceOp values times the dtypes). PREMUL_SUM ops carry a factor that may change every
-#: call, so they are checked each time instead of cached.
-_CHECKED_OPS: dict = {}
-
-
-def _reduce_op(op: Any, buffer: Buffer):
-    """``op`` as a ReduceOp valid for the buffer's dtype (checked once per (op, dtype))."""
-    key = (op, buffer.dtype_name)
-    try:
-        return _CHECKED_OPS[key]
-    except (KeyError, TypeError):
-        pass
-    reduce_op = as_reduce_op(op)
-    check_op_dtype(reduce_op, buffer.array.dtype, buffer.dtype_name)
-    if reduce_op.factor is None:
-        try:
-            _CHECKED_OPS[key] = reduce_op
-        except TypeError:  # an unhashable op object: not cached
-            pass
-    return reduce_op
-
-
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank."""
@@ -105,12 +82,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
                              "theirs); the source's is read-only") from None
         raise
     spec = describe("broadcast", "broadcast", buf, root=root)
-    engine = target.engine
-    kept = None if async_op else engine.kept(spec)
-    if kept is not None:  # a blocking call the engine ran before and kept: the latency path
-        target.run_kept(spec, kept, [buf], buf.array)
-        return None
-    return target.run(spec, lambda ctx: engine.broadcast(ctx, buf.array, root), [buf], async_op)
+    return target.run(spec, target.engine.broadcast, (buf.array, root), [buf], async_op)
 
 
 def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -126,38 +98,8 @@ def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op
             from .sparse import all_reduce_sparse
             return all_reduce_sparse(tensor, op, target, async_op)
         raise
-    reduce_op, spec = _all_reduce_call(op, buf)
-    engine = target.engine
-    kept = None if async_op else engine.kept(spec)
-    if kept is not None:  # a blocking call the engine ran before and kept: the latency path
-        target.run_kept(spec, kept, [buf], buf.array, reduce_op)
-        return None
-    return target.run(spec, lambda ctx: engine.all_reduce(ctx, buf.array, reduce_op), [buf], async_op)
-
-
-#: (op, dtype name, count) -> (the checked ReduceOp, the OpSpec) of an all_reduce: the
-#: latency path's two look-ups in one (~0.25 us of a 4 B call). Bounded like describe's specs;
-#: ops with a factor are not kept (see _CHECKED_OPS).
-_ALL_REDUCE_CALLS: dict = {}
-_ALL_REDUCE_CALLS_KEPT = 4096
-
-
-def _all_reduce_call(op: Any, buf: Buffer) -> tuple[Any, OpSpec]:
-    key = (op, buf.dtype_name, buf.array.size)
-    try:
-        return _ALL_REDUCE_CALLS[key]
-    except (KeyError, TypeError):
-        pass
-    reduce_op = _reduce_op(op, buf)
-    call = reduce_op, describe("all_reduce", "all_reduce", buf, reduce_op=reduce_op.op)
-    if reduce_op.factor is None:
-        if len(_ALL_REDUCE_CALLS) >= _ALL_REDUCE_CALLS_KEPT:
-            _ALL_REDUCE_CALLS.clear()
-        try:
-            _ALL_REDUCE_CALLS[key] = call
-        except TypeError:  # an unhashable op object: not kept
-            pass
-    return call
+    spec = describe("all_reduce", "all_reduce", buf, op=op)
+    return target.run(spec, target.engine.all_reduce, (buf.array, op_of(spec, op)), [buf], async_op)
 
 
 def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: Any = None,
@@ -168,11 +110,10 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: 
         return None
     root = root_rank(target, dst, group_dst, "dst")
     buf = as_buffer(tensor, "tensor")
-    reduce_op = _reduce_op(op, buf)
     outputs = [buf] if target.rank() == root else []
-    spec = describe("reduce", "reduce", buf, root=root, reduce_op=reduce_op.op)
-    return target.run(spec, lambda ctx: target.engine.reduce(ctx, buf.array, root, reduce_op), outputs,
-                      async_op, results=[tensor])
+    spec = describe("reduce", "reduce", buf, root=root, op=op)
+    return target.run(spec, target.engine.reduce, (buf.array, root, op_of(spec, op)), outputs, async_op,
+                      results=[tensor])
 
 
 def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -186,7 +127,7 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     _sizes_match(outs[target.rank():target.rank() + 1], inp.array.size, "tensor_list")
     arrays = [b.array for b in outs]
     spec = describe("all_gather", "all_gather", inp, count=max(array.size for array in arrays))
-    return target.run(spec, lambda ctx: target.engine.all_gather(ctx, arrays, inp.array), outs, async_op,
+    return target.run(spec, target.engine.all_gather, (arrays, inp.array), outs, async_op,
                       results=[list(tensor_list)])
 
 
@@ -208,7 +149,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     _same_dtype([out], inp)
     blocks = _blocks_of(out, target.size(), "output_tensor", inp.array.size)
     spec = describe("all_gather_into_tensor", "all_gather", inp)
-    return target.run(spec, lambda ctx: target.engine.all_gather(ctx, blocks, inp.array), [out], async_op)
+    return target.run(spec, target.engine.all_gather, (blocks, inp.array), [out], async_op)
 
 
 def _on_root_only(objs: Any, is_root: bool, name: str, root_name: str) -> None:
@@ -242,7 +183,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     _sizes_match(outs, inp.array.size, "gather_list")
     arrays = [b.array for b in outs] if is_root else None
     spec = describe("gather", "gather", inp, root=root)
-    return target.run(spec, lambda ctx: target.engine.gather(ctx, inp.array, arrays, root), outs, async_op,
+    return target.run(spec, target.engine.gather, (inp.array, arrays, root), outs, async_op,
                       results=[list(gather_list or ())] if is_root else [])  # checked: a list on the root
 
 
@@ -263,8 +204,8 @@ def gather_single(tensor: Any, gather_tensor: Any = None, dst: int | None = None
         _same_dtype([out], inp)
     blocks = _blocks_of(out, target.size(), "gather_tensor", inp.array.size) if out is not None else None
     spec = describe("gather_single", "gather", inp, root=root)
-    return target.run(spec, lambda ctx: target.engine.gather(ctx, inp.array, blocks, root),
-                      [out] if out is not None else [], async_op)
+    return target.run(spec, target.engine.gather, (inp.array, blocks, root), [out] if out is not None else [],
+                      async_op)
 
 
 def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,
@@ -282,7 +223,7 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
     _sizes_match(ins, out.array.size, "scatter_list")
     arrays = [b.array for b in ins] if is_root else None
     spec = describe("scatter", "scatter", out, root=root)
-    return target.run(spec, lambda ctx: target.engine.scatter(ctx, out.array, arrays, root), [out], async_op)
+    return target.run(spec, target.engine.scatter, (out.array, arrays, root), [out], async_op)
 
 
 def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group: Any = None,
@@ -295,11 +236,9 @@ def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group
     ins = _buffer_list(input_list, "input_list", target.size(), writable=False)
     _same_dtype(ins, out)
     _sizes_match(ins, out.array.size, "input_list")
-    reduce_op = _reduce_op(op, out)
     arrays = [b.array for b in ins]
-    spec = describe("reduce_scatter", "reduce_scatter", out, reduce_op=reduce_op.op)
-    return target.run(spec, lambda ctx: target.engine.reduce_scatter(ctx, out.array, arrays, reduce_op), [out],
-                      async_op)
+    spec = describe("reduce_scatter", "reduce_scatter", out, op=op)
+    return target.run(spec, target.engine.reduce_scatter, (out.array, arrays, op_of(spec, op)), [out], async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = RedOpType.SUM, group: Any = None,
@@ -312,10 +251,8 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = RedOpType.SUM, grou
     inp = as_buffer(input, "input", writable=False)
     _same_dtype([inp], out)
     blocks = _blocks_of(inp, target.size(), "input", out.array.size)
-    reduce_op = _reduce_op(op, out)
-    spec = describe("reduce_scatter_tensor", "reduce_scatter", out, reduce_op=reduce_op.op)
-    return target.run(spec, lambda ctx: target.engine.reduce_scatter(ctx, out.array, blocks, reduce_op), [out],
-                      async_op)
+    spec = describe("reduce_scatter_tensor", "reduce_scatter", out, op=op)
+    return target.run(spec, target.engine.reduce_scatter, (out.array, blocks, op_of(spec, op)), [out], async_op)
 
 
 def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = None,
@@ -331,8 +268,8 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
     _sizes_match(outs[me:me + 1], ins[me].array.size, "output_tensor_list")
     out_arrays, in_arrays = [b.array for b in outs], [b.array for b in ins]
     spec = describe("all_to_all", "all_to_all", ins[0], count=sum(array.size for array in in_arrays))
-    return target.run(spec, lambda ctx: target.engine.all_to_all(ctx, out_arrays, in_arrays), outs,
-                      async_op, results=[list(output_tensor_list)])
+    return target.run(spec, target.engine.all_to_all, (out_arrays, in_arrays), outs, async_op,
+                      results=[list(output_tensor_list)])
 
 
 def _split(buffer: Buffer, sizes: list[int] | None, parts: int, name: str) -> list:
@@ -372,7 +309,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
         raise ValueError(f"output and input split sizes disagree for this rank's own part: "
                          f"{outs[me].size} vs {ins[me].size} elements")
     spec = describe("all_to_all_single", "all_to_all", inp)
-    return target.run(spec, lambda ctx: target.engine.all_to_all(ctx, outs, ins), [out], async_op)
+    return target.run(spec, target.engine.all_to_all, (outs, ins), [out], async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -382,9 +319,4 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     if target is None:
         return None
     seconds = None if timeout is None else to_seconds(timeout)
-    engine = target.engine
-    kept = None if async_op else engine.kept(_BARRIER)
-    if kept is not None:  # the engine kept this group's barrier: the latency path
-        target.run_kept(_BARRIER, kept, [], timeout=seconds)
-        return None
-    return target.run(_BARRIER, lambda ctx: engine.barrier(ctx), [], async_op, timeout=seconds)
+    return target.run(_BARRIER, target.engine.barrier, (), [], async_op, timeout=seconds)

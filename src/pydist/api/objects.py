@@ -62,8 +62,8 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
     coll.gather(np.array([mine.size], np.int64), list(sizes.reshape(n, 1)) if is_root else None,
                 group=target, group_dst=root)
     parts = [np.empty(int(s), np.uint8) for s in sizes] if is_root else None
-    target.run(describe("gather_object", "gather", mine, root=root),
-               lambda ctx: target.engine.gather(ctx, mine, parts, root), [], False)
+    target.run(describe("gather_object", "gather", mine, root=root), target.engine.gather, (mine, parts, root), [],
+               False)
     if is_root:
         assert object_gather_list is not None and parts is not None  # the root's (checked above)
         object_gather_list[:] = [_loads(part) for part in parts]
@@ -109,8 +109,8 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     size = np.zeros(1, np.int64)
     coll.scatter(size, sizes, group=target, group_src=root)
     data = np.empty(int(size[0]), np.uint8)
-    target.run(describe("scatter_object_list", "scatter", data, root=root),
-               lambda ctx: target.engine.scatter(ctx, data, payloads, root), [], False)
+    target.run(describe("scatter_object_list", "scatter", data, root=root), target.engine.scatter,
+               (data, payloads, root), [], False)
     scatter_object_output_list[0] = _loads(data)
 
 

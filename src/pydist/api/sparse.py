@@ -116,8 +116,8 @@ def all_reduce_sparse(tensor: torch.Tensor, op: Any, group: ProcessGroup, async_
     descriptions = np.zeros((size, DESCRIPTION_LENGTH), np.int64)
     mine = _describe(local)
     rows = list(descriptions)
-    described = group.run(describe("all_reduce_sparse", "all_gather", mine),
-                          lambda ctx: group.engine.all_gather(ctx, rows, mine), [], async_op)
+    described = group.run(describe("all_reduce_sparse", "all_gather", mine), group.engine.all_gather, (rows, mine),
+                          [], async_op)
     payload = _payload(local)
 
     def exchange(ctx: Any) -> None:
@@ -136,4 +136,4 @@ def all_reduce_sparse(tensor: torch.Tensor, op: Any, group: ProcessGroup, async_
 
     # recorded with this rank's payload; the engine gets the exact call (the largest part) above
     spec = describe("all_reduce_sparse", "all_gather", payload)
-    return group.run(spec, exchange, [], async_op, results=[tensor])
+    return group.run(spec, exchange, (), [], async_op, results=[tensor])

@@ -12,7 +12,7 @@ progress independently). Ranks given to an engine are group ranks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -46,12 +46,6 @@ class GroupHealth(Protocol):
 
     def evicted(self) -> BaseException | None:
         """The error saying the other members declared this rank dead, if they did."""
-
-
-#: A call an engine kept (Engine.kept): ``kept(seq, deadline, timeout_text, array, *args)``
-#: runs operation ``seq`` on ``array`` (the args: the reduce op of an all_reduce) and returns the
-#: algorithm's name, as the engine's method would with an OpContext of those values.
-KeptCall = Callable[..., str]
 
 
 class Engine(ABC):
@@ -108,12 +102,6 @@ class Engine(ABC):
     def evicted(self) -> BaseException | None:
         """An EvictedError when the group's other members have declared this rank dead
         (it was silent too long); None otherwise, and by default."""
-        return None
-
-    def kept(self, spec: OpSpec) -> KeptCall | None:
-        """The call ``spec`` describes as a function this engine kept after running it (its
-        latency path, see KeptCall), or None: then it goes through the engine's method.
-        Default: none kept."""
         return None
 
     def prepare(self, deadline: Deadline) -> None:  # noqa: B027 - optional hook, default no-op

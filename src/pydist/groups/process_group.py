@@ -1,12 +1,13 @@
 """ProcessGroup: a set of ranks, its engine, its operation queue and sequence numbers.
 
-``run(spec, body, outputs, async_op)`` is how every collective executes: the body gets an
-OpContext (the call's OpSpec, sequence number, deadline from the group timeout) and runs on
-the engine in issue order (OpQueue); staged output buffers are written back before the Work
-completes. A failure takes the group's FailurePath (groups.failure). ``state`` is the
-group's lifecycle on this rank (ready, aborted, broken, destroyed; the first error; the
-members known dead): one object, kept by the world's GroupStates, its transitions in
-groups.state. Groups are made by groups.factory, never directly.
+``run(spec, call, args, outputs, async_op)`` is how every collective executes: ``call``
+(the engine's method) gets an OpContext (the call's OpSpec, sequence number, deadline from
+the group timeout) and its arguments, and runs in issue order (OpQueue); staged output
+buffers are written back before the Work completes. A failure takes the group's
+FailurePath (groups.failure). ``state`` is the group's lifecycle on this rank (ready,
+aborted, broken, destroyed; the first error; the members known dead): one object, kept by
+the world's GroupStates, its transitions in groups.state. Groups are made by
+groups.factory, never directly.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..core.deadline import Deadline
 from ..core.errors import timed_out_waiting
 from ..core.opspec import OpSpec
 from ..debug.recorder import attach as attach_trace
-from ..engines.base import Engine, KeptCall, OpContext
+from ..engines.base import Engine, OpContext
 from .failure import FailurePath
 from .queue import OpQueue
 from .state import GroupState
@@ -112,59 +113,43 @@ class ProcessGroup:
             return None
 
     # -- running operations ---------------------------------------------------------------
-    def run(self, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
+    def run(self, spec: OpSpec, call: Callable[..., str | None], args: tuple, outputs: list[Buffer],
             async_op: bool, results: list[Any] | None = None, timeout: float | None = None) -> Work | None:
-        """Execute ``body`` (the call ``spec`` describes) in order with the others; Work when
-        async, else None after it ends. ``timeout`` (seconds) narrows the group's timeout for
-        this operation."""
+        """Execute the call ``spec`` describes, ``call(ctx, *args)`` with its OpContext (an
+        engine's method: ``engine.all_reduce``, and its arguments), in order with the
+        others; Work when async, else None after it ends. ``timeout`` (seconds) narrows the
+        group's timeout for this operation."""
         queue = self._queue
         seq = None if async_op else queue.claim()
         if seq is not None:  # the latency path: run now in this thread, no Work
             try:
-                self._execute(seq, spec, self._trace.begin(spec, seq), outputs, timeout, _in_context, (spec, body))
+                self._execute(seq, spec, self._trace.begin(spec, seq), outputs, timeout, call, args)
             finally:
                 queue.release()
             return None
         entry = self._trace.queued(spec, async_op)
         work = Work(f"{spec.name} on group {self.group_name}",
                     results if results is not None else [b.obj for b in outputs])
-        self._queue.submit(lambda seq: self._started(seq, spec, body, outputs, entry, timeout), work,
-                           blocking=not async_op)
+        queue.submit(lambda seq: self._started(seq, spec, call, args, outputs, entry, timeout), work,
+                     blocking=not async_op)
         if async_op:
             return work
         work.wait()
         return None
 
-    def run_kept(self, spec: OpSpec, kept: KeptCall, outputs: list[Buffer], *args: Any,
-                 timeout: float | None = None) -> None:
-        """Run a blocking call that the engine kept (``Engine.kept``: its latency path),
-        ``kept(seq, deadline, timeout_text, *args)``, as ``run`` would (``_execute``), but with
-        no OpContext, no body closure and no engine dispatch (~1.4 us of a 4 B all_reduce's
-        ~5.2 us of Python, issue 40). Behind other operations it is queued like any call."""
-        queue = self._queue
-        seq = queue.claim()
-        if seq is None:
-            self.run(spec, lambda ctx: kept(ctx.seq, ctx.deadline, ctx.timeout_text, *args), outputs, False,
-                     timeout=timeout)
-            return
-        try:
-            self._execute(seq, spec, self._trace.begin(spec, seq), outputs, timeout, kept, args)
-        finally:
-            queue.release()
-
-    def _started(self, seq: int, spec: OpSpec, body: Callable[[OpContext], str | None], outputs: list[Buffer],
+    def _started(self, seq: int, spec: OpSpec, call: Callable[..., str | None], args: tuple, outputs: list[Buffer],
                  entry: Any, timeout: float | None) -> None:
         """A queued operation's turn: the recorder told it started, then ``_execute``."""
         self._trace.started(entry, seq)
-        self._execute(seq, spec, entry, outputs, timeout, _in_context, (spec, body))
+        self._execute(seq, spec, entry, outputs, timeout, call, args)
 
     def _execute(self, seq: int, spec: OpSpec, entry: Any, outputs: list[Buffer], timeout: float | None,
                  call: Callable[..., str | None], args: tuple) -> None:
-        """Run operation ``seq`` (its recorder ``entry`` started) as ``call(seq, deadline,
-        timeout_text, *args)``, within the group's timeout or ``timeout`` seconds, then write
-        the staged ``outputs`` back; the progress board, the desync record and the recorder
-        told. A failure takes the group's FailurePath: the error itself, or the group's
-        failure it stands for, is recorded and raised."""
+        """Run operation ``seq`` (its recorder ``entry`` started) as ``call(ctx, *args)``,
+        within the group's timeout or ``timeout`` seconds, then write the staged ``outputs``
+        back; the progress board, the desync record and the recorder told. A failure takes
+        the group's FailurePath: the error itself, or the group's failure it stands for, is
+        recorded and raised."""
         try:
             if self._progress is not None:
                 self._progress.started(self.group_id, seq, spec.name)
@@ -173,7 +158,7 @@ class ProcessGroup:
                 deadline, text = Deadline(_deadline.now() + self._timeout), self._timeout_text
             else:
                 deadline, text = Deadline(_deadline.now() + timeout), timed_out_waiting(timeout)
-            algorithm = call(seq, deadline, text, *args)
+            algorithm = call(OpContext(spec.name, seq, deadline, text, spec), *args)
             for buffer in outputs:
                 if buffer.staged:
                     buffer.write_back()
@@ -195,8 +180,3 @@ class ProcessGroup:
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name} ranks={self._ranks} rank={self._rank}>"
 
-
-def _in_context(seq: int, deadline: Deadline, timeout_text: str, spec: OpSpec,
-                body: Callable[[OpContext], str | None]) -> str | None:
-    """A general operation's ``body`` called as ``_execute`` calls a kept one: with its OpContext."""
-    return body(OpContext(spec.name, seq, deadline, timeout_text, spec))

@@ -77,9 +77,6 @@ class Arena:
                       for p in (0, 1)]
         self._typed: dict[np.dtype, list[list[np.ndarray]]] = {}
         self._slot_cache: dict[tuple, list[np.ndarray] | np.ndarray] = {}
-        #: what algorithms bind to this arena once and reuse call after call (their latency
-        #: paths, with the slot views they read), by the algorithm's own key; bounded by it
-        self.bound: dict[tuple, Callable] = {}
         self.phase = self._words[self._line[index]]
         self._uses = 0
         self.alive: Callable[[], None] | None = None
@@ -96,7 +93,7 @@ class Arena:
         attached), drop this handle's views into it and unmap it."""
         # released: dropped so that the segment unmaps, never read again
         self._signal = self._words = self._slots = self._rows = None  # type: ignore[assignment]
-        self._typed, self._slot_cache, self.bound = {}, {}, {}
+        self._typed, self._slot_cache = {}, {}
         self.alive = None
         if self._keepalive is not None:
             self._keepalive.unlink()
