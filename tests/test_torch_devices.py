@@ -122,19 +122,19 @@ def test_asking_for_the_cuda_engine_before_it_exists_is_answered_once(caplog, mo
     tensors go instead, however many groups are made."""
     import logging
 
-    from pydist.torch import backend
-    backend.note_cuda_engine.cache_clear()
+    from pydist.torch import options
+    options.note_cuda_engine.cache_clear()
     with caplog.at_level(logging.WARNING, logger="pydist"):
-        backend.note_cuda_engine("gloo")
-        backend.note_cuda_engine("gloo")
+        options.note_cuda_engine("gloo")
+        options.note_cuda_engine("gloo")
     notes = [r.getMessage() for r in caplog.records if "PYDIST_CUDA_ENGINE" in r.getMessage()]
     assert len(notes) == 1 and "not available yet" in notes[0] and "go to gloo" in notes[0], notes
-    backend.note_cuda_engine.cache_clear()
+    options.note_cuda_engine.cache_clear()
 
 
 def _cuda_engine_noted(rank, size):
-    from pydist.torch import backend
-    return backend.note_cuda_engine.cache_info().currsize
+    from pydist.torch import options
+    return options.note_cuda_engine.cache_info().currsize
 
 
 @pytest.mark.slow

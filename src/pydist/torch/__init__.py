@@ -7,10 +7,12 @@ Then ``torch.distributed.init_process_group("pydist")``, every torch.distributed
 pydist's own DistributedDataParallel. torch's env:// rendezvous also reads mpiexec's, srun's
 and submitit's variables where torch's own are missing (see env_rendezvous).
 """
-from .backend import Options, ProcessGroupPydist, create_process_group, register
+from .backend import ProcessGroupPydist
 from .elastic import Elastic
 from .env_rendezvous import install as _install_env_rendezvous
 from .grow import admit_joiners
+from .options import Options
+from .registration import create_process_group, register
 from .shrink import shrink_group
 
 register()

@@ -1,26 +1,22 @@
-"""The torch.distributed plugin: a ``torch.distributed.ProcessGroup`` subclass over pydist.
+"""The torch.distributed plugin: ``ProcessGroupPydist``, a ``torch.distributed.ProcessGroup``
+subclass over pydist (registered, and made for each torch group, by registration).
 
-torch calls the backend's creator for every group it makes (the default group and each
-new_group); each gets a private pydist World, with a transport of its own (like gloo's per-group
-connections), met through torch's store. With ``pg_options=pydist.torch.Options("mpi")``,
-``pg_options="mpi"`` or the environment variable PYDIST_BACKEND=mpi, the group runs on
-pydist's MPI backend instead (under mpiexec; torch's rank must be MPI's, the store is used
-only by torch's rendezvous; a new_group without pg_options follows the default group). The
-``mpi://`` init_method rendezvouses through MPI (rank and world size from MPI.COMM_WORLD,
-a TCPStore hosted by rank 0). Every method maps
-torch's call (tensor lists, option objects) onto pydist's operations with ``async_op=True``
-and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping pydist's Work), so
-torch's own async handling, DDP's bucketing and ``wait()`` work unchanged. Tensors on another
-device (CUDA) go to the torch backend the group made for it ("cpu:pydist,cuda:gloo",
-``Options(cuda=...)``, PYDIST_CUDA: see devices), else are refused with a clear error at the
-call. torch's functional collectives (DTensor, FSDP2) reach this
-backend through the same methods. While torch's profiler runs, each operation records an
-event "pydist:<op>" named as gloo names its own (see _profiling).
+Each group gets a private pydist World, with a transport of its own (like gloo's per-group
+connections), met through torch's store, on the engine its options chose (options). Every
+method maps torch's call (tensor lists, option objects) onto pydist's operations with
+``async_op=True`` and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping
+pydist's Work), so torch's own async handling, DDP's bucketing and ``wait()`` work
+unchanged; torch's blocking calls, which wait at once, run the operation in the waiting
+thread (groups.process_group: QueuedWork). Tensors on another device (CUDA) go to the torch
+backend the group made for it ("cpu:pydist,cuda:gloo", ``Options(cuda=...)``, PYDIST_CUDA:
+see devices), else are refused with a clear error at the call. torch's functional
+collectives (DTensor, FSDP2) reach this backend through the same methods. While torch's
+profiler runs, each operation records an event "pydist:<op>" named as gloo names its own
+(see _profiling).
 """
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -31,14 +27,11 @@ import torch.distributed as tdist
 import pydist
 
 from ..api.groups import timeout_seconds
-from ..api.grow import join_standalone
 from ..core.ops import RedOpType, ReduceOp
-from ..core.settings import settings
 from ..groups.factory import leave, standalone_mpi_world, standalone_world
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from ..groups.world import World
-from ._group_count import agree_group_count
 from ._profiling import (
     all_reduce_title,
     first_argument,
@@ -50,116 +43,12 @@ from ._profiling import (
     single_input,
 )
 from ._store import TorchStore
-from .devices import backend_string_map, device_of, forward, make_backend, other_devices, tensors_in
+from .devices import device_of, forward, tensors_in
 from .work import PydistWork
 
 BACKEND_NAME = "pydist"
-ENGINES = ("pydist", "mpi")
-CUDA_CHOICES = ("pydist", "gloo", "nccl")
 STAGED_P2P = ("send", "recv", "recv_anysource")  # pydist runs these through host memory rather than gloo
 Method = TypeVar("Method", bound=Callable[..., Any])
-_default: dict[str, str] = {}  # the latest default group's engine and cuda choice, followed by its new_groups
-
-
-class Options:
-    """torch's ``pg_options`` for the "pydist" backend: ``engine`` is "pydist" (native) or "mpi";
-    ``cuda`` the backend of CUDA tensors where the backend string names none: "gloo" or "nccl"
-    (a torch backend the group makes beside pydist) or "pydist"; None: PYDIST_CUDA."""
-
-    def __init__(self, engine: str = "pydist", cuda: str | None = None):
-        self.engine = _check_engine(engine, "Options(engine)")
-        if cuda is not None and (not isinstance(cuda, str) or cuda.lower() not in CUDA_CHOICES):
-            raise ValueError(f"Options(cuda): expected one of {', '.join(CUDA_CHOICES)} or None, got {cuda!r}")
-        self.cuda = cuda.lower() if cuda is not None else None
-
-    def __repr__(self) -> str:
-        return f"pydist.torch.Options({self.engine!r}, cuda={self.cuda!r})"
-
-
-def _check_engine(name: Any, what: str) -> str:
-    if not isinstance(name, str) or name.lower() not in ENGINES:
-        raise ValueError(f"{what}: {name!r} is not a pydist backend; expected one of {', '.join(ENGINES)}")
-    return name.lower()
-
-
-def _engine(options: Any, default_group: bool) -> str:
-    """The engine a group runs on: its ``pg_options``, else (a new_group) the default group's,
-    else PYDIST_BACKEND, else the native one."""
-    if isinstance(options, Options):
-        return options.engine
-    if isinstance(options, str):
-        return _check_engine(options, "pg_options")
-    if options is not None:
-        raise TypeError(f"pg_options: expected pydist.torch.Options or a backend name, got {type(options).__name__}")
-    if not default_group and "engine" in _default:
-        return _default["engine"]
-    return settings().backend
-
-
-_log = logging.getLogger("pydist")
-
-
-@functools.cache
-def note_cuda_engine(cuda: str) -> None:
-    """Once per process: PYDIST_CUDA_ENGINE=1 asks for pydist's own CUDA engine, which is not
-    wired in (issue 38: its pieces wait for their GPU checks); say where CUDA tensors go."""
-    _log.warning("pydist: PYDIST_CUDA_ENGINE=1 is set, but pydist's own CUDA engine is not available yet "
-                 "(its GPU checks have not run); CUDA tensors go to %s (PYDIST_CUDA, or the backend string)", cuda)
-
-
-def _cuda_choice(options: Any, default_group: bool) -> str:
-    """The backend of a group's CUDA tensors where its backend string names none: its
-    ``pg_options``, else (a new_group) the default group's, else PYDIST_CUDA."""
-    if isinstance(options, Options) and options.cuda is not None:
-        return options.cuda
-    if not default_group and "cuda" in _default:
-        return _default["cuda"]
-    return settings().cuda
-
-
-def register() -> None:
-    """Register "pydist" with torch.distributed, and the ``mpi://`` rendezvous (idempotent)."""
-    if BACKEND_NAME.upper() not in tdist.Backend._plugins:
-        tdist.Backend.register_backend(BACKEND_NAME, _create_extended, extended_api=True, devices=["cpu"])
-        from ..engines._mpi_init_method import register as register_rendezvous
-        register_rendezvous()
-
-
-def create_process_group(store, rank: int, size: int, timeout: timedelta, options: Any = None,
-                         global_ranks: list[int] | None = None) -> ProcessGroupPydist:
-    """A torch ProcessGroup over pydist: (prefix store, group rank, group size, timeout);
-    ``options``: see Options; ``global_ranks``: the members' world ranks (None: the world).
-    In a replacement (PYDIST_JOIN=1) the default group joins the running job (torch.grow)."""
-    default_group = not global_ranks
-    engine = _engine(options, default_group)
-    cuda = _cuda_choice(options, default_group)
-    named = backend_string_map()
-    devices = other_devices(named, cuda)
-    if settings().cuda_engine:
-        note_cuda_engine((named or {}).get("cuda", cuda))
-    if default_group and engine == "pydist" and settings().join:  # a replacement joins the running job
-        if devices:
-            raise ValueError(f"init_process_group: a replacement rank (PYDIST_JOIN=1) runs on pydist only; "
-                             f"its group cannot make {devices} beside it")
-        world = join_standalone(TorchStore(store), timeout.total_seconds())
-        joined = world.default_group
-        assert joined is not None
-        group = ProcessGroupPydist(None, joined.rank(), joined.size(), timeout, engine, world=world)
-        agree_group_count(world)
-    else:
-        group = ProcessGroupPydist(store, rank, size, timeout, engine, global_ranks)
-        group_store = getattr(store, "underlying_store", store)  # torch's "cpu/" prefix off: make_backend adds its own
-        for device, name in devices.items():
-            group.attach(device, make_backend(name, device, group_store, rank, size, timeout))
-    if default_group:
-        _default.update(engine=engine, cuda=cuda)
-    return group
-
-
-def _create_extended(opts, options: Any) -> ProcessGroupPydist:
-    """torch's extended creator: _DistributedBackendOptions and the group's pg_options."""
-    return create_process_group(opts.store, opts.group_rank, opts.group_size, opts.timeout, options,
-                                list(opts.global_ranks_in_group or []))
 
 
 def _job_position(rank: int, size: int, global_ranks: list[int] | None) -> tuple[int, int]:
