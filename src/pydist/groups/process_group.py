@@ -118,7 +118,10 @@ class ProcessGroup:
         """Execute the call ``spec`` describes, ``call(ctx, *args)`` with its OpContext (an
         engine's method: ``engine.all_reduce``, and its arguments), in order with the
         others; Work when async, else None after it ends. ``timeout`` (seconds) narrows the
-        group's timeout for this operation."""
+        group's timeout for this operation. On an idle group a blocking call runs now in this
+        thread; an async one is queued, and a ``wait()`` (without a timeout) that comes
+        before the progress thread took it runs it in the waiting thread instead
+        (``OpQueue.run_if_next``): torch's blocking calls, async underneath, take no thread hop."""
         queue = self._queue
         seq = None if async_op else queue.claim()
         if seq is not None:  # the latency path: run now in this thread, no Work
@@ -128,8 +131,8 @@ class ProcessGroup:
                 queue.release()
             return None
         entry = self._trace.queued(spec, async_op)
-        work = Work(f"{spec.name} on group {self.group_name}",
-                    results if results is not None else [b.obj for b in outputs])
+        work = QueuedWork(f"{spec.name} on group {self.group_name}",
+                          results if results is not None else [b.obj for b in outputs], queue)
         queue.submit(lambda seq: self._started(seq, spec, call, args, outputs, entry, timeout), work,
                      blocking=not async_op)
         if async_op:
@@ -180,3 +183,17 @@ class ProcessGroup:
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name} ranks={self._ranks} rank={self._rank}>"
 
+
+class QueuedWork(Work):
+    """The Work of a queued operation: ``wait()`` without a timeout runs the operation in the
+    waiting thread when it is next in line and the group idle (it would only wait for the
+    progress thread to do the same); with a timeout it waits as any Work."""
+
+    def __init__(self, description: str, outputs: list[Any], queue: OpQueue):
+        super().__init__(description, outputs)
+        self._queue = queue
+
+    def wait(self, timeout: Any = None) -> bool:
+        if timeout is None and not self._done:
+            self._queue.run_if_next(self)
+        return super().wait(timeout)

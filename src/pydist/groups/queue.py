@@ -2,7 +2,8 @@
 
 A blocking operation on an idle group runs inline in the caller's thread (the latency
 path). Anything else (async operations, operations issued while others are queued or
-running) goes into a FIFO served by the group's progress thread, started on first need.
+running) goes into a FIFO served by the group's progress thread, started on first need, or
+by a thread waiting on its Work that finds it next in line on an idle group (run_if_next).
 Completing a Work here only marks it done: its callbacks run on the callback runner
 (callbacks), so one that waits on another operation of this group does not stall it.
 
@@ -83,6 +84,17 @@ class OpQueue:
             self._busy = False
             if self._pending or self._drainers:
                 self._cond.notify_all()
+
+    def run_if_next(self, work: Work) -> None:
+        """The waiter's path: when ``work``'s operation is the next queued and the group is
+        idle, run it now in this thread (as the progress thread would: in order, its error
+        delivered through ``work``); else nothing (the progress thread runs it)."""
+        with self._lock:
+            if self._busy or not self._pending or self._pending[0][2] is not work:
+                return
+            seq, operation, _ = self._pending.popleft()
+            self._busy = True
+        self._execute_and_release(seq, operation, work)
 
     def _destroyed_error(self) -> DistBackendError:
         return DistBackendError(f"process group {self.name} has been destroyed")

@@ -1,0 +1,106 @@
+"""A queued operation whose Work is waited on at once runs in the waiting thread (issue 49:
+torch's blocking calls reach pydist async, then wait): in issue order, its error on its
+Work, and never while an operation queued ahead of it has not run. An async call still
+never waits for its peers in the caller's thread."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import pydist as dist
+from pydist.core.errors import DistBackendError
+from pydist.groups.process_group import QueuedWork
+from pydist.groups.queue import OpQueue
+from pydist.testing import run_threads
+
+
+@pytest.fixture
+def queue(monkeypatch) -> OpQueue:
+    """A queue whose progress thread never starts: only waiters run its operations."""
+    monkeypatch.setattr(OpQueue, "_start_thread", lambda self: None)
+    return OpQueue("test")
+
+
+def _submit(queue: OpQueue, ran: list, name: str, error: BaseException | None = None) -> QueuedWork:
+    def operation(seq: int) -> None:
+        ran.append((name, seq, threading.current_thread()))
+        if error is not None:
+            raise error
+    work = QueuedWork(name, [], queue)
+    queue.submit(operation, work, blocking=False)
+    return work
+
+
+def test_a_wait_runs_the_next_queued_operation_in_the_waiting_thread(queue):
+    ran: list = []
+    work = _submit(queue, ran, "first")
+    assert ran == [] and not work.is_completed()
+    assert work.wait() is True
+    assert ran == [("first", 1, threading.current_thread())] and work.is_success()
+    assert queue.drain(0) is True  # the group is idle again
+
+
+def test_a_wait_never_runs_an_operation_before_those_queued_ahead(queue):
+    ran: list = []
+    first, second = _submit(queue, ran, "first"), _submit(queue, ran, "second")
+    queue.run_if_next(second)
+    assert ran == []  # not next: left where it is
+    first.wait()
+    second.wait()
+    assert [(name, seq) for name, seq, _ in ran] == [("first", 1), ("second", 2)]
+
+
+def test_a_wait_with_a_timeout_leaves_the_operation_queued(queue):
+    ran: list = []
+    work = _submit(queue, ran, "first")
+    with pytest.raises(DistBackendError, match="Work.wait timed out after 0.05 s; first is still running"):
+        work.wait(timeout=0.05)
+    assert ran == [] and not work.is_completed()
+    work.wait()
+    assert len(ran) == 1
+
+
+def test_the_error_of_an_operation_its_waiter_ran_lands_on_its_work(queue):
+    ran: list = []
+    failing = _submit(queue, ran, "failing", ValueError("boom"))
+    with pytest.raises(ValueError, match="boom"):
+        failing.wait()
+    assert failing.is_completed() and not failing.is_success() and isinstance(failing.exception(), ValueError)
+    after = _submit(queue, ran, "after")
+    assert after.wait() is True  # the queue was released
+
+
+def _async_then_wait(rank, size):
+    buf = np.full(3, rank + 1.0)
+    work = dist.all_reduce(buf, async_op=True)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (work.wait(), done.set()), daemon=True)
+    waiter.start()
+    return done.wait(30), buf.tolist()
+
+
+def test_an_async_collective_completes_by_its_wait_without_the_progress_thread(monkeypatch):
+    monkeypatch.setattr(OpQueue, "_start_thread", lambda self: None)
+    assert run_threads(2, _async_then_wait, transport="tcp") == [(True, [3.0] * 3)] * 2
+
+
+def _crossed(rank, size):
+    """Rank 0 starts an async all_reduce on group a, then a blocking one on group b; rank 1
+    calls b first, then a. The async call must not wait for rank 1 in rank 0's thread
+    (torch's backends run async calls off the caller's thread: gloo's worker, NCCL's stream)."""
+    a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
+    first, second = np.full(2, rank + 1.0), np.full(2, 10.0 * (rank + 1))
+    if rank == 0:
+        work = dist.all_reduce(first, group=a, async_op=True)
+        dist.all_reduce(second, group=b)
+        work.wait()
+    else:
+        dist.all_reduce(second, group=b)
+        dist.all_reduce(first, group=a)
+    return first.tolist(), second.tolist()
+
+
+def test_an_async_collective_does_not_wait_for_peers_in_the_callers_thread():
+    assert run_threads(2, _crossed, transport="tcp", pg_timeout=30) == [([3.0] * 2, [30.0] * 2)] * 2
