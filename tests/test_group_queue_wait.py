@@ -42,14 +42,31 @@ def test_a_wait_runs_the_next_queued_operation_in_the_waiting_thread(queue):
     assert queue.drain(0) is True  # the group is idle again
 
 
-def test_a_wait_never_runs_an_operation_before_those_queued_ahead(queue):
+def test_a_wait_runs_the_operations_queued_ahead_first_and_none_behind(queue):
     ran: list = []
-    first, second = _submit(queue, ran, "first"), _submit(queue, ran, "second")
-    queue.run_if_next(second)
-    assert ran == []  # not next: left where it is
-    first.wait()
+    first, second, third = (_submit(queue, ran, name) for name in ("first", "second", "third"))
     second.wait()
     assert [(name, seq) for name, seq, _ in ran] == [("first", 1), ("second", 2)]
+    assert first.is_success() and not third.is_completed()
+    third.wait()
+    assert [seq for _, seq, _ in ran] == [1, 2, 3]
+
+
+def test_a_wait_runs_nothing_while_another_thread_runs_an_operation(queue):
+    ran: list = []
+    running, finish = threading.Event(), threading.Event()
+    first = QueuedWork("first", [], queue)
+    queue.submit(lambda seq: (running.set(), finish.wait(30)), first, blocking=False)
+    second = _submit(queue, ran, "second")
+    runner = threading.Thread(target=first.wait)
+    runner.start()
+    assert running.wait(30)
+    queue.run_through(second)  # the group is busy: nothing to run here
+    assert ran == []
+    finish.set()
+    runner.join(30)
+    second.wait()
+    assert [name for name, _, _ in ran] == ["second"]
 
 
 def test_a_wait_with_a_timeout_leaves_the_operation_queued(queue):
@@ -70,6 +87,38 @@ def test_the_error_of_an_operation_its_waiter_ran_lands_on_its_work(queue):
     assert failing.is_completed() and not failing.is_success() and isinstance(failing.exception(), ValueError)
     after = _submit(queue, ran, "after")
     assert after.wait() is True  # the queue was released
+
+
+def _lazy_queue(monkeypatch) -> tuple[OpQueue, list]:
+    """A queue whose first operation its waiter ran (no progress thread yet): lazy."""
+    queue, ran = OpQueue("lazy"), []
+    with monkeypatch.context() as patch:
+        patch.setattr(OpQueue, "_start_thread", lambda self: None)
+        _submit(queue, ran, "waited").wait()
+    assert queue._lazy and ran[0][2] is threading.current_thread()
+    return queue, ran
+
+
+def test_an_operation_nobody_waits_on_starts_by_itself_after_waiters_ran_others(monkeypatch):
+    queue, ran = _lazy_queue(monkeypatch)
+    alone = _submit(queue, ran, "alone")  # starts the progress thread; lazy: it looks by itself
+    assert alone.wait(timeout=30) is True  # (with a timeout: not run by this thread)
+    assert ran[-1][0] == "alone" and ran[-1][2] is not threading.current_thread()
+    assert not queue._lazy  # nobody waited on it: submissions wake the progress thread again
+    queue.close(5)
+
+
+def test_a_lazy_progress_thread_sleeps_until_woken_after_idle_looks(monkeypatch):
+    monkeypatch.setattr("pydist.groups.queue.IDLE_POLLS", 3)
+    queue, ran = _lazy_queue(monkeypatch)
+    queue._start_thread()
+    for _ in range(3000):  # three empty looks (1 ms each) end the lazy mode; generous on a busy machine
+        if not queue._lazy:
+            break
+        threading.Event().wait(0.01)
+    assert not queue._lazy
+    assert _submit(queue, ran, "woken").wait(timeout=30) is True  # woken at its submission
+    queue.close(5)
 
 
 def _async_then_wait(rank, size):

@@ -12,6 +12,7 @@ groups.factory, never directly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..core import deadline as _deadline
@@ -121,7 +122,7 @@ class ProcessGroup:
         group's timeout for this operation. On an idle group a blocking call runs now in this
         thread; an async one is queued, and a ``wait()`` (without a timeout) that comes
         before the progress thread took it runs it in the waiting thread instead
-        (``OpQueue.run_if_next``): torch's blocking calls, async underneath, take no thread hop."""
+        (``OpQueue.run_through``): torch's blocking calls, async underneath, take no thread hop."""
         queue = self._queue
         seq = None if async_op else queue.claim()
         if seq is not None:  # the latency path: run now in this thread, no Work
@@ -133,15 +134,14 @@ class ProcessGroup:
         entry = self._trace.queued(spec, async_op)
         work = QueuedWork(f"{spec.name} on group {self.group_name}",
                           results if results is not None else [b.obj for b in outputs], queue)
-        queue.submit(lambda seq: self._started(seq, spec, call, args, outputs, entry, timeout), work,
-                     blocking=not async_op)
+        queue.submit(partial(self._started, spec, call, args, outputs, entry, timeout), work, blocking=not async_op)
         if async_op:
             return work
         work.wait()
         return None
 
-    def _started(self, seq: int, spec: OpSpec, call: Callable[..., str | None], args: tuple, outputs: list[Buffer],
-                 entry: Any, timeout: float | None) -> None:
+    def _started(self, spec: OpSpec, call: Callable[..., str | None], args: tuple, outputs: list[Buffer],
+                 entry: Any, timeout: float | None, seq: int) -> None:
         """A queued operation's turn: the recorder told it started, then ``_execute``."""
         self._trace.started(entry, seq)
         self._execute(seq, spec, entry, outputs, timeout, call, args)
@@ -185,9 +185,10 @@ class ProcessGroup:
 
 
 class QueuedWork(Work):
-    """The Work of a queued operation: ``wait()`` without a timeout runs the operation in the
-    waiting thread when it is next in line and the group idle (it would only wait for the
-    progress thread to do the same); with a timeout it waits as any Work."""
+    """The Work of a queued operation: ``wait()`` without a timeout runs the queued
+    operations up to this one in the waiting thread while the group is idle
+    (``OpQueue.run_through``: it would only wait for the progress thread to do the same);
+    with a timeout it waits as any Work."""
 
     def __init__(self, description: str, outputs: list[Any], queue: OpQueue):
         super().__init__(description, outputs)
@@ -195,5 +196,5 @@ class QueuedWork(Work):
 
     def wait(self, timeout: Any = None) -> bool:
         if timeout is None and not self._done:
-            self._queue.run_if_next(self)
+            self._queue.run_through(self)
         return super().wait(timeout)

@@ -3,7 +3,12 @@
 A blocking operation on an idle group runs inline in the caller's thread (the latency
 path). Anything else (async operations, operations issued while others are queued or
 running) goes into a FIFO served by the group's progress thread, started on first need, or
-by a thread waiting on its Work that finds it next in line on an idle group (run_if_next).
+by a thread that waits on one of them: on an idle group the waiter runs the queued
+operations up to its own (run_through), as the progress thread would. While waiters run
+them (torch's blocking calls arrive async, then wait at once), a submission does not wake
+the progress thread, which then looks every POLL_SECONDS instead (lazy): each wake would
+cost such a call a thread switch. An operation nobody waits on still starts within
+POLL_SECONDS, and at once again from then on; IDLE_POLLS empty looks end the lazy mode.
 Completing a Work here only marks it done: its callbacks run on the callback runner
 (callbacks), so one that waits on another operation of this group does not stall it.
 
@@ -25,6 +30,12 @@ from .work import Work
 
 Operation = Callable[[int], int | None]  # run(seq) -> source rank or None
 
+#: how often a lazy progress thread looks for operations nobody waits on (see the module's
+#: docstring): the most an async call waits to start after blocking calls were run by their
+#: waiters; and how many empty looks in a row make it sleep until woken again
+POLL_SECONDS = 0.001
+IDLE_POLLS = 100
+
 
 class OpQueue:
     """FIFO of one group's operations with an inline fast path; ``state``: the group's
@@ -34,7 +45,10 @@ class OpQueue:
         self.name = name
         self.state = state if state is not None else GroupState()
         self._lock = threading.Lock()  # taken directly on the latency path (cheaper than the Condition)
-        self._cond = threading.Condition(self._lock)
+        self._cond = threading.Condition(self._lock)  # drainers wait on it
+        self._ready = threading.Condition(self._lock)  # the progress thread waits on it
+        self._lazy = False  # waiters run the operations: submissions do not wake the progress thread
+        self._queued = 0  # operations queued so far (the lazy progress thread's sign of activity)
         self._pending: deque[tuple[int, Operation, Work]] = deque()
         self._busy = False
         self._drainers = 0  # threads in drain: release wakes them (the latency path skips the notify otherwise)
@@ -53,8 +67,10 @@ class OpQueue:
                 self._busy = True
             else:
                 self._pending.append((seq, operation, work))
+                self._queued += 1
                 self._start_thread()
-                self._cond.notify_all()
+                if not self._lazy:
+                    self._ready.notify()
         if inline:
             self._execute_and_release(seq, operation, work)
         return work
@@ -82,19 +98,29 @@ class OpQueue:
         (destroy, a world's close, a shrink) waiting for it returns."""
         with self._lock:
             self._busy = False
-            if self._pending or self._drainers:
+            if self._pending:
+                self._ready.notify()
+            if self._drainers:
                 self._cond.notify_all()
 
-    def run_if_next(self, work: Work) -> None:
-        """The waiter's path: when ``work``'s operation is the next queued and the group is
-        idle, run it now in this thread (as the progress thread would: in order, its error
-        delivered through ``work``); else nothing (the progress thread runs it)."""
-        with self._lock:
-            if self._busy or not self._pending or self._pending[0][2] is not work:
+    def run_through(self, work: Work) -> None:
+        """The waiter's path: while the group is idle and ``work`` is not done (so its
+        operation is still queued), run the next queued operation in this thread: the
+        waiter blocks until its own is done, which needs those ahead of it. In order, as
+        the progress thread would, each error delivered through its own Work; nothing when
+        another thread is running one (the progress thread goes on with the queue)."""
+        while True:
+            with self._lock:
+                if self._busy or not self._pending or work.is_completed():
+                    return
+                seq, operation, queued = self._pending.popleft()
+                self._busy = True
+                if not self._lazy:  # the progress thread sleeps until woken: make it look by itself
+                    self._lazy = True
+                    self._ready.notify()
+            self._execute_and_release(seq, operation, queued)
+            if queued is work:
                 return
-            seq, operation, _ = self._pending.popleft()
-            self._busy = True
-        self._execute_and_release(seq, operation, work)
 
     def _destroyed_error(self) -> DistBackendError:
         return DistBackendError(f"process group {self.name} has been destroyed")
@@ -121,14 +147,20 @@ class OpQueue:
             work._succeed(source)
 
     def _serve(self) -> None:
+        empty, seen = 0, self._queued  # looks in a row during which nothing was queued, while lazy
         while True:
-            with self._cond:
+            with self._lock:
                 while self.state.state is not DESTROYED and (self._busy or not self._pending):
-                    self._cond.wait()
+                    if not self._lazy:
+                        self._ready.wait()
+                    elif not self._ready.wait(POLL_SECONDS):
+                        empty, seen = (empty + 1 if self._queued == seen else 0), self._queued
+                        if empty >= IDLE_POLLS:
+                            self._lazy = False
                 if not self._pending:
                     return
                 seq, operation, work = self._pending.popleft()
-                self._busy = True
+                self._busy, self._lazy, empty = True, False, 0  # one nobody ran: wake at once again
             self._execute_and_release(seq, operation, work)
 
     def _execute_and_release(self, seq: int, operation: Operation, work: Work) -> None:
@@ -138,7 +170,10 @@ class OpQueue:
         finally:
             with self._cond:
                 self._busy = False
-                self._cond.notify_all()
+                if self._drainers:
+                    self._cond.notify_all()
+                if self._pending:
+                    self._ready.notify()
 
     def drain(self, timeout: float | None) -> bool:
         """Wait until nothing is queued or running; True when idle."""
@@ -161,6 +196,7 @@ class OpQueue:
         with self._cond:
             self.state.destroy()
             self._cond.notify_all()
+            self._ready.notify_all()
             leftover = list(self._pending)
             self._pending.clear()
         for seq, _operation, work in leftover:
