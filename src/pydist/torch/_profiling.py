@@ -22,7 +22,7 @@ from .work import PydistWork
 Method = TypeVar("Method", bound=Callable[..., Any])
 Title = str | Callable[[list[torch.Tensor]], str]
 
-_profiler_enabled = torch._C._autograd._profiler_enabled
+profiler_enabled = torch._C._autograd._profiler_enabled
 
 
 def _recorded(tensor: torch.Tensor) -> torch.Tensor:
@@ -37,21 +37,29 @@ def profiled(title: Title, inputs: Callable[..., list[torch.Tensor]]) -> Callabl
     def decorate(method: Method) -> Method:
         @functools.wraps(method)
         def run(self, *args: Any, **kwargs: Any) -> Any:
-            if not _profiler_enabled():
+            if not profiler_enabled():
                 return method(self, *args, **kwargs)
-            tensors = inputs(self, *args)
-            name = title if isinstance(title, str) else title(tensors)
-            record = torch._C._autograd._record_function_with_args_enter(
-                f"{self.profiling_name}:{name}", *(_recorded(t) for t in tensors))
-            try:
-                work: PydistWork = method(self, *args, **kwargs)
-            except BaseException:
-                torch._C._autograd._record_function_with_args_exit(record)
-                raise
-            work.end_record_when_done(record)
-            return work
+            return call_recorded(self, title, inputs, method, args, kwargs)
         return run  # type: ignore[return-value]
     return decorate
+
+
+def call_recorded(group: Any, title: Title, inputs: Callable[..., list[torch.Tensor]], method: Callable[..., Any],
+                  args: tuple, kwargs: dict[str, Any] | None = None) -> Any:
+    """``method(group, *args, **kwargs)`` recorded as the event "<group.profiling_name>:<title>"
+    over ``inputs(group, *args)``, ended when its Work completes (the profiler is running)."""
+    kwargs = kwargs or {}
+    tensors = inputs(group, *args)
+    name = title if isinstance(title, str) else title(tensors)
+    record = torch._C._autograd._record_function_with_args_enter(
+        f"{group.profiling_name}:{name}", *(_recorded(t) for t in tensors))
+    try:
+        work: PydistWork = method(group, *args, **kwargs)
+    except BaseException:
+        torch._C._autograd._record_function_with_args_exit(record)
+        raise
+    work.end_record_when_done(record)
+    return work
 
 
 def first_argument(_group: Any, tensors: list[torch.Tensor], *_rest: Any) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ profiler runs, each operation records an event "pydist:<op>" named as gloo names
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -33,11 +33,14 @@ from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from ..groups.world import World
 from ._profiling import (
+    Title,
     all_reduce_title,
+    call_recorded,
     first_argument,
     first_input_list,
     no_inputs,
     profiled,
+    profiler_enabled,
     scattered,
     second_argument,
     single_input,
@@ -60,11 +63,24 @@ def _job_position(rank: int, size: int, global_ranks: list[int] | None) -> tuple
     return global_ranks[rank], tdist.get_world_size() if tdist.is_initialized() else max(global_ranks) + 1
 
 
+#: torch's RedOpType -> pydist's ReduceOp, for the ops without a factor (a few values)
+_OPS: dict[Any, ReduceOp] = {}
+
+
 def _op(reduce_op: Any) -> ReduceOp:
     """torch's ReduceOp (with PREMUL_SUM's factor) as pydist's."""
     kind = getattr(reduce_op, "op", reduce_op)
+    try:
+        return _OPS[kind]
+    except (KeyError, TypeError):  # (TypeError: a kind torch made unhashable)
+        pass
     op = ReduceOp(RedOpType[kind.name] if hasattr(kind, "name") else RedOpType(int(kind)))
-    if op.op == RedOpType.PREMUL_SUM:
+    if op.op != RedOpType.PREMUL_SUM:
+        try:
+            _OPS[kind] = op
+        except TypeError:
+            pass
+    else:
         factor = getattr(reduce_op, "factor", None)
         if factor is None:
             raise RuntimeError(f"PREMUL_SUM: this torch ({torch.__version__}) does not show the factor of a "
@@ -74,14 +90,37 @@ def _op(reduce_op: Any) -> ReduceOp:
     return op
 
 
-def routed(method: Method) -> Method:
-    """Run the call on the group's torch backend for its tensors' device when they are not on
-    the CPU (see ProcessGroupPydist.route), else on pydist."""
-    @functools.wraps(method)
-    def run(self, *args: Any) -> Any:
-        backend = self.route(method.__name__, args)
-        return method(self, *args) if backend is None else forward(backend, method.__name__, args)
-    return run  # type: ignore[return-value]
+def operation(title: Title, inputs: Callable[..., list[torch.Tensor]]) -> Callable[[Method], Method]:
+    """Decorate a collective or point-to-point method: run the call on the group's torch
+    backend for its tensors' device when they are not all on the CPU (see
+    ProcessGroupPydist.route), else on pydist, recorded as a profiler event while torch's
+    profiler runs (see _profiling: ``title``, ``inputs``). One wrapper: every call of torch
+    code pays it."""
+    def decorate(method: Method) -> Method:
+        name = method.__name__
+
+        @functools.wraps(method)
+        def run(self, *args: Any) -> Any:
+            if not _on_cpu(args):
+                backend = self.route(name, args)
+                if backend is not None:
+                    return forward(backend, name, args)
+            if profiler_enabled():
+                return call_recorded(self, title, inputs, method, args)
+            return method(self, *args)
+        return run  # type: ignore[return-value]
+    return decorate
+
+
+def _on_cpu(args: Iterable[Any]) -> bool:
+    """Every tensor in an operation's arguments (lists of them, lists of lists) is on the CPU."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            if not arg.is_cpu:
+                return False
+        elif isinstance(arg, (list, tuple)) and not _on_cpu(arg):
+            return False
+    return True
 
 
 def _member_work(work: Work | None) -> Work:
@@ -217,14 +256,12 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def _run(self, work, outputs: list) -> PydistWork:
         return PydistWork(work, outputs)
 
-    @routed
-    @profiled(all_reduce_title, first_argument)
+    @operation(all_reduce_title, first_argument)
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
         return self._run(pydist.all_reduce(tensors[0], op=op, group=self._group, async_op=True), tensors)
 
-    @routed
-    @profiled("all_reduce", first_argument)
+    @operation("all_reduce", first_argument)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         """One all_reduce of the tensors flattened together, then copied back."""
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
@@ -232,35 +269,30 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         work = pydist.all_reduce(flat, op=op, group=self._group, async_op=True)
         return PydistWork(work, tensors, after=lambda: _unflatten(flat, tensors))
 
-    @routed
-    @profiled("broadcast", first_argument)
+    @operation("broadcast", first_argument)
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         root = opts.rootRank if opts is not None else 0
         return self._run(pydist.broadcast(tensors[0], group=self._group, group_src=root, async_op=True), tensors)
 
-    @routed
-    @profiled("reduce", first_argument)
+    @operation("reduce", first_argument)
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         work = pydist.reduce(tensors[0], op=_op(opts.reduceOp), group=self._group, group_dst=opts.rootRank,
                              async_op=True)
         return self._run(work, tensors)
 
-    @routed
-    @profiled("all_gather", second_argument)
+    @operation("all_gather", second_argument)
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts=None) -> tdist.Work:
         work = pydist.all_gather(output_tensors[0], input_tensors[0], group=self._group, async_op=True)
         return self._run(work, output_tensors)
 
-    @routed
-    @profiled("all_gather", single_input)
+    @operation("all_gather", single_input)
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         return self._run(pydist.all_gather_into_tensor(output, input, group=self._group, async_op=True), [output])
 
     all_gather_single = _allgather_base
 
-    @routed
-    @profiled("all_gather", second_argument)
+    @operation("all_gather", second_argument)
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts=None) -> tdist.Work:
         """``output_lists[rank][j]`` receives ``input_list[j]`` of ``rank`` (torch's layout)."""
@@ -269,24 +301,21 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for j, inp in enumerate(input_list)]
         return PydistWork.all_of(works, output_lists)
 
-    @routed
-    @profiled("all_gather", second_argument)
+    @operation("all_gather", second_argument)
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
         works = [_member_work(pydist.all_gather_into_tensor(o, i, group=self._group, async_op=True))
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 
-    @routed
-    @profiled("reduce_scatter", first_input_list)
+    @operation("reduce_scatter", first_input_list)
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts=None) -> tdist.Work:
         work = pydist.reduce_scatter(outputs[0], input_lists[0], op=_op(opts.reduceOp), group=self._group,
                                      async_op=True)
         return self._run(work, outputs)
 
-    @routed
-    @profiled("reduce_scatter", single_input)
+    @operation("reduce_scatter", single_input)
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
         return self._run(pydist.reduce_scatter_tensor(output, input, op=op, group=self._group, async_op=True),
@@ -294,8 +323,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
-    @routed
-    @profiled("reduce_scatter", second_argument)
+    @operation("reduce_scatter", second_argument)
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
         op = _op(opts.reduceOp) if opts is not None else ReduceOp()
@@ -303,8 +331,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
 
-    @routed
-    @profiled("all_to_all", single_input)
+    @operation("all_to_all", single_input)
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts=None) -> tdist.Work:
         work = pydist.all_to_all_single(output, input, output_split_sizes or None, input_split_sizes or None,
@@ -313,15 +340,13 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
-    @routed
-    @profiled("all_to_all", second_argument)
+    @operation("all_to_all", second_argument)
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts=None) -> tdist.Work:
         return self._run(pydist.all_to_all(output_tensors, input_tensors, group=self._group, async_op=True),
                          output_tensors)
 
-    @routed
-    @profiled("gather", second_argument)
+    @operation("gather", second_argument)
     def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts=None) -> tdist.Work:
         root = opts.rootRank
@@ -329,8 +354,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         work = pydist.gather(input_tensors[0], outs, group=self._group, group_dst=root, async_op=True)
         return self._run(work, output_lists)
 
-    @routed
-    @profiled("gather", single_input)
+    @operation("gather", single_input)
     def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         """torch 2.14's gather into one tensor (``output``: the root's; an empty placeholder elsewhere)."""
         root = opts.rootRank if opts is not None else 0
@@ -338,8 +362,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                                     group_dst=root, async_op=True)
         return self._run(work, [output])
 
-    @routed
-    @profiled("scatter", scattered)
+    @operation("scatter", scattered)
     def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts=None) -> tdist.Work:
         root = opts.rootRank
@@ -353,19 +376,16 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     # -- point-to-point: on pydist, through host memory for another device's tensors where
     # that device's backend is gloo (gloo aborts the process on a CUDA send or recv) -------
-    @routed
-    @profiled("send", first_argument)
+    @operation("send", first_argument)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> tdist.Work:
         return self._run(pydist.isend(_on_host(tensors[0]), group=self._group, group_dst=dst, tag=tag), tensors)
 
-    @routed
-    @profiled("recv", first_argument)
+    @operation("recv", first_argument)
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> tdist.Work:
         host, after = _received_on_host(tensors[0])
         return PydistWork(pydist.irecv(host, group=self._group, group_src=src, tag=tag), tensors, after)
 
-    @routed
-    @profiled("recvAnySource", first_argument)
+    @operation("recvAnySource", first_argument)
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> tdist.Work:
         host, after = _received_on_host(tensors[0])
         return PydistWork(pydist.irecv(host, group=self._group, tag=tag), tensors, after)

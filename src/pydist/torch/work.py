@@ -40,18 +40,18 @@ class PydistWork(tdist.Work):
     def all_of(cls, works: list[Work], outputs: list[Any]) -> PydistWork:
         return cls(works, outputs)
 
-    def _finish(self) -> None:
+    def _finish(self, timeout: float | None = None) -> None:
+        """Wait for every part (within ``timeout`` seconds each, if given), then run ``after`` once."""
         for work in self._works:
-            work.wait()
-        with self._lock:
-            after, self._after = self._after, None
-            if after is not None:
-                after()
+            work.wait(timeout)
+        if self._after is not None:
+            with self._lock:
+                after, self._after = self._after, None
+                if after is not None:
+                    after()
 
     def wait(self, timeout=None) -> bool:
-        for work in self._works:
-            work.wait(timeout if timeout else None)
-        self._finish()
+        self._finish(timeout if timeout else None)
         if self._profiled:
             assert self._future is not None
             self._future.wait()
