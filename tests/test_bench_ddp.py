@@ -40,10 +40,10 @@ def test_the_report_gives_each_backends_median_and_best_step_and_the_ratio_to_gl
     import argparse
     results = {"gloo": ([0.006, 0.002, 0.004], [2.5, 2.25, 2.0], 1234567),
                "pydist": ([0.001, 0.003, 0.002], [2.5, 2.25, 2.0001], 1234567)}
-    args = argparse.Namespace(batch=32, steps=3, warmup=1)
+    args = argparse.Namespace(batch=32, steps=3, warmup=1, bucket_mb=25.0)
     lines = ddp.report(results, args, 4).splitlines()
-    assert lines[0] == ("# DDP step (torch DistributedDataParallel), 4 ranks, 1.2M parameters (5 MB of gradients), "
-                        "batch 32 per rank, 3 steps after 1; slowest rank per step")
+    assert lines[0] == ("# DDP step (torch DistributedDataParallel), 4 ranks, 1.2M parameters (5 MB of gradients, "
+                        "25 MB buckets), batch 32 per rank, 3 steps after 1; slowest rank per step")
     assert _table_rows("\n".join(lines)) == {"gloo": [4.0, 2.0, 1.0], "pydist": [2.0, 1.0, 2.0]}
     assert lines[-1] == ("# losses (rank 0): gloo 2.500000 -> 2.000000, pydist 2.500000 -> 2.000100; "
                          "largest difference 1.00e-04")

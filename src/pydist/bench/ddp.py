@@ -4,7 +4,7 @@
     pydist-run --nproc-per-node 2 -m pydist.bench.ddp         # in any launched job (torchrun too)
 
 Every rank builds the same MLP (``--hidden`` 4096: 25.2M parameters, 101 MB of float32
-gradients), wraps it in torch's DDP (default 25 MB buckets) over each backend in turn (the
+gradients), wraps it in torch's DDP (``--bucket-mb``, default torch's 25 MB buckets) over each backend in turn (the
 same seed, so the same weights and batches), runs ``--warmup`` then ``--steps`` SGD steps
 on random batches of ``--batch`` samples per rank and destroys the group. A step's time is
 the slowest rank's (all_reduce MAX over the backend's own group); rank 0 prints the median
@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--batch", type=int, default=4, help="samples per rank per step")
     parser.add_argument("--hidden", type=int, default=4096, help="hidden width (4096: 25.2M parameters)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0,
+                        help="DDP's bucket_cap_mb (25, torch's default; small: many small all_reduces)")
     parser.add_argument("--netns", type=netns_job.parse_shape, metavar="HOSTSxRANKS",
                         help="run as a multi-node job on this machine (network namespaces, root)")
     parser.add_argument("--link", metavar="RATE", help="with --netns: shape every host's link (tc units: 1gbit)")
@@ -54,7 +56,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> tuple[list[float], li
     tdist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
         rank = tdist.get_rank()
-        model = DistributedDataParallel(make_model(args.hidden))
+        model = DistributedDataParallel(make_model(args.hidden), bucket_cap_mb=args.bucket_mb)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         batches = torch.Generator().manual_seed(1000 + rank)
         times, losses = [], []
@@ -80,8 +82,8 @@ def report(results: dict[str, tuple[list[float], list[float], int]], args: argpa
     times = {name: sorted(result[0]) for name, result in results.items()}
     params = results["pydist"][2]
     lines = [f"# DDP step (torch DistributedDataParallel), {world} ranks, {params / 1e6:.1f}M parameters "
-             f"({params * 4 / 1e6:.0f} MB of gradients), batch {args.batch} per rank, {args.steps} steps "
-             f"after {args.warmup}; slowest rank per step",
+             f"({params * 4 / 1e6:.0f} MB of gradients, {args.bucket_mb:g} MB buckets), batch {args.batch} per rank, "
+             f"{args.steps} steps after {args.warmup}; slowest rank per step",
              f"# {'backend':8s} {'median ms':>10s} {'best ms':>9s} {'gloo/this':>10s}"]
     for name in BACKENDS:
         median = times[name][len(times[name]) // 2]
