@@ -130,10 +130,12 @@ def test_a_burst_of_ranks_larger_than_max_unproven_is_not_cut(monkeypatch, caplo
     assert sorted(peer for peer, _ in delivered) == list(ranks)
 
 
-def _cutting_proxy(target: tuple[str, int], server: ssl.SSLContext) -> tuple[socket.socket, list]:
-    """A listener whose first connection is cut right after its TLS handshake (what an
-    acceptor cutting a handshake looks like to the connector) and whose later ones are piped
-    to ``target``: (the listener, the connections it took)."""
+def _cutting_proxy(target: tuple[str, int], server: ssl.SSLContext,
+                   during: bool = False) -> tuple[socket.socket, list]:
+    """A listener whose first connection is cut right after its TLS handshake (``during``:
+    once its ClientHello came, unanswered) -- what an acceptor cutting a handshake for its
+    cap or deadline looks like to the connector -- and whose later ones are piped to
+    ``target``: (the listener, the connections it took)."""
     listener = socket.create_server(("127.0.0.1", 0))
     taken: list = []
 
@@ -158,6 +160,10 @@ def _cutting_proxy(target: tuple[str, int], server: ssl.SSLContext) -> tuple[soc
                 return
             taken.append(sock)
             if len(taken) == 1:
+                if during:
+                    sock.recv(65536)  # the ClientHello (or its start), never answered
+                    sock.close()
+                    continue
                 with server.wrap_socket(sock, server_side=True):
                     pass  # handshaken, then closed without a word
                 continue
@@ -376,15 +382,19 @@ def test_the_handshake_timeout_runs_on_the_injected_clock(monkeypatch, caplog):
     assert "no handshake within 600 s (PYDIST_HANDSHAKE_TIMEOUT)" in caplog.text
 
 
-# -- finding 1, the store: a TLS client cut after its TLS handshake ------------------------------
-def test_a_store_client_cut_after_its_tls_handshake_retries(monkeypatch, tmp_path):
+# -- finding 1, the store: a TLS client cut during or after its TLS handshake --------------------
+@pytest.mark.parametrize("during", [False, True], ids=["after", "during"])
+def test_a_store_client_cut_in_its_tls_opening_retries(monkeypatch, tmp_path, during):
+    """Cut after its TLS handshake, or during it (the store's cap or PYDIST_HANDSHAKE_TIMEOUT
+    cuts a handshake without a word): the client dials again within its timeout. It used to
+    take a cut during the handshake for a store that does not use TLS and give up at once."""
     from datetime import timedelta
 
     from pydist.store import TCPStore
     tls = _tls(monkeypatch, tmp_path)
     wait = timedelta(seconds=SECONDS)
     with TCPStore("127.0.0.1", 0, is_master=True, timeout=wait) as master:
-        proxy, taken = _cutting_proxy(("127.0.0.1", master.port), tls.server)
+        proxy, taken = _cutting_proxy(("127.0.0.1", master.port), tls.server, during)
         try:
             with TCPStore("127.0.0.1", proxy.getsockname()[1], timeout=wait) as client:
                 client.set("k", "v")

@@ -101,6 +101,10 @@ class PydistCodec(RequestParser):
 
 
 Codec = PydistCodec | TorchCodec
+#: what a TLS client of a store without TLS gets before the close: not TLS, so its TLS layer
+#: fails at once (a refusal), where a close without a word would be a cut that it retries
+_NOT_TLS_FAREWELL = hello() + encode_response(Message("error", (error_code(DistStoreError()), (
+    "this store does not use TLS: unset PYDIST_TLS_* for its clients, or set them for the store too"))))
 
 
 def _codec_for(first: bytes) -> Codec:
@@ -286,7 +290,8 @@ class StoreService:
         try:
             conn.codec = _codec_for(first)
         except ProtocolError as e:
-            self._drop(conn.cid, f"malformed stream: {e}")
+            tls_client = first == bytes([HANDSHAKE_RECORD])
+            self._drop(conn.cid, f"malformed stream: {e}", _NOT_TLS_FAREWELL if tls_client else b"")
             return False
         if self.auth_token is not None:
             if isinstance(conn.codec, TorchCodec):

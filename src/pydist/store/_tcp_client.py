@@ -8,14 +8,18 @@ DistNetworkError naming host:port, a failed authentication
 :class:`~pydist.net.auth.AuthenticationError`.
 
 With TLS (a client ``ssl.SSLContext``, see :mod:`pydist.net.tls`) a connection opens with a TLS
-handshake, then the store's opening inside it. Until that opening is done a TLS error, or a
-connection closed during the TLS handshake, is a refusal (:class:`Refused`, never retried)
-saying which side refused what: the store refused this client's certificate (a TLS alert,
-which TLS 1.3 delivers only at the first read), this client refused the store's, or the
-store does not use TLS (it closes a TLS client's connection). A connection closed without
-an alert after the TLS handshake was cut by the server (its cap on connections not proven
-yet) and is retried like any closed connection. A server that requires TLS answers a plain
-client with an ``error``, also a Refused.
+handshake, then the store's opening inside it. Until that opening is done a TLS error is a
+refusal (:class:`Refused`, never retried) saying which side refused what: the store refused
+this client's certificate (a TLS alert, which TLS 1.3 delivers only at the first read), this
+client refused the store's, or the store does not use TLS (it answers a TLS client with
+bytes that are not TLS). A server that requires TLS answers a plain client with an
+``error``, also a Refused.
+
+A connection the server closes without a word (no TLS alert, no answer) before its opening
+is done, during the TLS handshake or after it, was cut by the server's admission policy
+(its deadline, PYDIST_HANDSHAKE_TIMEOUT, or its cap on connections not proven yet, which a
+flood fills): it is dialled again until the timeout, even by a call that does not retry a
+server that is down (:class:`_Cut`).
 """
 from __future__ import annotations
 
@@ -37,6 +41,10 @@ _MAX_IDLE = 8
 _CLOSED_ERRORS = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 #: a TLS connection closed without an alert (a cut, once the TLS handshake is done)
 _TLS_CLOSED = (ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+class _Cut(DistNetworkError):
+    """The server closed the connection without a word (see the module): dialled again."""
 
 
 class Refused(DistNetworkError, DistStoreError):
@@ -86,8 +94,8 @@ class Connection:
     def open(cls, host: str, port: int, deadline: Deadline, retry: bool,
              auth_token: bytes | None = None, tls: ssl.SSLContext | None = None) -> Connection:
         """Connect (with ``tls``: over TLS) and handshake (with ``auth_token``: authenticate);
-        with ``retry``, keep trying (backoff) until ``deadline``. A refusal or failed
-        authentication is never retried."""
+        with ``retry``, keep trying (backoff) until ``deadline``; without, only a connection
+        the server cut (:class:`_Cut`). A refusal or failed authentication is never retried."""
         where, started, delay = host_port(host, port), _deadline.now(), 0.01
         while True:
             try:
@@ -115,7 +123,7 @@ class Connection:
                         raise
                     error = e
             left = deadline.remaining() or 0.0
-            if not retry or left <= 0:
+            if not (retry or isinstance(error, _Cut)) or left <= 0:
                 raise DistNetworkError(
                     f"could not connect to store server at {where} "
                     f"(tried for {_deadline.now() - started:.1f}s): {error}"
@@ -139,17 +147,18 @@ class Connection:
 
     @contextlib.contextmanager
     def _io(self, what: str):
-        """Socket failures during ``what`` as DistNetworkError naming the server (during a TLS
-        opening, a TLS error or a closed connection as Refused, unless TLS is up and it closed
-        without an alert: a cut, retried)."""
+        """Socket failures during ``what`` as DistNetworkError naming the server: a connection
+        closed without a word as :class:`_Cut`; another TLS error during a TLS opening as
+        Refused."""
         try:
             yield
         except OSError as e:
-            cut = self._tls_up and isinstance(e, (*_CLOSED_ERRORS, *_TLS_CLOSED))  # closed without an alert
-            if self._tls_opening and isinstance(e, (ssl.SSLError, *_CLOSED_ERRORS)) and not cut:
+            if isinstance(e, (*_CLOSED_ERRORS, *_TLS_CLOSED)):  # no TLS alert, no answer: cut (see the module)
+                hint = " without a TLS alert: cut while the store sheds connections, or it does not use TLS" \
+                    if self._tls_opening and not self._tls_up else ""
+                raise _Cut(f"store server at {self._where} closed the connection (during {what}){hint}") from None
+            if self._tls_opening and isinstance(e, ssl.SSLError):
                 raise _tls_refused(self._where, e) from None
-            if isinstance(e, _CLOSED_ERRORS):
-                raise DistNetworkError(f"store server at {self._where} closed the connection (during {what})") from None
             if isinstance(e, socket.timeout):
                 raise DistNetworkError(f"store server at {self._where} did not answer {what} in time") from None
             raise DistNetworkError(f"connection to store server at {self._where} failed during {what}: "
