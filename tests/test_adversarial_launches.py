@@ -25,16 +25,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from launch_ways import skip_unless_available, start, wait_for
 
-from pydist.bench.backends import mpiexec_path
 from pydist.net.auth import AuthenticationError
-from pydist.testing import commands, free_port
+from pydist.testing import commands
 from pydist.transport.shm import atomics as _atomics
 from pydist.transport.shm.seal import SEAL_BYTES, Binding
 from pydist.transport.shm.segment import Segment, remove_stale
@@ -45,45 +43,8 @@ pytestmark = [pytest.mark.adversarial, pytest.mark.slow,  # two real ranks under
 
 SCRIPT = str(Path(__file__).parent / "run_scripts" / "shm_swap_rank.py")
 OTHER_UID = 65534  # nobody: the attacker
-TOKEN = "the job's secret"
 SECONDS = 90  # every wait's bound: generous (a loaded machine), under pytest-timeout's 120 s
 GROUP_TIMEOUT = "10"  # the job's group timeout (s): what a stalled group waits
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYDIST_AUTH_TOKEN", "PYDIST_TLS_", "OMPI_", "PMI_", "SLURM_", "TORCHELASTIC"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYDIST_SHM")}
-    return {**env, "PYTHONPATH": os.pathsep.join(sys.path), "SWAP_TIMEOUT": GROUP_TIMEOUT, **extra}
-
-
-def _start(launch: str, signals: Path) -> list:
-    """The job's launcher (or, by hand, its two ranks)."""
-    token = {"PYDIST_AUTH_TOKEN": TOKEN} if launch.endswith("token") else {}
-    if launch.startswith("torchrun"):
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), SCRIPT, "torch", str(signals)]
-        return [commands.start_command(argv, env=_env(**token))]
-    if launch == "pydist-run":
-        argv = [sys.executable, "-m", "pydist.run", "--nproc-per-node", "2", SCRIPT, "pydist", str(signals)]
-        return [commands.start_command(argv, env=_env())]
-    if launch == "mpiexec":
-        argv = [mpiexec_path() or "mpiexec", "-n", "2", sys.executable, SCRIPT, "pydist", str(signals)]
-        return [commands.start_command(argv, env=_env())]
-    port = str(free_port())
-    return [commands.start_command([sys.executable, SCRIPT, "pydist", str(signals)],
-                                   env=_env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                            MASTER_PORT=port, **token)) for rank in range(2)]
-
-
-def _wait_for(path: Path, procs: list) -> str:
-    ends = time.monotonic() + SECONDS
-    while not path.exists():
-        if time.monotonic() > ends or any(proc.poll() not in (None, 0) for proc in procs):
-            done = commands.finish(procs, 10)
-            raise AssertionError(f"no {path.name} from the job:\n" + "\n".join(d.stderr[-3000:] for d in done))
-        time.sleep(0.02)  # a file another process writes: nothing to wait on but the file system
-    return path.read_text()
 
 
 def _open_store(launch: str, host: str, port: int):
@@ -145,17 +106,15 @@ class _Attacker:
 def _run_attack(launch: str, attack: str, tmp_path: Path) -> tuple[str, dict, dict]:
     """Start the job, attack when rank 1 is about to read the name, let it go on: (what the
     attacker did, rank 0's outcome, rank 1's)."""
-    if launch == "mpiexec" and mpiexec_path() is None:
-        pytest.skip("no mpiexec")
-    if launch.startswith("torchrun"):
-        pytest.importorskip("torch")
+    skip_unless_available(launch)
     signals = tmp_path / "signals"
     signals.mkdir()
-    procs = _start(launch, signals)
+    api = "torch" if launch.startswith("torchrun") else "pydist"
+    procs = start(launch, [SCRIPT, api, str(signals)], SWAP_TIMEOUT=GROUP_TIMEOUT)
     attacker = None
     try:
-        host, port = _wait_for(signals / "store", procs).split()
-        key = _wait_for(signals / "published", procs)
+        host, port = wait_for(signals / "store", procs, SECONDS).split()
+        key = wait_for(signals / "published", procs, SECONDS)
         try:
             store = _open_store(launch, host, int(port))
         except AuthenticationError:

@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from pydist.testing.procfs import family, listening
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 WORKER = """
 import os, sys, time
@@ -53,42 +55,6 @@ pydist.destroy_process_group()
 """
 WARNING = re.compile(r"dropping client|dropped a connection|refused a connection|accept failed|could not accept|"
                      r"rate limited|Too many open files")
-
-
-def _listening_ports(pids: set[int]) -> set[int]:
-    """The TCP ports the processes ``pids`` listen on (their socket inodes in /proc/net/tcp*)."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            continue
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            for line in list(lines)[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def _family(root: int) -> set[int]:
-    """``root`` and its descendants."""
-    found, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            continue
-        for child in map(int, children):
-            found.add(child)
-            frontier.append(child)
-    return found
 
 
 class Flood:
@@ -181,9 +147,9 @@ def main() -> None:
 
         def ports() -> set[int]:
             found = {master_port} if args.target in ("store", "both") else set()
-            ranks = sorted(_family(launcher) - {launcher}) if job.poll() is None else []
+            ranks = sorted(family(launcher) - {launcher}) if job.poll() is None else []
             if args.target in ("rank", "both") and ranks:
-                found |= _listening_ports({ranks[-1]})  # one rank's (a worker: no child of its own)
+                found |= {port for _, port in listening({ranks[-1]})}  # one rank's (a worker: no child of its own)
             return found
 
         if not args.no_flood:
