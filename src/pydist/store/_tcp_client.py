@@ -19,7 +19,7 @@ A connection the server closes without a word (no TLS alert, no answer) before i
 is done, during the TLS handshake or after it, was cut by the server's admission policy
 (its deadline, PYDIST_HANDSHAKE_TIMEOUT, or its cap on connections not proven yet, which a
 flood fills): it is dialled again until the timeout, even by a call that does not retry a
-server that is down (:class:`_Cut`).
+server that is down (:class:`Cut`).
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ _CLOSED_ERRORS = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 _TLS_CLOSED = (ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
-class _Cut(DistNetworkError):
-    """The server closed the connection without a word (see the module): dialled again."""
+class Cut(DistNetworkError):
+    """The server closed the connection without a word before its opening was done (see the
+    module): dialled again."""
 
 
 class Refused(DistNetworkError, DistStoreError):
@@ -89,13 +90,14 @@ class Connection:
         self.local_address: str = sock.getsockname()[0]
         self._tls_opening = False  # a TLS connection before its store opening is done
         self._tls_up = False  # its TLS handshake is done
+        self._opened = False  # its opening is done (a close is then no cut)
 
     @classmethod
     def open(cls, host: str, port: int, deadline: Deadline, retry: bool,
              auth_token: bytes | None = None, tls: ssl.SSLContext | None = None) -> Connection:
         """Connect (with ``tls``: over TLS) and handshake (with ``auth_token``: authenticate);
         with ``retry``, keep trying (backoff) until ``deadline``; without, only a connection
-        the server cut (:class:`_Cut`). A refusal or failed authentication is never retried."""
+        the server cut (:class:`Cut`). A refusal or failed authentication is never retried."""
         where, started, delay = host_port(host, port), _deadline.now(), 0.01
         while True:
             try:
@@ -115,7 +117,7 @@ class Connection:
                         conn._check_refusal(conn.roundtrip(hello(), deadline, "the handshake", handshake=True))
                     else:
                         conn.authenticate(auth_token, deadline)
-                    conn._tls_opening = False
+                    conn._tls_opening, conn._opened = False, True
                     return conn
                 except DistNetworkError as e:
                     conn.close()
@@ -123,7 +125,7 @@ class Connection:
                         raise
                     error = e
             left = deadline.remaining() or 0.0
-            if not (retry or isinstance(error, _Cut)) or left <= 0:
+            if not (retry or isinstance(error, Cut)) or left <= 0:
                 raise DistNetworkError(
                     f"could not connect to store server at {where} "
                     f"(tried for {_deadline.now() - started:.1f}s): {error}"
@@ -148,15 +150,16 @@ class Connection:
     @contextlib.contextmanager
     def _io(self, what: str):
         """Socket failures during ``what`` as DistNetworkError naming the server: a connection
-        closed without a word as :class:`_Cut`; another TLS error during a TLS opening as
-        Refused."""
+        closed without a word before the opening is done as :class:`Cut`; another TLS error
+        during a TLS opening as Refused."""
         try:
             yield
         except OSError as e:
             if isinstance(e, (*_CLOSED_ERRORS, *_TLS_CLOSED)):  # no TLS alert, no answer: cut (see the module)
                 hint = " without a TLS alert: cut while the store sheds connections, or it does not use TLS" \
                     if self._tls_opening and not self._tls_up else ""
-                raise _Cut(f"store server at {self._where} closed the connection (during {what}){hint}") from None
+                closed = DistNetworkError if self._opened else Cut
+                raise closed(f"store server at {self._where} closed the connection (during {what}){hint}") from None
             if self._tls_opening and isinstance(e, ssl.SSLError):
                 raise _tls_refused(self._where, e) from None
             if isinstance(e, socket.timeout):
