@@ -27,6 +27,8 @@ from pydist.testing import commands, free_port
 from pydist.testing.procfs import family, listening
 from pydist.transport.tcp.mesh import build_mesh, connect_to
 
+pytestmark = pytest.mark.adversarial  # what an outsider can and cannot do to a running job
+
 SCRIPTS = Path(__file__).parent / "run_scripts"
 SECONDS = 90  # every wait's bound: generous (a loaded machine), under pytest-timeout's 120 s
 NOBODY = 65534
