@@ -15,6 +15,29 @@ def block_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def row_split(shape: tuple[int, ...], count: int, sizes: list[int] | None, parts: int,
+              name: str) -> list[tuple[int, int]]:
+    """The element ranges of a tensor of ``shape`` (``count`` elements) split along dim 0 by
+    ``sizes`` (rows; None or empty: evenly), as all_to_all_single splits; ValueError naming
+    ``name`` for sizes that do not fit."""
+    rows = shape[0] if shape else 1
+    row = count // rows if rows else 0
+    if not sizes:
+        if rows % parts:
+            raise ValueError(f"{name}: dim 0 ({rows}) must divide by the group size ({parts}) "
+                             "when no split sizes are given")
+        sizes = [rows // parts] * parts
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != parts or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise ValueError(f"{name} split sizes {sizes}: expected {parts} non-negative sizes summing to "
+                         f"dim 0 ({rows})")
+    ranges, start = [], 0
+    for size in sizes:
+        ranges.append((start * row, (start + size) * row))
+        start += size
+    return ranges
+
+
 def blocks(array: np.ndarray, parts: int) -> list[np.ndarray]:
     """``array`` as ``parts`` views (see block_bounds)."""
     return [array[start:stop] for start, stop in block_bounds(array.size, parts)]

@@ -3,7 +3,9 @@
 Every call validates before anything is sent (misuse raises ValueError/TypeError at the
 call), converts tensors to flat numpy arrays, and runs on the group's engine in issue
 order. ``async_op=True`` returns a Work; otherwise the call returns when done (None). A
-rank outside ``group`` gets a warning and a no-op, as in torch.
+rank outside ``group`` gets a warning and a no-op, as in torch. A call whose tensor is on a
+device (CUDA, when asked for; the test stand-in) goes to pydist.api.device_collectives
+instead (core.buffers raises DeviceTensorError for it).
 """
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..algorithms._partition import block_bounds
-from ..core.buffers import Buffer, as_buffer
+from ..algorithms._partition import block_bounds, row_split
+from ..core.buffers import Buffer, DeviceTensorError, as_buffer
 from ..core.deadline import to_seconds
 from ..core.ops import RedOpType
 from ..core.opspec import describe, op_of
+from ..groups.device_engines import bound, engine_of, opt_in
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
+from . import device_collectives as on_device
 from .groups import member_group
 
 _BARRIER = describe("barrier", "barrier")
@@ -76,6 +80,9 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     root = root_rank(target, src, group_src, "src")
     try:
         buf = as_buffer(tensor, "tensor")
+    except DeviceTensorError:
+        opt_in(target, tensor, "tensor")
+        return on_device.broadcast(target, tensor, root, async_op)
     except ValueError:
         if target.rank() == root and as_buffer(tensor, "tensor", writable=False):  # read-only: word it for the root
             raise ValueError("tensor: broadcast takes a writable tensor on every rank (the others receive into "
@@ -93,6 +100,9 @@ def all_reduce(tensor: Any, op: Any = RedOpType.SUM, group: Any = None, async_op
         return None
     try:
         buf = as_buffer(tensor, "tensor")
+    except DeviceTensorError:
+        opt_in(target, tensor, "tensor")
+        return on_device.all_reduce(target, tensor, op, async_op)
     except ValueError:  # not a dense buffer: a sparse tensor takes its own path (off the dense fast path)
         if getattr(tensor, "is_sparse", False) is True:
             from .sparse import all_reduce_sparse
@@ -109,7 +119,11 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = RedOpType.SUM, group: 
     if target is None:
         return None
     root = root_rank(target, dst, group_dst, "dst")
-    buf = as_buffer(tensor, "tensor")
+    try:
+        buf = as_buffer(tensor, "tensor")
+    except DeviceTensorError:
+        opt_in(target, tensor, "tensor")
+        return on_device.reduce(target, tensor, root, op, async_op)
     outputs = [buf] if target.rank() == root else []
     spec = describe("reduce", "reduce", buf, root=root, op=op)
     return target.run(spec, target.engine.reduce, (buf.array, root, op_of(spec, op)), outputs, async_op,
@@ -121,7 +135,11 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     target = member_group(group, "all_gather")
     if target is None:
         return None
-    inp = as_buffer(tensor, "tensor", writable=False)
+    try:
+        inp = as_buffer(tensor, "tensor", writable=False)
+    except DeviceTensorError:
+        opt_in(target, tensor, "tensor")
+        return on_device.all_gather(target, tensor_list, tensor, async_op)
     outs = _buffer_list(tensor_list, "tensor_list", target.size(), writable=True)
     _same_dtype(outs, inp)
     _sizes_match(outs[target.rank():target.rank() + 1], inp.array.size, "tensor_list")
@@ -144,7 +162,11 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     target = member_group(group, "all_gather_into_tensor")
     if target is None:
         return None
-    inp = as_buffer(input_tensor, "input_tensor", writable=False)
+    try:
+        inp = as_buffer(input_tensor, "input_tensor", writable=False)
+    except DeviceTensorError:
+        opt_in(target, input_tensor, "input_tensor")
+        return on_device.all_gather_into_tensor(target, output_tensor, input_tensor, async_op)
     out = as_buffer(output_tensor, "output_tensor")
     _same_dtype([out], inp)
     blocks = _blocks_of(out, target.size(), "output_tensor", inp.array.size)
@@ -170,10 +192,23 @@ def _gathering(tensor: Any, dst: int | None, group: Any, group_dst: int | None,
     return target, root, as_buffer(tensor, "tensor", writable=False), target.rank() == root
 
 
+def _device_root(tensor: Any, dst: int | None, group: Any, group_dst: int | None,
+                 op: str) -> tuple[ProcessGroup, int]:
+    """A gather's group and root (a group rank) when its tensor is on a device (opted in)."""
+    target = member_group(group, op)
+    assert target is not None  # _gathering raised for a member only
+    opt_in(target, tensor, "tensor")
+    return target, root_rank(target, dst, group_dst, "dst")
+
+
 def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """``gather_list[i]`` on rank ``dst`` = rank i's ``tensor``."""
-    call = _gathering(tensor, dst, group, group_dst, "gather")
+    try:
+        call = _gathering(tensor, dst, group, group_dst, "gather")
+    except DeviceTensorError:
+        target, root = _device_root(tensor, dst, group, group_dst, "gather")
+        return on_device.gather(target, tensor, gather_list, root, async_op)
     if call is None:
         return None
     target, root, inp, is_root = call
@@ -193,7 +228,11 @@ def gather_single(tensor: Any, gather_tensor: Any = None, dst: int | None = None
     (torch 2.14's single-output gather: flat, or stacked ``[size, *tensor.shape]``; only its
     element count is checked). ``gather_tensor`` is required on the destination and ignored
     on the other ranks, as torch's."""
-    call = _gathering(tensor, dst, group, group_dst, "gather_single")
+    try:
+        call = _gathering(tensor, dst, group, group_dst, "gather_single")
+    except DeviceTensorError:
+        target, root = _device_root(tensor, dst, group, group_dst, "gather_single")
+        return on_device.gather_single(target, tensor, gather_tensor, root, async_op)
     if call is None:
         return None
     target, root, inp, is_root = call
@@ -215,7 +254,11 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
     if target is None:
         return None
     root = root_rank(target, src, group_src, "src")
-    out = as_buffer(tensor, "tensor")
+    try:
+        out = as_buffer(tensor, "tensor")
+    except DeviceTensorError:
+        opt_in(target, tensor, "tensor")
+        return on_device.scatter(target, tensor, scatter_list, root, async_op)
     is_root = target.rank() == root
     _on_root_only(scatter_list, is_root, "scatter_list", "source")
     ins = _buffer_list(scatter_list, "scatter_list", target.size(), writable=False) if is_root else []
@@ -232,7 +275,11 @@ def reduce_scatter(output: Any, input_list: list, op: Any = RedOpType.SUM, group
     target = member_group(group, "reduce_scatter")
     if target is None:
         return None
-    out = as_buffer(output, "output")
+    try:
+        out = as_buffer(output, "output")
+    except DeviceTensorError:
+        opt_in(target, output, "output")
+        return on_device.reduce_scatter(target, output, input_list, op, async_op)
     ins = _buffer_list(input_list, "input_list", target.size(), writable=False)
     _same_dtype(ins, out)
     _sizes_match(ins, out.array.size, "input_list")
@@ -247,7 +294,11 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = RedOpType.SUM, grou
     target = member_group(group, "reduce_scatter_tensor")
     if target is None:
         return None
-    out = as_buffer(output, "output")
+    try:
+        out = as_buffer(output, "output")
+    except DeviceTensorError:
+        opt_in(target, output, "output")
+        return on_device.reduce_scatter_tensor(target, output, input, op, async_op)
     inp = as_buffer(input, "input", writable=False)
     _same_dtype([inp], out)
     blocks = _blocks_of(inp, target.size(), "input", out.array.size)
@@ -261,7 +312,11 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
     target = member_group(group, "all_to_all")
     if target is None:
         return None
-    outs = _buffer_list(output_tensor_list, "output_tensor_list", target.size(), writable=True)
+    try:
+        outs = _buffer_list(output_tensor_list, "output_tensor_list", target.size(), writable=True)
+    except DeviceTensorError:
+        opt_in(target, output_tensor_list[0], "output_tensor_list[0]")
+        return on_device.all_to_all(target, output_tensor_list, input_tensor_list, async_op)
     ins = _buffer_list(input_tensor_list, "input_tensor_list", target.size(), writable=False)
     _same_dtype(outs + ins, outs[0])
     me = target.rank()
@@ -274,22 +329,7 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
 
 def _split(buffer: Buffer, sizes: list[int] | None, parts: int, name: str) -> list:
     """Views of ``buffer`` split along dim 0 by ``sizes`` (rows), or evenly."""
-    rows = buffer.shape[0] if buffer.shape else 1
-    row = buffer.array.size // rows if rows else 0
-    if sizes is None or len(sizes) == 0:
-        if rows % parts:
-            raise ValueError(f"{name}: dim 0 ({rows}) must divide by the group size ({parts}) "
-                             "when no split sizes are given")
-        sizes = [rows // parts] * parts
-    sizes = [int(s) for s in sizes]
-    if len(sizes) != parts or any(s < 0 for s in sizes) or sum(sizes) != rows:
-        raise ValueError(f"{name} split sizes {sizes}: expected {parts} non-negative sizes summing to "
-                         f"dim 0 ({rows})")
-    views, start = [], 0
-    for size in sizes:
-        views.append(buffer.array[start * row:(start + size) * row])
-        start += size
-    return views
+    return [buffer.array[a:b] for a, b in row_split(buffer.shape, buffer.array.size, sizes, parts, name)]
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | None = None,
@@ -299,7 +339,11 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     target = member_group(group, "all_to_all_single")
     if target is None:
         return None
-    out = as_buffer(output, "output")
+    try:
+        out = as_buffer(output, "output")
+    except DeviceTensorError:
+        opt_in(target, output, "output")
+        return on_device.all_to_all_single(target, output, input, output_split_sizes, input_split_sizes, async_op)
     inp = as_buffer(input, "input", writable=False)
     _same_dtype([inp], out)
     outs = _split(out, output_split_sizes, target.size(), "output")
@@ -319,4 +363,6 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     if target is None:
         return None
     seconds = None if timeout is None else to_seconds(timeout)
+    if bound(target):  # the group runs device tensors: NCCL's barrier (their work so far done first)
+        engine_of(target).drain(target.timeout if seconds is None else seconds)
     return target.run(_BARRIER, target.engine.barrier, (), [], async_op, timeout=seconds)

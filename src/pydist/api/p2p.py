@@ -12,11 +12,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..algorithms.comm import with_context
-from ..core.buffers import Buffer, as_buffer
+from ..core.buffers import Buffer, DeviceTensorError, as_buffer
 from ..core.deadline import timed_wait
 from ..core.errors import DistBackendError, timed_out_waiting
+from ..groups.device_engines import opt_in
+from ..groups.device_work import DeviceWork
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
+from . import device_p2p
 from .collectives import root_rank
 from .groups import member_group
 
@@ -91,23 +94,31 @@ def _check_tag(tag: Any) -> int:
 
 
 def _post_send(tensor: Any, dst: int | None, group: Any, tag: int, group_dst: int | None,
-               op: str) -> _Posted | None:
+               op: str) -> _Posted | DeviceWork | None:
     target = member_group(group, op)
     if target is None:
         return None
     peer = _peer(target, dst, group_dst, "dst")
-    buf = as_buffer(tensor, "tensor", writable=False)
+    try:
+        buf = as_buffer(tensor, "tensor", writable=False)
+    except DeviceTensorError:
+        opt_in(target, tensor, "tensor")
+        return device_p2p.post(target, tensor, peer, _check_tag(tag), True, op == "isend")
     request = target.engine.isend(buf.array, peer, _check_tag(tag))
     return _Posted(target, request, None, target.ranks[peer], tag)
 
 
 def _post_recv(tensor: Any, src: int | None, group: Any, tag: int, group_src: int | None,
-               op: str) -> _Posted | None:
+               op: str) -> _Posted | DeviceWork | None:
     target = member_group(group, op)
     if target is None:
         return None
     peer = None if src is None and group_src is None else _peer(target, src, group_src, "src")
-    buf = as_buffer(tensor, "tensor")
+    try:
+        buf = as_buffer(tensor, "tensor")
+    except DeviceTensorError:
+        opt_in(target, tensor, "tensor")
+        return device_p2p.post(target, tensor, peer, _check_tag(tag), False, op == "irecv")
     request = target.engine.irecv(buf.array, peer, _check_tag(tag))
     return _Posted(target, request, buf, None if peer is None else target.ranks[peer], tag)
 
@@ -116,20 +127,22 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to rank ``dst``; the tensor must not change until done."""
     posted = _post_send(tensor, dst, group, tag, group_dst, "isend")
-    return None if posted is None else P2PWork(posted)
+    return posted if posted is None or isinstance(posted, DeviceWork) else P2PWork(posted)
 
 
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
           group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor`` from rank ``src`` (None: any rank of the group)."""
     posted = _post_recv(tensor, src, group, tag, group_src, "irecv")
-    return None if posted is None else P2PWork(posted)
+    return posted if posted is None or isinstance(posted, DeviceWork) else P2PWork(posted)
 
 
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst``; returns when the data is on its way."""
     posted = _post_send(tensor, dst, group, tag, group_dst, "send")
-    if posted is not None:
+    if isinstance(posted, DeviceWork):
+        device_p2p.wait(posted)
+    elif posted is not None:
         _wait(posted)
 
 
@@ -139,6 +152,11 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     posted = _post_recv(tensor, src, group, tag, group_src, "recv")
     if posted is None:
         return -1
+    if isinstance(posted, DeviceWork):
+        device_p2p.wait(posted)
+        source = posted.source_rank()
+        assert source is not None  # a completed receive's
+        return source
     _wait(posted)
     assert posted.buffer is not None  # a receive's
     posted.buffer.write_back()

@@ -5,6 +5,11 @@ array the algorithms read and write. It is a zero-copy view of the user's memory
 memory is contiguous; otherwise (strided views, torch bfloat16, which numpy lacks and which
 is reduced in float32) it is a staging copy and ``write_back()`` writes the result back.
 torch is never imported here: a tensor is recognised by its type's module.
+
+A device tensor (a torch tensor on CUDA, an array of the test stand-in: ``device_kind``)
+is not host memory: ``as_buffer`` raises DeviceTensorError for it, which the public API
+catches to hand the call to the device path (pydist.api.device_collectives); raised out of
+a host call (a device tensor among host ones), it names the tensor and its device.
 """
 from __future__ import annotations
 
@@ -57,6 +62,28 @@ def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     rounded = (word + (((word >> 16) & 1) + 0x7FFF)) >> 16
     rounded = np.where(np.isnan(values), 0x7FC0, rounded)
     return rounded.astype(np.uint16).view(np.int16)
+
+
+class DeviceTensorError(ValueError):
+    """A device tensor where host memory was expected (see the module docstring)."""
+
+
+def device_kind(obj: Any) -> str | None:
+    """"standin" for an array of the test stand-in (pydist.device.standin), "cuda" for a torch
+    CUDA tensor, None for anything else (host memory); nothing is imported."""
+    kind = type(obj)
+    if kind.__name__ == "StandinArray" and kind.__module__.startswith("pydist.device.standin"):
+        return "standin"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda:
+        return "cuda"
+    return None
+
+
+def _on_device(obj: Any, name: str) -> DeviceTensorError:
+    place = f"standin:{obj.device.index}" if device_kind(obj) == "standin" else str(obj.device)
+    return DeviceTensorError(f"{name}: a tensor on {place} among tensors in host memory; one call's tensors must be "
+                             "on one device (move them with .to(device), or this one with .cpu())")
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -114,7 +141,9 @@ def _torch_to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, st
     is resolved into a copy when only read, and refused when written (as torch does)."""
     torch = sys.modules["torch"]
     if not obj.is_cpu:  # (is_cpu: ~50 ns, device.type: ~300)
-        raise ValueError(f"{name}: pydist works on CPU tensors; got a tensor on {obj.device} "
+        if obj.is_cuda:
+            raise _on_device(obj, name)
+        raise ValueError(f"{name}: pydist works on CPU tensors (and CUDA ones); got a tensor on {obj.device} "
                          "(move it with .cpu() first)")
     if obj.layout != torch.strided:
         raise ValueError(f"{name}: only dense (strided) tensors are supported, got {obj.layout}")
@@ -152,6 +181,8 @@ def _to_numpy(obj: Any, name: str, writable: bool) -> tuple[np.ndarray, str, boo
     try:
         view = memoryview(obj)
     except TypeError:
+        if device_kind(obj) is not None:
+            raise _on_device(obj, name) from None
         raise TypeError(f"{name}: expected a numpy array, a torch CPU tensor or a buffer-protocol "
                         f"object, got {type(obj).__name__}") from None
     if writable and view.readonly:

@@ -155,12 +155,22 @@ class Settings:
         "PYDIST_CUDA", "pydist", _choice("pydist", "gloo", "nccl", lower=True), "pydist / gloo / nccl",
         "Backend of the torch plugin's groups for CUDA tensors when neither the backend string "
         "(\"cpu:pydist,cuda:gloo\") nor pg_options names one: gloo or nccl (a torch backend the "
-        "group makes beside pydist), or pydist (refused until pydist stages CUDA tensors itself).")
+        "group makes beside pydist), or pydist (pydist's own CUDA engine where PYDIST_CUDA_ENGINE=1, "
+        "else refused, saying how to ask for it).")
+    device_slot_bytes: int = _setting(
+        "PYDIST_DEVICE_SLOT_BYTES", 32 << 20, _count(4096, 64), "bytes, multiple of 64, >= 4096",
+        "Each of the two slots of the device buffer a rank allocates per group for device tensors "
+        "between ranks of one host (CUDA IPC); larger collectives go through it in rounds.")
+    device_one_shot_bytes: int = _setting(
+        "PYDIST_DEVICE_ONE_SHOT_BYTES", 1 << 20, _count(0), "bytes, >= 0",
+        "A device all_reduce among more than two ranks of one host up to this size reads every "
+        "rank's data (one barrier a round); larger ones reduce-scatter then all-gather (two).")
     cuda_engine: bool = _setting(
         "PYDIST_CUDA_ENGINE", False, _flag, "0 / 1",
-        "1: pydist's own CUDA engine (pydist.device: chunked staging through a pinned pool, CUDA "
-        "IPC on one host), once wired; not yet checked on a GPU, so today the torch plugin's "
-        "init only warns that it is not available. 0: CUDA tensors go where PYDIST_CUDA says.")
+        "1: CUDA tensors run on pydist's own CUDA engine, in pydist's API and the torch plugin "
+        "(device to device through CUDA IPC between the ranks of a host, staged through pinned "
+        "memory across hosts; docs/guide/gpu.md). Opt-in until make gpu-check has passed on a GPU. "
+        "0: pydist refuses them, saying how to ask; in torch they go where PYDIST_CUDA says.")
     host_id: str | None = _setting(
         "PYDIST_HOST_ID", None, _text, "any text",
         "Host identity: ranks with equal ones share memory (default: host name, boot id, "

@@ -13,8 +13,9 @@ enforces CUDA's IPC rules the same way for every implementation. Implementations
 
 Shared pieces: ``handles`` (the envelope of a handle), ``ledger`` (who has a buffer open),
 ``event_counters`` (an interprocess event's epochs), ``shm_files``, ``dtypes``, ``errors``.
-For the engine: ``peers`` (a group's ranks share buffers and events once), ``pinned_pool``
-and ``staged_schedule`` (the staged path across hosts). ``open_device(kind, index, rank)``
+For the engine: ``arrays`` (which device a user's tensor is on, and its Device), ``peers`` (a
+group's ranks share buffers and events once), ``pinned_pool`` and ``staged_schedule`` (the
+staged path across hosts). ``open_device(kind, index, rank)``
 makes a device; ``unavailable(kind)`` says why one cannot be made here. Nothing here imports
 torch until a torch-backed device is made. docs/guide/gpu.md has the rules and what has run
 on a GPU.

@@ -121,6 +121,11 @@ class CudaDevice(TorchDevice):
     def uuid(self) -> str:
         return self._uuid
 
+    def _describe_build(self) -> str:
+        runtime, driver = self.runtime.versions()
+        return (f"cuda: torch {self.torch.__version__} built for CUDA {self.torch.version.cuda}, runtime {runtime}, "
+                f"driver {driver}")
+
     @contextlib.contextmanager
     def _calling(self, call: str) -> Iterator[None]:
         """Run a torch call on this device; its RuntimeError as DeviceError naming ``call``."""

@@ -88,6 +88,11 @@ class Event(ABC):
     def _payload(self) -> bytes:
         """The implementation's own handle bytes for this event."""
 
+    def ran(self) -> bool:
+        """Whether the most recent record's work is done, without making any work run (a
+        device runs its work anyway: ``query``; the stand-in's lazy streams override it)."""
+        return self.query()
+
     def export(self) -> bytes:
         """Handle bytes a peer process opens with ``open_event``."""
         if not self.interprocess or self.source is not None:
@@ -103,13 +108,15 @@ class Event(ABC):
             if self.query():
                 return None
         except DeviceError:
-            dead = self._dead_peer()
+            dead = self.dead_peer()
             if dead is None:
                 raise
             return dead
-        return self._dead_peer() or (self.source, "its most recent record")
+        return self.dead_peer() or (self.source, "its most recent record")
 
-    def _dead_peer(self) -> Blocker | None:
+    def dead_peer(self) -> Blocker | None:
+        """(the dead process's handle, what) when the exporter of this event, or of an event
+        its recorded work waits on, is dead; None otherwise (runs no work)."""
         for source in (self.source, *self.peers.values()):
             if source is not None and not shm_files.alive(source.pid):
                 return source, "an event the work waits on"

@@ -62,6 +62,8 @@ class Device(ABC):
     kind: ClassVar[str]
     #: True: work runs only when waited for and unproduced outputs read as poison.
     strict: ClassVar[bool] = False
+    #: Replaces ``build`` (tests: a rank posing as one with another build).
+    _build: str | None = None
 
     def __init__(self, index: int, rank: int | None = None):
         self.index = index
@@ -72,6 +74,15 @@ class Device(ABC):
     @abstractmethod
     def uuid(self) -> str:
         """The physical device's UUID (equal in every process using it)."""
+
+    @property
+    def build(self) -> str:
+        """What this process drives the device with (CUDA: torch's and CUDA's versions): the
+        ranks that share buffers must agree on it."""
+        return self._build or self._describe_build()
+
+    def _describe_build(self) -> str:
+        return self.kind
 
     @property
     def where(self) -> str:
@@ -209,6 +220,14 @@ class Device(ABC):
         if any(not isinstance(n, int) or n < 0 for n in shape):
             raise ValueError(f"empty: shape: expected non-negative ints, got {shape!r}")
         return self._empty(shape, dtype(dtype_name))
+
+    def flat(self, array: Any) -> Any:
+        """``array`` as a 1-D view of its elements (the same memory); ValueError when it is not
+        contiguous (copy it into an ``empty`` one first)."""
+        _, shape, contiguous = self.describe(array)
+        if not contiguous:
+            raise ValueError(f"flat: {array!r} is not contiguous")
+        return self._reshape_device(array, (int(np.prod(shape)),))
 
     def to_host(self, array: Any, stream: Stream, deadline: Deadline) -> np.ndarray:
         """A host copy of ``array`` once ``stream``'s work so far is done (bfloat16 as int16

@@ -7,7 +7,8 @@ Behaviour
     regular file of this user, mode 0600 and exactly ``size`` bytes. A name from a peer is
     checked against the pattern before it touches the file system. ``remove_stale()`` (run
     before each creation) unlinks the files whose creator is dead, so a killed process leaks
-    nothing past the next creation.
+    nothing past the next creation; a process that exits removes the files it made and did
+    not remove (a buffer a peer never closed, a failed group's: their users are gone with it).
 
 Failure modes
     A name that is not ours, a file of another user, with other permissions, of another size
@@ -15,6 +16,7 @@ Failure modes
 """
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import re
@@ -24,6 +26,7 @@ import stat
 SHM_DIR = "/dev/shm"
 PREFIX = "pydist-d"
 _NAME = re.compile(r"pydist-d[a-z]-[0-9a-f]{16}-[0-9]{1,10}")
+_MADE: set[str] = set()  # the files this process made and has not removed
 
 
 def new_name(letter: str) -> str:
@@ -49,7 +52,9 @@ def create(name: str, size: int) -> tuple[int, mmap.mmap]:
     fd = os.open(os.path.join(SHM_DIR, check_name(name)), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.ftruncate(fd, size)
-        return fd, mmap.mmap(fd, size)
+        mapped = mmap.mmap(fd, size)
+        _MADE.add(name)
+        return fd, mapped
     except BaseException:
         os.close(fd)
         unlink(name)
@@ -73,6 +78,7 @@ def attach(name: str, size: int) -> tuple[int, mmap.mmap]:
 
 def unlink(name: str) -> None:
     """Remove the file ``name`` (already gone: nothing)."""
+    _MADE.discard(name)
     try:
         os.unlink(os.path.join(SHM_DIR, check_name(name)))
     except FileNotFoundError:
@@ -106,3 +112,14 @@ def remove_stale() -> list[str]:
                 continue
             removed.append(name)
     return removed
+
+
+def _remove_made() -> None:
+    """At exit: remove the files this process made and left (not a forked child's parent's)."""
+    for name in list(_MADE):
+        if creator(name) == os.getpid():
+            unlink(name)
+
+
+atexit.register(_remove_made)
+os.register_at_fork(after_in_child=_MADE.clear)

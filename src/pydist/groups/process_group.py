@@ -22,6 +22,7 @@ from ..core.errors import timed_out_waiting
 from ..core.opspec import OpSpec
 from ..debug.recorder import attach as attach_trace
 from ..engines.base import Engine, OpContext
+from . import device_engines
 from .failure import FailurePath
 from .queue import OpQueue
 from .state import GroupState
@@ -178,6 +179,7 @@ class ProcessGroup:
         the progress thread, release the engine's resources."""
         self._queue.close(timeout)
         self._trace.destroy()
+        device_engines.close(self)  # before the engine's: its arena carried the device engine's control
         self._engine.close()
 
     def __repr__(self) -> str:

@@ -89,6 +89,11 @@ class StandinEvent(Event):
             op = self.last_record
             return op is None or SCHEDULER.advance(op.stream, op.pos) is None
 
+    def ran(self) -> bool:
+        with SCHEDULER.lock:
+            op = self.last_record
+            return op is None or op.stream.done_pos >= op.pos
+
     def synchronize(self, deadline: Deadline, what: str = "an event") -> None:
         op = self.last_record
         if op is not None:
