@@ -2,12 +2,14 @@
 
 Names are those of ``--backend`` (``pydist``, ``gloo``, ``mpi``) and ``--compare``
 (``gloo``, ``mpi``, ``pydist``, ``pydist-tls``, ``pydist-1nic``: one interface however many
-are named, the baseline of striping). ``--backend mpi`` means pydist's own MPI backend
-(``init_process_group("mpi")`` under mpiexec, key ``pydist-mpi``); ``--compare mpi`` means
-plain mpi4py on MPICH (key ``mpi``). Launchers: ``spawn`` starts N processes that rendezvous through env://
-(MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, like torchrun); ``mpiexec`` runs the venv's
-``mpiexec -n N``; inside an already launched job (:mod:`.injob`) no launcher runs, and the
-``mpiexec`` backends need that job to have been started by mpiexec. Adding a backend is one
+are named, the baseline of striping; ``nccl``: torch's NCCL, with ``--device cuda`` only;
+which runs the buffers of ``--device``: :mod:`.devices`). ``--backend mpi`` means pydist's
+own MPI backend (``init_process_group("mpi")`` under mpiexec, key ``pydist-mpi``);
+``--compare mpi`` means plain mpi4py on MPICH (key ``mpi``). Launchers: ``spawn`` starts N
+processes that rendezvous through env:// (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, like
+torchrun); ``mpiexec`` runs the venv's ``mpiexec -n N``; inside an already launched job
+(:mod:`.injob`) no launcher runs, and the ``mpiexec`` backends need that job to have been
+started by mpiexec. Adding a backend is one
 entry in :data:`BACKENDS`.
 """
 from __future__ import annotations
@@ -73,11 +75,12 @@ BACKENDS: dict[str, BackendSpec] = {spec.key: spec for spec in (
                 "pip install mpi4py mpich", MPICH_TCP),
     BackendSpec("gloo", "gloo", "spawn", comms.connect_gloo, ("torch",), "pip install torch"),  # always tcp
     BackendSpec("mpi", "mpi", "mpiexec", comms.connect_mpi, ("mpi4py",), "pip install mpi4py mpich", MPICH_TCP),
+    BackendSpec("nccl", "nccl", "spawn", comms.connect_nccl, ("torch",), "pip install torch (with CUDA)"),
 )}
 
 MAIN_CHOICES = {"pydist": "pydist", "gloo": "gloo", "mpi": "pydist-mpi"}
 """``--backend`` names -> BACKENDS keys."""
 
 COMPARE_CHOICES = {"gloo": "gloo", "mpi": "mpi", "pydist": "pydist", "pydist-tls": "pydist-tls",
-                   "pydist-1nic": "pydist-1nic"}
+                   "pydist-1nic": "pydist-1nic", "nccl": "nccl"}
 """``--compare`` names -> BACKENDS keys."""

@@ -3,7 +3,8 @@
 ::
 
     pydist-bench [--op all_reduce|all_gather|reduce_scatter|broadcast|all_to_all|sendrecv|barrier]
-                 [--nproc 2] [--sizes 4:64M] [--dtype float32] [--iters 20] [--warmup 5]
+                 [--nproc 2] [--sizes 4:64M] [--dtype float32] [--device cpu|cuda|standin]
+                 [--iters 20] [--warmup 5]
                  [--budget 1G] [--backend pydist|gloo|mpi] [--compare gloo,mpi,pydist,pydist-tls,pydist-1nic]
                  [--transport auto|tcp] [--timeout 1800] [--json] [--plot out.png]
                  [--netns HOSTSxRANKS [--link RATE] [--nics N]]
@@ -31,7 +32,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 
-from . import comms, injob, netns_job, scale
+from . import comms, devices, injob, netns_job, scale
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .launch import BackendFailed, run_backend
 from .ops import DTYPES, OPS
@@ -98,6 +99,9 @@ def build_parser(prog: str = "pydist-bench") -> argparse.ArgumentParser:
     parser.add_argument("--sizes", type=_arg(parse_sizes), default="4:64M",
                         help="bytes per rank buffer: sizes with K/M/G suffixes, a:b[:factor] ranges, comma lists")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--device", choices=devices.DEVICES, default="cpu",
+                        help="where the buffers are: cuda (pydist's device engine; compare gloo and nccl), or "
+                        "standin (pydist's CPU stand-in of a GPU: the device path without one, not its speed)")
     parser.add_argument("--iters", type=_arg(_positive), default=20, help="timed iterations per size")
     parser.add_argument("--warmup", type=_arg(_non_negative), default=5, help="untimed iterations per size")
     parser.add_argument("--budget", type=_arg(_budget), default="1G",
@@ -215,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _scale(args, argv, parser)
     if args.scale_shm:
         parser.error("--scale-shm goes with --scale")
+    if "nccl" in args.compare and args.device != "cuda":
+        parser.error("--compare nccl: NCCL runs CUDA buffers only; add --device cuda")
     if args.link and not args.netns:
         parser.error("--link shapes the links of a --netns job: give --netns too")
     if args.nics != 1 and not args.netns:

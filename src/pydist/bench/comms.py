@@ -34,10 +34,13 @@ def ping_pong(rank: int, send: Callable[[int], Any], recv: Callable[[int], Any])
 
 
 class TorchStyleComm:
-    """A torch.distributed-like ``dist`` module; ``wrap`` turns numpy buffers into its tensors."""
+    """A torch.distributed-like ``dist`` module; ``wrap`` turns numpy buffers into its tensors
+    (``host_wrap``: for the timings, which stay on the host); ``sync``, when set, follows each
+    call (a device's stream: .devices)."""
 
     def __init__(self, dist: Any, wrap: Callable[[np.ndarray], Any] = lambda array: array) -> None:
-        self.dist, self.wrap = dist, wrap
+        self.dist, self.wrap, self.host_wrap = dist, wrap, wrap
+        self.sync: Callable[[], Any] | None = None
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
 
     def barrier(self) -> None:
@@ -45,10 +48,15 @@ class TorchStyleComm:
 
     def max_across_ranks(self, values: np.ndarray) -> np.ndarray:
         result = values.copy()
-        self.dist.all_reduce(self.wrap(result), op=self.dist.ReduceOp.MAX)
+        self.dist.all_reduce(self.host_wrap(result), op=self.dist.ReduceOp.MAX)
         return result
 
     def call(self, op: str, inp: np.ndarray, out: np.ndarray | None) -> Call:
+        once = self._call(op, inp, out)
+        sync = self.sync
+        return once if sync is None else lambda: (once(), sync())
+
+    def _call(self, op: str, inp: np.ndarray, out: np.ndarray | None) -> Call:
         d, x, y = self.dist, self.wrap(inp), None if out is None else self.wrap(out)
         calls: dict[str, Call] = {
             "all_reduce": lambda: d.all_reduce(x),
@@ -192,6 +200,19 @@ def connect_gloo(timeout: float) -> TorchStyleComm:
     import torch.distributed as dist
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's rename
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    return TorchStyleComm(dist, torch.from_numpy)
+
+
+def connect_nccl(timeout: float) -> TorchStyleComm:
+    """torch.distributed with NCCL (CUDA buffers only: pydist-bench --device cuda); it refuses
+    several ranks on one GPU ("Duplicate GPU detected")."""
+    import torch
+    import torch.distributed as dist
+
+    _export_torch_env()
+    index = int(os.environ["RANK"]) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=torch.device("cuda", index))
     return TorchStyleComm(dist, torch.from_numpy)
 
 

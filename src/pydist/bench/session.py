@@ -12,7 +12,7 @@ import os
 import shlex
 from collections.abc import Callable
 
-from . import plot
+from . import devices, plot
 from .backends import BACKENDS, COMPARE_CHOICES, MAIN_CHOICES
 from .ops import iterations, size_plan
 from .report import BackendResult, Job, Meta, format_table, to_json
@@ -26,7 +26,7 @@ def backend_results(args: argparse.Namespace) -> list[BackendResult]:
     keys = [MAIN_CHOICES[args.backend]] + [COMPARE_CHOICES[name] for name in args.compare]
     results = [BackendResult(key, BACKENDS[key].label) for key in dict.fromkeys(keys)]
     for result in results:
-        reason = BACKENDS[result.key].unavailable()
+        reason = BACKENDS[result.key].unavailable() or devices.unavailable(result.key, args.device)
         if reason:
             result.status, result.note = "unavailable", reason
     return results
@@ -36,6 +36,7 @@ def plan_and_config(args: argparse.Namespace) -> tuple[list[tuple[int, int]], di
     """The (bytes, count) plan for ``args.nproc`` ranks and the config every rank runs."""
     plan = size_plan(args.op, args.sizes, args.dtype, args.nproc)
     config = {"op": args.op, "dtype": args.dtype, "timeout": args.timeout, "transport": args.transport,
+              "device": args.device,
               "plan": [[nbytes, count, *iterations(nbytes, args.iters, args.warmup, args.budget)]
                        for nbytes, count in plan]}
     return plan, config

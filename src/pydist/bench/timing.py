@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .devices import place
 from .ops import OPS, buffer_counts
 
 
@@ -36,8 +37,10 @@ def time_size(comm: Any, op: str, count: int, dtype: str, iters: int, warmup: in
 
 
 def run_plan(comm: Any, config: dict, emit: Callable[[dict], None] | None) -> None:
-    """Time every (bytes, count, iters, warmup) of ``config["plan"]``; rank 0 ``emit``s a
-    "start" event before each size and a "row" event after it (others pass None)."""
+    """Time every (bytes, count, iters, warmup) of ``config["plan"]`` on ``config["device"]``'s
+    buffers (.devices); rank 0 ``emit``s a "start" event before each size and a "row" event
+    after it (others pass None)."""
+    comm = place(comm, config.get("device", "cpu"))
     for index, (nbytes, count, iters, warmup) in enumerate(config["plan"]):
         if emit:
             emit({"event": "start", "index": index, "bytes": nbytes})
