@@ -397,7 +397,7 @@ def test_construction_checks_the_model_across_ranks():
 
 def test_construction_errors():
     def body(rank, size):
-        with pytest.raises(ValueError, match="CPU modules only.*meta"):
+        with pytest.raises(ValueError, match="runs CPU and CUDA modules.*meta"):
             DistributedDataParallel(nn.Linear(2, 2, device="meta"))
         frozen = nn.Linear(2, 2).requires_grad_(False)
         with pytest.raises(RuntimeError, match="doesn't have any parameter that requires a gradient"):

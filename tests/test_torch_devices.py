@@ -117,27 +117,21 @@ def test_every_routed_operation_exists_on_torchs_backend():
         assert hasattr(Backend, PAIR_BY_PAIR.get(name, name)) or not hasattr(tdist.ProcessGroup, name), name
 
 
-def test_asking_for_the_cuda_engine_before_it_exists_is_answered_once(caplog, monkeypatch):
-    """PYDIST_CUDA_ENGINE=1 (issue 38's engine, not wired in): one warning naming where CUDA
-    tensors go instead, however many groups are made."""
-    import logging
-
-    from pydist.torch import options
-    options.note_cuda_engine.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="pydist"):
-        options.note_cuda_engine("gloo")
-        options.note_cuda_engine("gloo")
-    notes = [r.getMessage() for r in caplog.records if "PYDIST_CUDA_ENGINE" in r.getMessage()]
-    assert len(notes) == 1 and "not available yet" in notes[0] and "go to gloo" in notes[0], notes
-    options.note_cuda_engine.cache_clear()
-
-
-def _cuda_engine_noted(rank, size):
-    from pydist.torch import options
-    return options.note_cuda_engine.cache_info().currsize
+def _cuda_engine(rank, size):
+    """Whether the group runs CUDA tensors on pydist's own engine: torch's backend of the
+    group for cuda is the group itself, no torch backend was made beside it."""
+    world = tdist.group.WORLD
+    try:
+        itself = world._get_backend(torch.device("cuda")) is world
+    except RuntimeError:
+        itself = False
+    return itself, sorted(world.device_backends)
 
 
 @pytest.mark.slow
-def test_init_notes_the_cuda_engine_setting_only_when_set():
-    assert run_processes(1, _cuda_engine_noted, init="torch", env={"PYDIST_CUDA_ENGINE": "1"}, timeout=120) == [1]
-    assert run_processes(1, _cuda_engine_noted, init="torch", timeout=120) == [0]
+def test_cuda_pydist_or_the_setting_runs_cuda_tensors_on_pydists_engine():
+    """Before: PYDIST_CUDA_ENGINE=1 only warned that the engine was not there, and
+    "cpu:pydist,cuda:pydist" left CUDA tensors with no backend."""
+    assert run_processes(1, _cuda_engine, init="torch:cpu:pydist,cuda:pydist", timeout=120) == [(True, [])]
+    assert run_processes(1, _cuda_engine, init="torch", env={"PYDIST_CUDA_ENGINE": "1"}, timeout=120) == [(True, [])]
+    assert run_processes(1, _cuda_engine, init="torch", timeout=120) == [(False, [])]

@@ -1,8 +1,10 @@
-"""CUDA tensors through torch.distributed beside pydist ("cpu:pydist,cuda:gloo", PYDIST_CUDA=gloo):
-every call gives the CPU result, point-to-point works (staged through host memory by pydist,
-where gloo's own aborts the process), CPU tensors of the same group stay on pydist, and torch's
-DDP on a CUDA model trains as over gloo. Every rank uses cuda:0 (one GPU is enough). Skipped
-without a GPU; `make gpu-check` runs them on a GPU machine."""
+"""CUDA tensors through torch.distributed beside pydist ("cpu:pydist,cuda:gloo", PYDIST_CUDA=gloo)
+and on pydist's own CUDA engine ("cpu:pydist,cuda:pydist", PYDIST_CUDA_ENGINE=1): every call
+gives the CPU result, point-to-point works (staged through host memory by pydist beside gloo,
+whose own aborts the process; device to device on the engine), CPU tensors of the same group
+stay on pydist, torch's DDP on a CUDA model trains as over gloo, and so does pydist's own DDP.
+Every rank uses cuda:0 (one GPU is enough). Skipped without a GPU; `make gpu-check` runs them
+on a GPU machine."""
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")]
 
 BESIDE_GLOO = "torch:cpu:pydist,cuda:gloo"
+ENGINE = "torch:cpu:pydist,cuda:pydist"
 
 
 def _cuda_calls(rank, size):
@@ -65,8 +68,10 @@ def _cuda_calls(rank, size):
 
 
 @pytest.mark.parametrize("size", [2, 4])
-@pytest.mark.parametrize("init,env", [(BESIDE_GLOO, {}), ("torch", {"PYDIST_CUDA": "gloo"})],
-                         ids=["cpu:pydist,cuda:gloo", "PYDIST_CUDA=gloo"])
+@pytest.mark.parametrize("init,env", [(BESIDE_GLOO, {}), ("torch", {"PYDIST_CUDA": "gloo"}), (ENGINE, {}),
+                                      ("torch", {"PYDIST_CUDA_ENGINE": "1"})],
+                         ids=["cpu:pydist,cuda:gloo", "PYDIST_CUDA=gloo", "cpu:pydist,cuda:pydist",
+                              "PYDIST_CUDA_ENGINE=1"])
 def test_cuda_tensors_in_every_call_give_the_cpu_result(size, init, env):
     for rank, out in enumerate(run_processes(size, _cuda_calls, init=init, env=env, timeout=300)):
         assert out["all_reduce"] == [sum(range(size)) + i * size for i in range(4)]
@@ -82,11 +87,13 @@ def test_cuda_tensors_in_every_call_give_the_cpu_result(size, init, env):
             assert out["recv"] == [7.0]
 
 
-def _ddp_losses(rank, size):
-    dev = torch.device("cuda", 0)
+def _model(dev):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)).to(dev)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)).to(dev)
+
+
+def _train(ddp, dev, rank):
+    """Five steps of SGD on rank-seeded data: the losses."""
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(1 + rank)
     losses = []
@@ -100,7 +107,25 @@ def _ddp_losses(rank, size):
     return losses
 
 
-def test_torch_ddp_on_a_cuda_model_trains_as_over_gloo():
-    beside = run_processes(2, _ddp_losses, init=BESIDE_GLOO, timeout=300)
+def _ddp_losses(rank, size):
+    dev = torch.device("cuda", 0)
+    return _train(torch.nn.parallel.DistributedDataParallel(_model(dev), device_ids=[0]), dev, rank)
+
+
+@pytest.mark.parametrize("init", [BESIDE_GLOO, ENGINE])
+def test_torch_ddp_on_a_cuda_model_trains_as_over_gloo(init):
+    ours = run_processes(2, _ddp_losses, init=init, timeout=300)
     gloo = run_processes(2, _ddp_losses, init="gloo", timeout=300)
-    np.testing.assert_allclose(beside, gloo, rtol=1e-5)
+    np.testing.assert_allclose(ours, gloo, rtol=1e-5)
+
+
+def _pydist_ddp_losses(rank, size, device):
+    import pydist
+    dev = torch.device(device)
+    return _train(pydist.DistributedDataParallel(_model(dev), bucket_cap_mb=0.01), dev, rank)  # several buckets
+
+
+def test_pydists_ddp_on_a_cuda_model_trains_as_on_the_cpu():
+    on_gpu = run_processes(2, _pydist_ddp_losses, "cuda:0", env={"PYDIST_CUDA_ENGINE": "1"}, timeout=300)
+    on_cpu = run_processes(2, _pydist_ddp_losses, "cpu", timeout=300)
+    np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-4)

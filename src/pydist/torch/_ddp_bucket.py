@@ -92,7 +92,7 @@ class Bucket(_InFlight):
     def __init__(self, index: int, param_indices: list[int], params: list[torch.Tensor]):
         super().__init__(index, param_indices, params)
         numel = sum(p.numel() for p in params)
-        self.buffer = torch.zeros(numel, dtype=params[0].dtype)
+        self.buffer = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
         self.views = split_views(self.buffer, params)
 
     @property

@@ -9,7 +9,9 @@ pydist's Work), so torch's own async handling, DDP's bucketing and ``wait()`` wo
 unchanged; torch's blocking calls, which wait at once, run the operation in the waiting
 thread (groups.process_group: QueuedWork). Tensors on another device (CUDA) go to the torch
 backend the group made for it ("cpu:pydist,cuda:gloo", ``Options(cuda=...)``, PYDIST_CUDA:
-see devices), else are refused with a clear error at the call. torch's functional
+see devices), or to pydist's own CUDA engine when asked for ("cpu:pydist,cuda:pydist",
+PYDIST_CUDA_ENGINE=1: pydist.api.device_collectives), else are refused with a clear error at
+the call. torch's functional
 collectives (DTensor, FSDP2) reach this backend through the same methods. While torch's
 profiler runs, each operation records an event "pydist:<op>" named as gloo names its own
 (see _profiling).
@@ -28,6 +30,7 @@ import pydist
 
 from ..api.groups import timeout_seconds
 from ..core.ops import RedOpType, ReduceOp
+from ..groups.device_engines import allowed
 from ..groups.factory import leave, standalone_mpi_world, standalone_world
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
@@ -170,9 +173,13 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         try:
             return super()._get_backend(device)
         except RuntimeError:
-            if torch.device(device).type != "cpu":
+            if torch.device(device).type != "cpu" and not self._runs_cuda(torch.device(device)):
                 raise
             return self
+
+    def _runs_cuda(self, device: Any) -> bool:
+        """Whether pydist's own CUDA engine runs this group's ``device`` tensors."""
+        return device.type == "cuda" and self._group is not None and allowed(self._group)
 
     get_backend = _get_backend  # torch 2.14's public name (its get_backend_impl asks it)
 
@@ -200,9 +207,12 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         if device == "cpu":
             return None
         backend = self.device_backends.get(device)
+        if backend is None and self._runs_cuda(torch.device(device)):
+            return None  # pydist's device engine (pydist.api.device_collectives)
         if backend is None:
             how = ("init_process_group(\"cpu:pydist,cuda:gloo\") or \"cpu:pydist,cuda:nccl\", or PYDIST_CUDA=gloo, "
-                   "makes one; or move them with .cpu()" if device == "cuda" else "move them with .cpu()")
+                   "makes one; \"cpu:pydist,cuda:pydist\" or PYDIST_CUDA_ENGINE=1 runs them on pydist's own "
+                   "engine; or move them with .cpu()" if device == "cuda" else "move them with .cpu()")
             raise ValueError(f"{operation}: a tensor on {device}; this group runs CPU tensors on pydist and has no "
                              f"backend for {device} tensors ({how})")
         return None if operation in STAGED_P2P and backend.name() == "gloo" else backend
@@ -378,17 +388,25 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     # that device's backend is gloo (gloo aborts the process on a CUDA send or recv) -------
     @operation("send", first_argument)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> tdist.Work:
-        return self._run(pydist.isend(_on_host(tensors[0]), group=self._group, group_dst=dst, tag=tag), tensors)
+        tensor = _on_host(tensors[0]) if tensors[0].device.type in self.device_backends else tensors[0]
+        return self._run(pydist.isend(tensor, group=self._group, group_dst=dst, tag=tag), tensors)
 
     @operation("recv", first_argument)
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> tdist.Work:
-        host, after = _received_on_host(tensors[0])
+        host, after = self._receiving(tensors[0])
         return PydistWork(pydist.irecv(host, group=self._group, group_src=src, tag=tag), tensors, after)
 
     @operation("recvAnySource", first_argument)
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> tdist.Work:
-        host, after = _received_on_host(tensors[0])
+        host, after = self._receiving(tensors[0])
         return PydistWork(pydist.irecv(host, group=self._group, tag=tag), tensors, after)
+
+    def _receiving(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+        """Where a receive lands: through host memory for a device a torch backend runs beside
+        pydist (gloo's), else the tensor itself (CPU, or pydist's device engine)."""
+        if tensor.device.type in self.device_backends:
+            return _received_on_host(tensor)
+        return tensor, None
 
     # -- lifetime -------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -5,7 +5,10 @@
 
 - Construction checks that every rank wraps the same model (names, shapes, dtypes; a
   difference names the tensor and the ranks), then broadcasts parameters and buffers from
-  rank 0 of the group. CUDA (or any non-CPU) modules raise ValueError.
+  rank 0 of the group. A CUDA module (every tensor on one device) runs on pydist's device
+  engine, once asked for (PYDIST_CUDA_ENGINE=1: pydist.api.device_collectives): buckets on
+  its device, each all_reduce async on the group's stream, the waits stream waits, as
+  torch's DDP on NCCL; other devices raise ValueError.
 - Backward averages gradients (sum / world size) in buckets filled in reverse registration
   order: the first bucket holds up to 1 MiB (``_DEFAULT_FIRST_BUCKET_BYTES``), the others
   ``bucket_cap_mb`` (default 25). Each bucket is ONE async all_reduce launched from the
@@ -30,7 +33,8 @@ Differences from torch, all deliberate:
   collectives on torch's process groups and does not apply to pydist groups.
 - ``register_comm_hook`` swaps torch's default hooks (allreduce, fp16/bf16 compress) for
   pydist's (``pydist.torch.hooks``); other torch hooks run as they are, on torch's groups.
-- device_ids/output_device are refused; ``bucket_cap_mb=None`` means 25, as in torch.
+- device_ids/output_device may only name the module's own device (one device per
+  module); ``bucket_cap_mb=None`` means 25, as in torch.
 
 Sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with ``sparse=True``) are averaged as
 torch's reducer does: each such weight has a bucket of its own, its gradient is divided in
@@ -48,6 +52,7 @@ import torch
 
 import pydist as dist
 
+from ..groups.device_engines import opt_in
 from ._ddp_bucket import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, assign_buckets
 from ._ddp_join import Join, JoinConfig, notify_still_training, vote_backward_sync
 from ._ddp_reducer import Reducer
@@ -60,13 +65,28 @@ _DEFAULT_FIRST_BUCKET_BYTES = DEFAULT_FIRST_BUCKET_BYTES
 _MB = 1024 * 1024
 
 
-def _check_supported(module: torch.nn.Module) -> None:
-    """ValueError for what pydist's DDP does not run: non-CPU tensors."""
+def _module_device(module: torch.nn.Module, group: Any, device_ids: list[int] | None,
+                   output_device: Any) -> torch.device:
+    """The one device of ``module``'s tensors: the CPU, or a CUDA device when the group may
+    run CUDA tensors (ValueError, saying how to ask, when it may not); ValueError for other
+    devices, a module on two, or device_ids/output_device naming another device."""
+    devices: dict[torch.device, str] = {}
     for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
-        if tensor.device.type != "cpu":
-            raise ValueError(f"pydist's DistributedDataParallel runs CPU modules only, but '{name}' is on "
-                             f"{tensor.device}; move the module with module.cpu(), or use torch's "
-                             "DistributedDataParallel for accelerators")
+        devices.setdefault(tensor.device, name)
+    if len(devices) > 1:
+        named = ", ".join(f"'{name}' on {device}" for device, name in devices.items())
+        raise ValueError(f"DistributedDataParallel: a module on one device only, got {named}")
+    device = next(iter(devices), torch.device("cpu"))
+    if device.type == "cuda":
+        opt_in(group, next(t for t in itertools.chain(module.parameters(), module.buffers())), f"'{devices[device]}'")
+    elif device.type != "cpu":
+        raise ValueError(f"pydist's DistributedDataParallel runs CPU and CUDA modules, but '{devices[device]}' is on "
+                         f"{device}; move the module with module.cpu()")
+    asked = [*(device_ids or []), *([] if output_device is None else [output_device])]
+    if any((torch.device("cuda", i) if isinstance(i, int) else torch.device(i)) != device for i in asked):
+        raise ValueError(f"DistributedDataParallel device_ids/output_device ({device_ids}, {output_device}) must "
+                         f"name the module's own device, {device} (pydist's DDP runs one device per module)")
+    return device
 
 
 def _sparse_gradient_weights(module: torch.nn.Module) -> set[int]:
@@ -76,9 +96,10 @@ def _sparse_gradient_weights(module: torch.nn.Module) -> set[int]:
 
 
 class DistributedDataParallel(torch.nn.Module):
-    """Data-parallel training of a CPU module over a pydist process group (torch's DDP API).
+    """Data-parallel training of a CPU or CUDA module over a pydist process group (torch's DDP API).
 
-    Raises ValueError for a non-CPU module or one that differs across ranks, RuntimeError
+    Raises ValueError for a module on another device than the CPU or CUDA (CUDA: when not
+    asked for), or one that differs across ranks, RuntimeError
     when no parameter requires a gradient, TypeError for a group that is not pydist's.
     """
 
@@ -87,10 +108,6 @@ class DistributedDataParallel(torch.nn.Module):
                  gradient_as_bucket_view: bool = False, static_graph: bool = False, *,
                  device_ids: list[int] | None = None, output_device: Any = None, init_sync: bool = True):
         super().__init__()
-        if device_ids or output_device is not None:
-            raise ValueError("DistributedDataParallel device_ids and output_device arguments only work with GPU "
-                             f"modules; pydist's DDP runs CPU modules (got device_ids={device_ids}, "
-                             f"output_device={output_device})")
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError(f"process_group: expected a pydist ProcessGroup (pydist.new_group) or None, got "
                             f"{type(process_group).__name__}")
@@ -103,7 +120,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.process_group: dist.ProcessGroup = group
         self.module = module
         self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
-        _check_supported(module)
+        self.device = _module_device(module, group, device_ids, output_device)
         named = [(name, p) for name, p in self._named_params() if p.requires_grad]
         if not named:
             raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter "

@@ -9,8 +9,6 @@ default group (``remember_default``).
 """
 from __future__ import annotations
 
-import functools
-import logging
 from typing import Any
 
 from ..core.settings import settings
@@ -18,7 +16,6 @@ from ..core.settings import settings
 ENGINES = ("pydist", "mpi")
 CUDA_CHOICES = ("pydist", "gloo", "nccl")
 _default: dict[str, str] = {}  # the latest default group's engine and cuda choice, followed by its new_groups
-_log = logging.getLogger("pydist")
 
 
 class Options:
@@ -69,11 +66,3 @@ def cuda_choice(options: Any, default_group: bool) -> str:
 def remember_default(engine: str, cuda: str) -> None:
     """A default group was made with these: its new_groups without pg_options follow them."""
     _default.update(engine=engine, cuda=cuda)
-
-
-@functools.cache
-def note_cuda_engine(cuda: str) -> None:
-    """Once per process: PYDIST_CUDA_ENGINE=1 asks for pydist's own CUDA engine, which is not
-    wired in (issue 38: its pieces wait for their GPU checks); say where CUDA tensors go."""
-    _log.warning("pydist: PYDIST_CUDA_ENGINE=1 is set, but pydist's own CUDA engine is not available yet "
-                 "(its GPU checks have not run); CUDA tensors go to %s (PYDIST_CUDA, or the backend string)", cuda)

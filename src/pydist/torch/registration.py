@@ -1,7 +1,8 @@
 """The "pydist" backend registered with torch.distributed, and the creator torch calls for
 every group it makes (the default group and each new_group): a ``ProcessGroupPydist`` with
 the engine and CUDA backend its options choose (options), joined to a running job where the
-rank replaces one (PYDIST_JOIN=1), with torch backends attached for other devices (devices).
+rank replaces one (PYDIST_JOIN=1), with torch backends attached for other devices (devices),
+or, for "cpu:pydist,cuda:pydist", its CUDA tensors on pydist's own device engine.
 The ``mpi://`` init_method is registered beside it (rank and world size from MPI.COMM_WORLD,
 a TCPStore hosted by rank 0).
 """
@@ -14,11 +15,12 @@ import torch.distributed as tdist
 
 from ..api.grow import join_standalone
 from ..core.settings import settings
+from ..groups.device_engines import allow
 from ._group_count import agree_group_count
 from ._store import TorchStore
 from .backend import BACKEND_NAME, ProcessGroupPydist
 from .devices import backend_string_map, make_backend, other_devices
-from .options import cuda_choice, engine_of, note_cuda_engine, remember_default
+from .options import cuda_choice, engine_of, remember_default
 
 
 def register() -> None:
@@ -39,8 +41,6 @@ def create_process_group(store, rank: int, size: int, timeout: timedelta, option
     cuda = cuda_choice(options, default_group)
     named = backend_string_map()
     devices = other_devices(named, cuda)
-    if settings().cuda_engine:
-        note_cuda_engine((named or {}).get("cuda", cuda))
     if default_group and engine == "pydist" and settings().join:  # a replacement joins the running job
         if devices:
             raise ValueError(f"init_process_group: a replacement rank (PYDIST_JOIN=1) runs on pydist only; "
@@ -55,6 +55,8 @@ def create_process_group(store, rank: int, size: int, timeout: timedelta, option
         group_store = getattr(store, "underlying_store", store)  # torch's "cpu/" prefix off: make_backend adds its own
         for device, name in devices.items():
             group.attach(device, make_backend(name, device, group_store, rank, size, timeout))
+    if (named or {}).get("cuda") == "pydist" and group._group is not None:
+        allow(group._group)  # "cpu:pydist,cuda:pydist": pydist's own CUDA engine, asked for by name
     if default_group:
         remember_default(engine, cuda)
     return group

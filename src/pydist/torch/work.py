@@ -8,7 +8,11 @@ asks for). The future is set on pydist's callback runner, so its ``then`` callba
 wait on other collectives of the same group (torch's PowerSGD hook does), as on gloo.
 ``end_record_when_done`` ends a torch profiler record when the work completes, on the
 callback runner (never in the issuing thread: the profiler marks the event asynchronous);
-``wait`` returns once it has ended, so a profiler stopped right after sees the event.
+``wait`` returns once it has ended, so a profiler stopped right after sees the event. For
+CUDA tensors (pydist's device engine: pydist.groups.device_work) ``wait`` and
+``synchronize`` make the caller's current stream wait, and the future is stream-aware
+(``torch.futures.Future(devices=...)``): it is set where the setting thread's stream waits
+for the call, so its ``wait`` and ``value`` order the reader's stream after it, as NCCL's.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 import torch.distributed as tdist
 
 from ..groups.callbacks import RUNNER
+from ..groups.device_work import DeviceWork
 from ..groups.work import Work
 
 
@@ -77,12 +82,20 @@ class PydistWork(tdist.Work):
     source_rank = _source_rank
 
     def synchronize(self) -> None:
-        """CPU work: nothing to synchronise."""
+        """Device work: the current stream waits for it (CPU work: nothing to synchronise)."""
+        for work in self._works:
+            if isinstance(work, DeviceWork):
+                work.synchronize()
+
+    def _devices(self) -> list[str]:
+        """The CUDA devices of the parts' tensors (none for CPU work)."""
+        return sorted({str(work.torch_device) for work in self._works
+                       if isinstance(work, DeviceWork) and work.torch_device is not None})
 
     def get_future(self) -> torch.futures.Future:
         """A torch Future set (on pydist's callback runner) when every part is done."""
         if self._future is None:
-            source: torch.futures.Future = torch.futures.Future()
+            source: torch.futures.Future = torch.futures.Future(devices=self._devices() or None)
             self._future = _failing_in_cpp(source)
             self._set_when_done(source)
         return self._future
@@ -91,7 +104,7 @@ class PydistWork(tdist.Work):
         """End the profiler ``record`` (from ``_record_function_with_args_enter``) when every
         part is done; the future then resolves once the record has ended."""
         assert self._future is None, "end_record_when_done before any get_future"
-        source: torch.futures.Future = torch.futures.Future()
+        source: torch.futures.Future = torch.futures.Future(devices=self._devices() or None)
         # attached before completion can be set: a callback added to a done future runs here
         self._future = torch.ops.profiler._call_end_callbacks_on_jit_fut(record, _failing_in_cpp(source))
         self._profiled = True
