@@ -5,8 +5,10 @@ Run (a GPU machine, from the source tree, no venv, no network):
 Without a CUDA GPU it says so in one line and exits 0. On a GPU it runs each check in turn,
 under its own time limit (the whole run fits 7 minutes), prints one row per check and writes
 the table to $OUT/gpu-check.md ($OUT set) or build/gpu-check.md. Exit status 0 when no check
-failed. A check is a function returning (status, detail); PENDING rows are the hooks of the
-checks that need the engine (issue 47 items 2-5): fill in the function named there.
+failed. A check is a function of the device kind returning (status, detail); a PENDING row
+is the hook of a check not written yet. ``--device standin`` runs the engine's checks (3-7,
+9, 10) on pydist's strict CPU stand-in of a GPU, with small sizes: the script itself,
+proven anywhere (the CUDA-only checks say SKIP).
 
  1 versions, the device's UUID (also under CUDA_VISIBLE_DEVICES set by index and by UUID),
    the IPC handle sizes (CUDA's memory handle, torch's own, torch's event handle, pydist's).
@@ -15,10 +17,12 @@ checks that need the engine (issue 47 items 2-5): fill in the function named the
  3 cross-process event ordering: the producer's stream held back with torch.cuda._sleep, then
    it writes; the consumer waits on the imported event (its host not blocked) and reads the
    new value; then two slots reused for ROUNDS rounds.
- 4-10 hooks (below), then what gpu-check ran before (tests marked gpu, tools/gpu_bench.py).
+ 4-7, 9, 10 the device engine (gpu_check_engine.py, gpu_check_streams.py); 8 the staged path
+   across hosts; then what gpu-check ran before (tests marked gpu, tools/gpu_bench.py).
 """
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
 import subprocess
@@ -30,6 +34,10 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_check_engine as engine  # noqa: E402 - after the path it needs
+import gpu_check_streams as streams  # noqa: E402
+
 ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
 ROUNDS = 20
 Row = tuple[str, str]  # (status, detail)
@@ -191,12 +199,19 @@ def event_ordering(hold_s: float = 0.5, kind: str = "cuda") -> Row:
     return ("PASS" if ok else "FAIL"), detail
 
 
-# -- 4-10: hooks for the engine (issue 47 items 2-5) -------------------------------------------
+# -- 4-10 -----------------------------------------------------------------------------------------
 
-def pending(what: str) -> Callable[[], Row]:
-    def check() -> Row:
+def pending(what: str) -> Callable[[str], Row]:
+    def check(kind: str) -> Row:
         return "PENDING", f"needs {what}: not written yet"
     return check
+
+
+def cuda_only(check: Callable[[], Row]) -> Callable[[str], Row]:
+    """``check`` on CUDA; SKIP on the stand-in."""
+    def run(kind: str) -> Row:
+        return check() if kind == "cuda" else ("SKIP", "CUDA only")
+    return run
 
 
 def tests_marked_gpu() -> Row:
@@ -211,20 +226,19 @@ def gpu_bench() -> Row:
     return ("PASS" if done.returncode == 0 else "FAIL"), " / ".join(lines[-4:]) if lines else "no output"
 
 
-CHECKS: list[tuple[str, str, Callable[[], Row]]] = [
-    ("1", "versions, UUID, IPC handle sizes", versions_and_handles),
-    ("2", "contract suite on CUDA (2 processes on cuda:0)", contract_suite),
-    ("3", "event ordering across processes (_sleep), slot reuse", event_ordering),
-    ("4", "every collective, fp32/bf16/int64, 1 B-256 MiB, 2 and 4 ranks on one GPU",
-     pending("the engine (issue 47 item 2)")),
-    ("5", "a short run under TORCH_CUDA_SANITIZER=1", pending("the engine (item 2)")),
-    ("6", "non-default caller stream, async_op both ways, wait() not blocking", pending("the engine (item 4)")),
-    ("7", "inputs freed right after the call, empty_cache on the peers", pending("the engine (item 2)")),
+CHECKS: list[tuple[str, str, Callable[[str], Row]]] = [
+    ("1", "versions, UUID, IPC handle sizes", cuda_only(versions_and_handles)),
+    ("2", "contract suite on CUDA (2 processes on cuda:0)", cuda_only(contract_suite)),
+    ("3", "event ordering across processes (_sleep), slot reuse", lambda kind: event_ordering(kind=kind)),
+    ("4", "every collective, fp32/bf16/int64, 1 B-256 MiB, 2 and 4 ranks on one GPU", engine.every_collective),
+    ("5", "a short run under TORCH_CUDA_SANITIZER=1", streams.sanitizer),
+    ("6", "non-default caller stream, async_op both ways, wait() not blocking", streams.streams),
+    ("7", "inputs freed right after the call, empty_cache on the peers", streams.freed_inputs),
     ("8", "staged path over loopback TCP: chunk edges, pipelined vs serial", pending("the staged path (item 3)")),
-    ("9", "a peer killed mid-call: the survivor names it by the deadline", pending("the engine (items 2, 4)")),
-    ("10", "pydist-bench --device cuda against gloo, with and without MPS", pending("pydist-bench (item 5)")),
-    ("-", "tests marked gpu (pydist beside gloo)", tests_marked_gpu),
-    ("-", "tools/gpu_bench.py (pydist beside gloo against gloo)", gpu_bench),
+    ("9", "a peer killed mid-call: the survivor names it by the deadline", streams.killed_peer),
+    ("10", "pydist-bench --device cuda against gloo, with and without MPS", streams.bench),
+    ("-", "tests marked gpu (pydist beside gloo)", cuda_only(tests_marked_gpu)),
+    ("-", "tools/gpu_bench.py (pydist beside gloo against gloo)", cuda_only(gpu_bench)),
 ]
 
 
@@ -236,16 +250,24 @@ def table(rows: list[tuple[str, str, str, float, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    reason = no_gpu()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="issue 47's GPU checks, one table")
+    parser.add_argument("--device", choices=["cuda", "standin"], default="cuda",
+                        help="standin: the engine's checks on pydist's CPU stand-in of a GPU (proves the script)")
+    parser.add_argument("--only", help="comma list of check numbers to run (default: all)")
+    args = parser.parse_args(argv)
+    reason = no_gpu() if args.device == "cuda" else None
     if reason is not None:
         print(f"gpu-check: no CUDA GPU here ({reason}): nothing to check")
         return 0
+    chosen = set(args.only.split(",")) if args.only else None
     rows = []
     for number, name, check in CHECKS:
+        if chosen is not None and number not in chosen:
+            continue
         started = time.monotonic()
         try:
-            status, detail = check()
+            status, detail = check(args.device)
         except Exception as error:  # noqa: BLE001 - a failed check is a row, the others still run
             status, detail = "FAIL", f"{type(error).__name__}: {error}"
         rows.append((number, name, status, time.monotonic() - started, detail))

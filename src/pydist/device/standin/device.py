@@ -17,8 +17,9 @@ Cost
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,17 @@ class StandinDevice(Device):
 
     def current_stream(self) -> Stream:
         return self._current
+
+    @contextlib.contextmanager
+    def using(self, stream: Stream) -> Iterator[None]:
+        """Make ``stream`` the current one meanwhile (``torch.cuda.stream(s)``'s stand-in)."""
+        self._check_stream(stream, "using")
+        assert isinstance(stream, StandinStream)
+        previous, self._current = self._current, stream
+        try:
+            yield
+        finally:
+            self._current = previous
 
     def new_stream(self) -> Stream:
         return StandinStream(self)
