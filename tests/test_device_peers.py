@@ -1,7 +1,7 @@
 """The ranks of a host share their device buffers and events once per group (peers.py): the
-offer's wire form, the store plane (an expired deadline is a timeout, never a zero timeout a
-torch store reads as "wait forever"), and three processes on the stand-in sharing buffers and
-events, then reading each other's memory through the mappings opened once."""
+offer's wire form, and three processes on the stand-in sharing buffers and events, then
+reading each other's memory through the mappings opened once (the engine's exchange over the
+arena: tests/test_device_collectives.py)."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -11,10 +11,9 @@ import pytest
 from device_support import run_ranks
 
 from pydist.core.deadline import Deadline
-from pydist.core.errors import DistStoreError, OpTimeoutError
 from pydist.device import open_device
-from pydist.device.peers import Offer, PeerTable, StorePlane, decode, encode
-from pydist.store import FileStore, HashStore
+from pydist.device.peers import Offer, PeerTable, decode, encode
+from pydist.store import FileStore
 
 
 def test_an_offer_round_trips():
@@ -35,53 +34,18 @@ def test_a_malformed_offer_says_what_is_wrong(mangle, message):
         decode(mangle(encode(Offer(1, "GPU-0", b"handle", (b"event",)))))
 
 
-class TorchLikeStore:
-    """A store that reads a timeout as torch's stores do: under 1 ms (0 ms once truncated)
-    means no timeout at all."""
+class StorePlane:
+    """A ControlPlane over a store for these processes (the engine's is the arena's)."""
 
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
+    def __init__(self, store, prefix: str, rank: int, size: int):
+        self.store, self.prefix, self.rank, self.size, self.round = store, prefix, rank, size, 0
 
-    def set(self, key: str, value: bytes) -> None:
-        self.data[key] = value
-
-    def check(self, keys: list[str]) -> bool:
-        return all(key in self.data for key in keys)
-
-    def wait(self, keys: list[str], timeout: timedelta) -> None:
-        if timeout < timedelta(milliseconds=1):
-            raise AssertionError(f"store.wait({keys}, {timeout!r}) waits forever on a torch store")
-        if not self.check(keys):
-            raise DistStoreError(f"missing {keys}")
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return [self.data[key] for key in keys]
-
-    def delete_key(self, key: str) -> bool:
-        return self.data.pop(key, None) is not None
-
-
-def test_an_expired_deadline_is_a_timeout_naming_the_missing_ranks_not_a_wait_forever():
-    plane = StorePlane(TorchLikeStore(), "ipc", 0, 3)
-    with pytest.raises(OpTimeoutError, match="ipc/0/1, ipc/0/2 were set"):
-        plane.all_gather(b"mine", Deadline.after(0))
-
-
-def test_an_expired_deadline_with_every_rank_there_still_gathers():
-    store = TorchLikeStore()
-    store.set("ipc/0/1", b"theirs")
-    assert StorePlane(store, "ipc", 0, 2).all_gather(b"mine", Deadline.after(0)) == [b"mine", b"theirs"]
-
-
-def test_a_rank_that_never_publishes_times_out_naming_its_key():
-    plane = StorePlane(HashStore(), "ipc", 0, 2)
-    with pytest.raises(DistStoreError, match="ipc/0/1"):
-        plane.all_gather(b"mine", Deadline.after(0.05))
-
-
-def test_a_plane_checks_its_rank():
-    with pytest.raises(ValueError, match="rank 2 is not in a plane of 2"):
-        StorePlane(HashStore(), "ipc", 2, 2)
+    def all_gather(self, payload: bytes, deadline: Deadline) -> list[bytes]:
+        keys = [f"{self.prefix}/{self.round}/{r}" for r in range(self.size)]
+        self.round += 1
+        self.store.set(keys[self.rank], payload)
+        self.store.wait(keys, timedelta(seconds=deadline.remaining() or JOIN_S))
+        return self.store.multi_get(keys)
 
 
 SIZE = 3
@@ -100,7 +64,7 @@ def _host_rank(kind, rank, link, path):
     plane = StorePlane(FileStore(path, SIZE), "device/g0", rank, SIZE)
     table = PeerTable.exchange(device, plane, rank, buffer, [written, read], Deadline.after(JOIN_S))
     assert sorted(table.mappings) == [p for p in range(SIZE) if p != rank]
-    assert all(table.same_device(p) for p in table.mappings)
+    assert all(table.offers[p].device_uuid == device.uuid for p in table.mappings)
     seen = {}
     for peer, mapping in table.mappings.items():
         stream.wait_event(table.events[peer][0])

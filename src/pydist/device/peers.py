@@ -5,12 +5,11 @@ Behaviour
     slot: "written" and "read", say). :class:`Offer` is what a rank offers its host peers:
     its rank, its device's UUID, its buffer's handle and its events' handles; ``encode`` /
     ``decode`` are its sans-IO wire form. ``PeerTable.exchange`` all-gathers the offers over a
-    :class:`ControlPlane` (:class:`StorePlane` over a pydist or torch store; the host's
-    shared-memory arena once the engine wires one), checks that position i holds rank i,
-    and opens each peer's buffer and events once, for the group's life: calls then copy
-    through the same mappings (no handle per call, no reopening). ``same_device(peer)``
-    says whether a peer uses this rank's physical device. ``close`` closes the mappings
-    (each owner frees its buffer after every peer closed: the ledger refuses before).
+    :class:`ControlPlane` (the engine's: the host's shared-memory arena,
+    pydist.algorithms.device_slots.ArenaPlane), checks that position i holds rank i, and
+    opens each peer's buffer and events once, for the group's life: calls then copy through
+    the same mappings (no handle per call, no reopening). ``close`` closes the mappings (each
+    owner frees its buffer after every peer closed: the ledger refuses before).
 
 Cost
     One all-gather of ~100 bytes plus the handles (~150 bytes each) per rank at group
@@ -19,21 +18,19 @@ Cost
 
 Failure modes
     A malformed offer: ValueError naming what is wrong. A record in the wrong position:
-    DistBackendError. A rank that never publishes: the store's timeout error naming the
-    missing key, or OpTimeoutError naming them when the deadline has already passed (never a
-    zero timeout, which a torch store reads as "wait forever"). A handle that cannot be
-    opened: DeviceError (pydist.device.interface), after closing what was opened.
+    DistBackendError. A rank that never publishes: the plane's timeout error naming it. A
+    handle that cannot be opened: DeviceError (pydist.device.interface), after closing what
+    was opened.
 """
 from __future__ import annotations
 
 import dataclasses
 import struct
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Protocol
 
 from ..core.deadline import Deadline
-from ..core.errors import DistBackendError, OpTimeoutError
+from ..core.errors import DistBackendError
 from .events import Event
 from .interface import Device
 from .memory import Buffer, Mapping
@@ -44,8 +41,6 @@ _VERSION = 1
 _HEAD = struct.Struct("!4sHIHHH")
 _LENGTH = struct.Struct("!H")
 MAX_EVENTS = 64
-#: Below this, a torch store reads a timeout as none at all (it truncates to milliseconds).
-_SHORTEST_WAIT = timedelta(milliseconds=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,52 +98,6 @@ class ControlPlane(Protocol):
     def all_gather(self, payload: bytes, deadline: Deadline) -> list[bytes]: ...
 
 
-class KeyValue(Protocol):
-    """The part of pydist's (or torch's) Store that StorePlane uses."""
-
-    def set(self, key: str, value: bytes) -> None: ...
-
-    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
-
-    def check(self, keys: list[str]) -> bool: ...
-
-    def multi_get(self, keys: list[str]) -> list[bytes]: ...
-
-    def delete_key(self, key: str) -> bool: ...
-
-
-class StorePlane:
-    """ControlPlane over a store: round r's bytes of rank i under ``{prefix}/{r}/{i}``."""
-
-    def __init__(self, store: KeyValue, prefix: str, rank: int, size: int):
-        if not 0 <= rank < size:
-            raise ValueError(f"rank {rank} is not in a plane of {size} ranks")
-        self.store, self.prefix, self.rank, self.size = store, prefix, rank, size
-        self.round = 0
-
-    def _key(self, round_: int, rank: int) -> str:
-        return f"{self.prefix}/{round_}/{rank}"
-
-    def all_gather(self, payload: bytes, deadline: Deadline) -> list[bytes]:
-        keys = [self._key(self.round, i) for i in range(self.size)]
-        self.store.set(keys[self.rank], payload)
-        left = deadline.remaining()
-        if left is None:
-            self.store.wait(keys, timedelta(days=365))
-        elif timedelta(seconds=left) >= _SHORTEST_WAIT:
-            self.store.wait(keys, timedelta(seconds=left))
-        else:
-            missing = [key for key in keys if not self.store.check([key])]
-            if missing:
-                raise OpTimeoutError(f"device handle exchange: the deadline passed before {', '.join(missing)} "
-                                     "were set (ranks that never published)")
-        found = self.store.multi_get(keys)
-        if self.round:  # every rank set this round's key, so all have read the last one
-            self.store.delete_key(self._key(self.round - 1, self.rank))
-        self.round += 1
-        return found
-
-
 class PeerTable:
     """This rank's host peers' buffers and events, opened once (module docstring)."""
 
@@ -178,10 +127,6 @@ class PeerTable:
             table.close()
             raise
         return table
-
-    def same_device(self, peer: int) -> bool:
-        """Whether ``peer`` uses this rank's physical device."""
-        return self.offers[peer].device_uuid == self.device.uuid
 
     def close(self) -> None:
         """Close every peer mapping (DeviceError, from the device, while one is in use)."""
