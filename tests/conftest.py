@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from pydist.core.shm_files import pid_alive
 from pydist.groups.callbacks import RUNNER
 
 LEAK_GRACE_SECONDS = 5.0
@@ -29,15 +30,7 @@ def _ours_or_orphaned(segment: str) -> bool:
         pid = int(segment.rsplit("-", 1)[1])
     except (IndexError, ValueError):
         return True
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return pid == os.getpid() or not pid_alive(pid)
 
 
 @pytest.fixture(autouse=True)

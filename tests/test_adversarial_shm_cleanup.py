@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import shm_planting
 
 import pydist as dist
 from pydist.testing import run_processes
@@ -15,10 +16,6 @@ from pydist.transport.shm.segment import remove_stale
 
 pytestmark = [pytest.mark.adversarial,
               pytest.mark.skipif(not _atomics.available(), reason="no libatomic/futex: shared memory is off")]
-
-#: another user's uid for the files planted as "theirs" (nobody)
-OTHER_UID = 65534
-
 
 def _dead_pid() -> int:
     """The pid of a process that has exited (reused only after the kernel wraps around)."""
@@ -32,31 +29,14 @@ def planted():
     """The entries another user could leave in /dev/shm, all named like pydist's segments
     whose creator is gone or unparseable; removed at teardown."""
     dead = _dead_pid()
-    paths = {
+    with shm_planting.planted({
         "huge pid": f"/dev/shm/pydist-x-{'9' * 20}",
         "directory": "/dev/shm/pydist-x-4194000",
         "other user's": f"/dev/shm/pydist-0123456789ab-arena-{'ab' * 16}-{dead}",
         "symlink": f"/dev/shm/pydist-0123456789ab-host-{'cd' * 16}-{dead}",
         "not a number": "/dev/shm/pydist-x-1e5",
-    }
-    target = f"/dev/shm/pydist-test-link-target-{os.getpid()}"
-    with open(target, "wb") as file:
-        file.write(b"x")
-    with open(paths["huge pid"], "wb"):
-        pass
-    os.mkdir(paths["directory"])
-    with open(paths["other user's"], "wb") as file:
-        file.write(b"\0" * 4096)
-    os.chown(paths["other user's"], OTHER_UID, OTHER_UID)
-    os.symlink(target, paths["symlink"])
-    with open(paths["not a number"], "wb"):
-        pass
-    yield paths
-    for path in [*paths.values(), target]:
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.rmdir(path)
-        elif os.path.lexists(path):
-            os.unlink(path)
+    }) as paths:
+        yield paths
 
 
 def test_remove_stale_leaves_planted_entries_alone_and_does_not_raise(planted):

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import pydist as dist
+from pydist.core import shm_files
 from pydist.core.deadline import Deadline
 from pydist.testing import run_threads
 from pydist.transport.shm import atomics as _atomics
-from pydist.transport.shm import names
 from pydist.transport.shm.seal import Binding
 from pydist.transport.shm.segment import Segment, SharedMemoryFull
 from pydist.transport.shm.sharing import share
@@ -36,7 +36,7 @@ def small_shm(tmp_path, monkeypatch):
     directory = tmp_path / "shm"
     directory.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=1777", "tmpfs", str(directory)], check=True)
-    monkeypatch.setattr(names, "SHM_DIR", str(directory))
+    monkeypatch.setattr(shm_files, "SHM_DIR", str(directory))
     try:
         yield directory
     finally:

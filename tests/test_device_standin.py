@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 
+from pydist.core import shm_files as core_shm_files
 from pydist.core.deadline import Deadline
 from pydist.core.errors import OpTimeoutError, PeerFailedError
 from pydist.core.ops import ReduceOp
@@ -216,10 +217,10 @@ def test_device_files_are_only_opened_when_they_are_ours():
     try:
         os.close(fd)
         mapped.close()
-        with pytest.raises(ValueError, match="has 64 bytes, its handle says 128"):
+        with pytest.raises(ValueError, match="it has 64 bytes, expected 128"):
             shm_files.attach(name, 128)
-        os.chmod(os.path.join(shm_files.SHM_DIR, name), 0o644)
-        with pytest.raises(ValueError, match="not a private file"):
+        os.chmod(os.path.join(core_shm_files.SHM_DIR, name), 0o644)
+        with pytest.raises(ValueError, match="its mode 0644 lets other users in"):
             shm_files.attach(name, 64)
     finally:
         shm_files.unlink(name)
@@ -236,10 +237,10 @@ def _dead_pid() -> int:
 
 def test_files_of_a_dead_creator_are_removed():
     name = f"pydist-dm-{'ab' * 8}-{_dead_pid()}"
-    with open(os.path.join(shm_files.SHM_DIR, name), "wb"):
+    with open(os.path.join(core_shm_files.SHM_DIR, name), "wb"):
         pass
     assert name in shm_files.remove_stale()
-    assert not shm_files.alive(_dead_pid()) and shm_files.alive(os.getpid())
+    assert not core_shm_files.pid_alive(_dead_pid()) and core_shm_files.pid_alive(os.getpid())
 
 
 def test_the_ledger_counts_live_openers_only():

@@ -17,6 +17,7 @@ import time
 import traceback
 
 from ..core.settings import settings
+from ..core.shm_files import pid_alive
 
 PREFIX = "@@pydist-bench "
 LAUNCHER_ENV = "PYDIST_BENCH_LAUNCHER_PID"
@@ -28,13 +29,6 @@ def emit(event: dict) -> None:
     os.write(1, (PREFIX + json.dumps(event) + "\n").encode())
 
 
-def _gone(pid: int) -> bool:
-    """True once no process ``pid`` exists (signal 0 only probes; EPERM means it exists)."""
-    try:
-        os.kill(pid, 0)
-        return False
-    except OSError as error:
-        return isinstance(error, ProcessLookupError)
 
 
 def exit_when_orphaned(interval: float = 0.5) -> None:
@@ -44,7 +38,7 @@ def exit_when_orphaned(interval: float = 0.5) -> None:
     launcher = settings().bench_launcher_pid or 0
 
     def watch() -> None:
-        while os.getppid() == parent and not (launcher and _gone(launcher)):
+        while os.getppid() == parent and not (launcher and not pid_alive(launcher)):
             time.sleep(interval)
         os._exit(3)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..core import deadline as _deadline
 from ..core.deadline import Deadline
 from ..core.errors import OpTimeoutError, PeerFailedError
+from ..core.shm_files import pid_alive
 from . import handles, shm_files
 from .errors import DeviceError
 from .handles import EVENT, Handle
@@ -44,14 +45,14 @@ def wait_for(step: Callable[[], Blocker | None], deadline: Deadline, where: str,
     def settled() -> bool:
         last[0] = step()
         blocker = last[0]
-        return blocker is None or (blocker[0] is not None and not shm_files.alive(blocker[0].pid))
+        return blocker is None or (blocker[0] is not None and not pid_alive(blocker[0].pid))
 
     _deadline.poll_until(settled, deadline)
     blocker = last[0]
     if blocker is None:
         return
     source, description = blocker
-    if source is not None and not shm_files.alive(source.pid):
+    if source is not None and not pid_alive(source.pid):
         raise peer_died(source, where, what)
     owner = f" of {source.exporter}" if source is not None else ""
     raise OpTimeoutError(f"{where}: {what} not complete by the deadline (waiting for {description}{owner})")
@@ -118,7 +119,7 @@ class Event(ABC):
         """(the dead process's handle, what) when the exporter of this event, or of an event
         its recorded work waits on, is dead; None otherwise (runs no work)."""
         for source in (self.source, *self.peers.values()):
-            if source is not None and not shm_files.alive(source.pid):
+            if source is not None and not pid_alive(source.pid):
                 return source, "an event the work waits on"
         return None
 

@@ -27,6 +27,7 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..core.shm_files import pid_alive
 from . import shm_files
 
 SIZE = 4096
@@ -87,7 +88,7 @@ class Ledger:
             for at, pid, _ in self._slots():
                 if pid == me:
                     raise ValueError("this process has it open already: reuse that mapping")
-                if free is None and (pid == 0 or not shm_files.alive(pid)):
+                if free is None and (pid == 0 or not pid_alive(pid)):
                     free = at
             if free is None:
                 raise ValueError(f"{SLOTS} processes have it open already")
@@ -110,7 +111,7 @@ class Ledger:
 
     def _others(self) -> list[tuple[int, int | None]]:
         return [(pid, None if rank < 0 else rank) for _, pid, rank in self._slots()
-                if pid not in (0, os.getpid()) and shm_files.alive(pid)]
+                if pid not in (0, os.getpid()) and pid_alive(pid)]
 
     def retire(self) -> None:
         """Mark the buffer freed and remove the file; ValueError naming the live openers

@@ -3,29 +3,33 @@
 Behaviour
     ``new_name(letter)`` names a file ``pydist-d<letter>-<16 hex>-<creator pid>``;
     ``create(name, size)`` makes it (mode 0600, never following a link, never an existing
-    file) and maps it; ``attach(name, size)`` maps an existing one after checking that it is a
-    regular file of this user, mode 0600 and exactly ``size`` bytes. A name from a peer is
-    checked against the pattern before it touches the file system. ``remove_stale()`` (run
-    before each creation) unlinks the files whose creator is dead, so a killed process leaks
-    nothing past the next creation; a process that exits removes the files it made and did
-    not remove (a buffer a peer never closed, a failed group's: their users are gone with it).
+    file, its bytes reserved) and maps it; ``attach(name, size)`` maps an existing one after
+    checking that it is a regular file of this user, mode 0600 and exactly ``size`` bytes. A
+    name from a peer is checked against the pattern before it touches the file system.
+    ``remove_stale()`` (run before each creation) unlinks this user's files whose creator is
+    dead, so a killed process leaks nothing past the next creation, and leaves alone (never
+    raising on) whatever else is there; a process that exits removes the files it made and
+    did not remove (a buffer a peer never closed, a failed group's: their users are gone with
+    it). The file rules are pydist.core.shm_files', shared with the transport's segments.
 
 Failure modes
     A name that is not ours, a file of another user, with other permissions, of another size
-    or a link: ValueError saying which. A file that is gone: FileNotFoundError.
+    or a link: ValueError saying which. A file that is gone: FileNotFoundError. No room in
+    /dev/shm: SharedMemoryFull at creation.
 """
 from __future__ import annotations
 
 import atexit
+import functools
 import mmap
 import os
 import re
 import secrets
-import stat
 
-SHM_DIR = "/dev/shm"
+from ..core import shm_files
+
 PREFIX = "pydist-d"
-_NAME = re.compile(r"pydist-d[a-z]-[0-9a-f]{16}-[0-9]{1,10}")
+_NAME = re.compile(r"pydist-d[a-z]-[0-9a-f]{16}-([0-9]{1,10})")
 _MADE: set[str] = set()  # the files this process made and has not removed
 
 
@@ -49,9 +53,8 @@ def creator(name: str) -> int:
 def create(name: str, size: int) -> tuple[int, mmap.mmap]:
     """Make and map the file ``name`` of ``size`` bytes (zeros): (its descriptor, the map)."""
     remove_stale()
-    fd = os.open(os.path.join(SHM_DIR, check_name(name)), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = shm_files.create(check_name(name), size, "device file", "PYDIST_DEVICE_SLOT_BYTES")
     try:
-        os.ftruncate(fd, size)
         mapped = mmap.mmap(fd, size)
         _MADE.add(name)
         return fd, mapped
@@ -63,13 +66,11 @@ def create(name: str, size: int) -> tuple[int, mmap.mmap]:
 
 def attach(name: str, size: int) -> tuple[int, mmap.mmap]:
     """Map the existing file ``name`` once proven ours and ``size`` bytes: (descriptor, map)."""
-    fd = os.open(os.path.join(SHM_DIR, check_name(name)), os.O_RDWR | os.O_NOFOLLOW)
+    fd = shm_files.open_existing(check_name(name))
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise ValueError(f"/dev/shm/{name} is not a private file of this user: refused")
-        if info.st_size != size:
-            raise ValueError(f"/dev/shm/{name} has {info.st_size} bytes, its handle says {size}")
+        unfit = shm_files.unfit(os.fstat(fd), size)
+        if unfit is not None:
+            raise ValueError(f"{shm_files.path(name)} refused: {unfit}")
         return fd, mmap.mmap(fd, size)
     except BaseException:
         os.close(fd)
@@ -80,38 +81,14 @@ def unlink(name: str) -> None:
     """Remove the file ``name`` (already gone: nothing)."""
     _MADE.discard(name)
     try:
-        os.unlink(os.path.join(SHM_DIR, check_name(name)))
+        os.unlink(shm_files.path(check_name(name)))
     except FileNotFoundError:
         pass
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie, dead but not yet reaped
-    by its parent, counts as dead): a peer's liveness, on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            return stat_file.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
-
-
 def remove_stale() -> list[str]:
-    """Unlink the device files whose creating process is gone; their names."""
-    removed = []
-    for name in os.listdir(SHM_DIR):
-        if _NAME.fullmatch(name) and not alive(creator(name)):
-            try:
-                unlink(name)
-            except PermissionError:  # another user's: not ours to remove
-                continue
-            removed.append(name)
-    return removed
+    """Unlink this user's device files whose creating process is gone; their names."""
+    return shm_files.remove_stale(functools.partial(shm_files.creator_pid, _NAME))
 
 
 def _remove_made() -> None:

@@ -25,8 +25,8 @@ import threading
 from ..core import deadline as _deadline
 from ..core.deadline import Deadline
 from ..core.errors import OpTimeoutError
+from ..core.shm_files import pid_alive
 from ..device.events import Event, peer_died
-from ..device.shm_files import alive
 
 POLL_S = 0.05
 _log = logging.getLogger("pydist")
@@ -85,7 +85,7 @@ class Watchdog:
         except Exception as error:  # noqa: BLE001 - a device error is the call's failure
             return self._fail(error)
         source, description = blocker
-        if source is not None and not alive(source.pid):
+        if source is not None and not pid_alive(source.pid):
             return self._fail(peer_died(source, self.where, what))
         if not self.strict and deadline.at is not None and _deadline.now() >= deadline.at:
             return self._fail(OpTimeoutError(f"{self.where}: {what} not complete on the device by its deadline "

@@ -19,13 +19,13 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import stat
 from typing import Protocol
 
 import numpy as np
 
-from ...core.errors import DistError, DistStoreError
-from . import names
+from ...core import shm_files
+from ...core.errors import DistStoreError
+from ...core.shm_files import SharedMemoryFull
 from .names import NAME, PREFIX, creator_pid, remove_stale, segment_name
 from .seal import SEAL_BYTES, Binding
 
@@ -35,8 +35,6 @@ __all__ = ["PREFIX", "Keepalive", "Segment", "SegmentRefused", "SharedMemoryFull
 #: fresh names tried when creating a segment before giving up (a collision means someone
 #: made that name first: with 128 random bits, only by reading it somewhere)
 CREATE_TRIES = 8
-_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a planted FIFO does not block
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class Keepalive(Protocol):
@@ -45,10 +43,6 @@ class Keepalive(Protocol):
     def unlink(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-class SharedMemoryFull(DistError):
-    """/dev/shm has no room for a segment: raised at its creation (see the module)."""
 
 
 class SegmentRefused(DistStoreError):
@@ -62,7 +56,7 @@ class Segment:
 
     def __init__(self, name: str, fd: int, payload: int):
         self.name = name
-        self._path = _path(name)
+        self._path = shm_files.path(name)
         self._map = mmap.mmap(fd, SEAL_BYTES + payload)
         self.array = np.frombuffer(self._map, dtype=np.uint8, count=payload, offset=SEAL_BYTES)
         self.base = self.array.ctypes.data
@@ -75,20 +69,18 @@ class Segment:
         for _ in range(CREATE_TRIES):
             name = segment_name(token, purpose)
             try:
-                fd = os.open(_path(name), _OPEN | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = shm_files.create(name, SEAL_BYTES + binding.payload, f"segment ({purpose})")
             except FileExistsError:
                 continue
             break
         else:
-            raise FileExistsError(f"{CREATE_TRIES} fresh names for a shared-memory segment in {names.SHM_DIR} "
+            raise FileExistsError(f"{CREATE_TRIES} fresh names for a shared-memory segment in {shm_files.SHM_DIR} "
                                   "were all taken")
         try:
-            os.fchmod(fd, 0o600)  # whatever the umask
-            _reserve(fd, SEAL_BYTES + binding.payload, purpose)
             segment = cls(name, fd, binding.payload)
             binding.seal(segment._map, name)
         except BaseException:
-            os.unlink(_path(name))
+            os.unlink(shm_files.path(name))
             raise
         finally:
             os.close(fd)
@@ -101,14 +93,14 @@ class Segment:
         if NAME.fullmatch(name) is None:
             raise SegmentRefused(f"{name[:80]!r} is not a pydist segment name")
         try:
-            fd = os.open(_path(name), _OPEN)
+            fd = shm_files.open_existing(name)
         except FileNotFoundError:
             raise
         except OSError as error:
             why = "it is a symbolic link" if error.errno == errno.ELOOP else f"it cannot be opened ({error.strerror})"
             raise SegmentRefused(f"{name}: {why}") from None
         try:
-            unfit = _unfit(os.fstat(fd), SEAL_BYTES + binding.payload)
+            unfit = shm_files.unfit(os.fstat(fd), SEAL_BYTES + binding.payload)
             if unfit is not None:
                 raise SegmentRefused(f"{name}: {unfit}")
             segment = cls(name, fd, binding.payload)
@@ -136,44 +128,6 @@ class Segment:
             self._map.close()
         except BufferError:
             pass
-
-
-def _path(name: str) -> str:
-    return os.path.join(names.SHM_DIR, name)  # read at each call: tests point it at a small tmpfs
-
-
-def _unfit(info: os.stat_result, size: int) -> str | None:
-    """Why a file with ``info`` is not a segment of ``size`` bytes this user made (None: it may be)."""
-    if not stat.S_ISREG(info.st_mode):
-        return "it is not a regular file"
-    if info.st_uid != os.geteuid():
-        return f"it is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
-    if info.st_mode & 0o077:
-        return f"its mode {stat.S_IMODE(info.st_mode):04o} lets other users in (pydist makes 0600)"
-    if info.st_size != size:
-        return f"it has {info.st_size} bytes, expected {size}"
-    return None
-
-
-def _reserve(fd: int, size: int, purpose: str) -> None:
-    """Give the file ``size`` bytes of real memory now; SharedMemoryFull when there is no room."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as error:
-        if error.errno not in _FULL:
-            raise
-        raise SharedMemoryFull(f"{names.SHM_DIR} has no room for a shared-memory segment ({purpose}) of {size} bytes: "
-                               f"{_free_bytes()} bytes are free. Give it more (docker run --shm-size=1g, or a "
-                               "larger tmpfs on /dev/shm), lower PYDIST_SHM_SLOT_BYTES / PYDIST_SHM_RING_BYTES, "
-                               "or turn shared memory off with PYDIST_SHM=0") from error
-
-
-def _free_bytes() -> int | str:
-    try:
-        info = os.statvfs(names.SHM_DIR)
-    except OSError:
-        return "unknown"
-    return info.f_bavail * info.f_frsize
 
 
 def anonymous(size: int) -> tuple[np.ndarray, int]:
