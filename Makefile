@@ -95,7 +95,8 @@ bench: test-venv
 	$(VENV)/bin/pydist-bench --op all_reduce --nproc 2 --sizes 4:256M --compare gloo,mpi
 	$(VENV)/bin/pydist-bench --op all_reduce --nproc 4 --sizes 4:256M --compare gloo,mpi
 
-# On a machine with a CUDA GPU: every test marked gpu, from the source tree, no venv (tools/gpu_check.sh).
+# On a machine with a CUDA GPU: the checks of issue 47 item 6 (tools/gpu_check.py; docs/guide/gpu.md), from
+# the source tree, no venv; one line and exit 0 without a GPU. `--device standin` runs them on the stand-in.
 gpu-check:
 	sh tools/gpu_check.sh
 
