@@ -171,6 +171,16 @@ class Settings:
         "(device to device through CUDA IPC between the ranks of a host, staged through pinned "
         "memory across hosts; docs/guide/gpu.md). Opt-in until make gpu-check has passed on a GPU. "
         "0: pydist refuses them, saying how to ask; in torch they go where PYDIST_CUDA says.")
+    cuda_chunk_bytes: int = _setting(
+        "PYDIST_CUDA_CHUNK_BYTES", 4 << 20, _count(64, 8), "bytes, multiple of 8, >= 64",
+        "Chunk of the staged path that carries CUDA tensors across hosts through pinned host "
+        "memory: three chunks in flight (device to host chunk k+1, network chunk k, host to "
+        "device chunk k-1; 4 MiB as UCX's CUDA pipeline). A collective of W parts per chunk "
+        "(all_gather, all_to_all...) gives each part 1/W of it.")
+    cuda_pinned_bytes: int = _setting(
+        "PYDIST_CUDA_PINNED_BYTES", 12 << 20, _count(64), "bytes, >= 64 and >= the chunk",
+        "Pinned host memory a group's staged path holds at most: its pool of chunk buffers, made "
+        "on first use and reused. Three chunks let the three stages overlap; fewer run them in turn.")
     host_id: str | None = _setting(
         "PYDIST_HOST_ID", None, _text, "any text",
         "Host identity: ranks with equal ones share memory (default: host name, boot id, "
