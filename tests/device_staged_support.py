@@ -17,7 +17,7 @@ import numpy as np
 import pydist
 from pydist.algorithms._partition import block_bounds
 from pydist.algorithms.device_staging import Staging
-from pydist.core.buffers import float32_to_bf16_bits
+from pydist.core.buffers import bf16_bits_to_float32, float32_to_bf16_bits
 from pydist.core.deadline import Deadline
 from pydist.device import open_device
 from pydist.device.pinned_pool import PinnedPool
@@ -132,9 +132,13 @@ class ApiOneHost:
         self.calls: list[str] = []
 
     def _down(self, array: Any, stream: Any) -> np.ndarray:
-        return self.device.to_host(array, stream, Deadline.after(DEADLINE_S)).reshape(-1)
+        """The values of ``array`` (bfloat16 widened to float32, as pydist's CPU path reduces it)."""
+        host = self.device.to_host(array, stream, Deadline.after(DEADLINE_S)).reshape(-1)
+        return bf16_bits_to_float32(host) if self.device.describe(array)[0].name == "bfloat16" else host
 
     def _up(self, array: Any, host: np.ndarray, stream: Any) -> None:
+        if self.device.describe(array)[0].name == "bfloat16":
+            host = float32_to_bf16_bits(host)
         self.device.copy(array, host.reshape(self.device.describe(array)[1]), stream)
         stream.synchronize(Deadline.after(DEADLINE_S))
 
