@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_check_engine as engine  # noqa: E402 - after the path it needs
+import gpu_check_staged as staged  # noqa: E402
 import gpu_check_streams as streams  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
@@ -234,7 +235,7 @@ CHECKS: list[tuple[str, str, Callable[[str], Row]]] = [
     ("5", "a short run under TORCH_CUDA_SANITIZER=1", streams.sanitizer),
     ("6", "non-default caller stream, async_op both ways, wait() not blocking", streams.streams),
     ("7", "inputs freed right after the call, empty_cache on the peers", streams.freed_inputs),
-    ("8", "staged path over loopback TCP: chunk edges, pipelined vs serial", pending("the staged path (item 3)")),
+    ("8", "staged path over loopback TCP: chunk edges, pipelined vs serial", staged.check),
     ("9", "a peer killed mid-call: the survivor names it by the deadline", streams.killed_peer),
     ("10", "pydist-bench --device cuda against gloo, with and without MPS", streams.bench),
     ("-", "tests marked gpu (pydist beside gloo)", cuda_only(tests_marked_gpu)),
