@@ -20,7 +20,7 @@ Behaviour
     ranks and up to PYDIST_DEVICE_ONE_SHOT_BYTES, else reduce-scatter + all-gather; the
     protocol is algorithms/device_slots.py); send and recv through a channel per pair and
     direction (algorithms/device_p2p.py), outside the group's queue. A group spanning hosts:
-    the staged path (issue 47 item 3), when it is there; until then a clear error at the call.
+    engines/device_across.py (its slots are its host's ranks', over the host's arena).
     ``drain`` is this rank's half of NCCL's barrier (the API then runs the host barrier).
 
     Failures: every call's end event goes to the group's watchdog (engines/device_watchdog):
@@ -273,12 +273,11 @@ class DeviceEngine:
         if self.slots is None:
             native, device = self.native, self.device
             assert device is not None
-            if native.spans_hosts:
-                raise DistBackendError(f"{ctx.name} (seq {ctx.seq}): device tensors in a group spanning hosts need "
-                                       "the staged path (issue 47 item 3), which this pydist does not have yet; "
-                                       "use \"cpu:pydist,cuda:gloo\" for such groups")
-            arena = native.arena(ctx) if native.size > 1 else None
-            if native.size > 1 and arena is None:
+            if native.spans_hosts:  # this host's ranks of the group (engines/device_across.py checks the arena)
+                arena = native.host_arena(ctx)
+            else:
+                arena = native.arena(ctx) if native.size > 1 else None
+            if native.size > 1 and arena is None and not native.spans_hosts:
                 raise DistBackendError(f"{ctx.name} (seq {ctx.seq}): device tensors between the ranks of a host go "
                                        "through CUDA IPC, controlled through the group's shared memory, which it "
                                        "does not have (PYDIST_SHM=0, or /dev/shm had no room)")

@@ -99,6 +99,13 @@ class NativeEngine(Engine):
             arena.alive = lambda: self._alive(members)
         return arena
 
+    def host_arena(self, ctx: OpContext):
+        """The arena of this host's ranks of a group spanning hosts, made on first use; None
+        when this rank is alone on its host or they have no shared memory."""
+        if self._local_arena is None and len(self.local) > 1:
+            self._local_arena = self._arena_for(ctx, self.local)
+        return self._local_arena
+
     def arena(self, ctx: OpContext):
         if not self._arena_tried and self.size > 1 and not self.spans_hosts:
             self._arena = self._arena_for(ctx, list(range(self.size)))
@@ -119,8 +126,8 @@ class NativeEngine(Engine):
         try:
             if self.size > 1 and not self.spans_hosts:
                 arena = self.arena(ctx)
-            elif self.spans_hosts and self._local_arena is None and len(self.local) > 1:
-                arena = self._local_arena = self._arena_for(ctx, self.local)
+            elif self.spans_hosts and len(self.local) > 1:
+                arena = self.host_arena(ctx)
             else:
                 return
         except DistError as error:
@@ -224,13 +231,11 @@ class NativeEngine(Engine):
         its arena), the leaders' Comm (one rank per host: the lowest, or ``root`` on its host),
         this rank's rail and, for all_reduce, the network algorithm for ``sizes`` (bytes,
         count) among the leaders or along each rail."""
-        if self._local_arena is None and len(self.local) > 1:
-            self._local_arena = self._arena_for(ctx, self.local)
-            if self._local_arena is None:  # forced with shared memory off, or /dev/shm had no room for it
-                raise DistBackendError(f"{ctx.name} (seq {ctx.seq}): {algorithm} {collective} needs shared memory "
-                                       "between this host's ranks of the group, which they do not have (PYDIST_SHM=0, "
-                                       "or /dev/shm had no room: see the warning of this host's lowest rank; docker "
-                                       "run --shm-size=...)")
+        if self.host_arena(ctx) is None and len(self.local) > 1:  # forced with shared memory off, or no room
+            raise DistBackendError(f"{ctx.name} (seq {ctx.seq}): {algorithm} {collective} needs shared memory "
+                                   "between this host's ranks of the group, which they do not have (PYDIST_SHM=0, "
+                                   "or /dev/shm had no room: see the warning of this host's lowest rank; docker "
+                                   "run --shm-size=...)")
         hosts, host, leader_ranks, rail_ranks = self._layout(root)
         local = Comm(self.transport, self.group_id, self.transport_ranks, self.rank, ctx.seq, ctx.deadline, ctx.name,
                      ctx.timeout_text, self._local_arena, call)

@@ -16,6 +16,7 @@ from typing import Any
 from ..core.buffers import device_kind
 from ..core.settings import settings
 from ..engines.device import DeviceEngine
+from ..engines.device_across import AcrossHostsEngine
 
 _ENGINES: weakref.WeakKeyDictionary[Any, DeviceEngine] = weakref.WeakKeyDictionary()
 _ALLOWED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -51,7 +52,7 @@ def engine_of(group: Any) -> DeviceEngine:
         if not hasattr(native, "arena"):
             raise ValueError(f"device tensors run on pydist's native engine; this group runs on {native.name} "
                              "(move them with .cpu(), or make the group with the native engine)")
-        found = _ENGINES[group] = DeviceEngine(native)
+        found = _ENGINES[group] = (AcrossHostsEngine if native.spans_hosts else DeviceEngine)(native)
     return found
 
 

@@ -1,0 +1,89 @@
+"""Device tensors across hosts through pydist's API (the device engine's dispatch to the staged
+path, engines/device_across.py): real processes posing as hosts (PYDIST_HOST_ID), the strict
+stand-in, 4 KiB chunks so that every tensor takes several. 2 hosts x 2 ranks (the rails: the
+host's device collectives over IPC, each rank's share across hosts), 2 hosts x 1 rank and
+2 + 1 ranks (the staged and leaders paths)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pydist
+from pydist.core.deadline import Deadline
+from pydist.testing import run_processes
+
+pytestmark = [pytest.mark.device, pytest.mark.slow]
+
+ENV = {"PYDIST_CUDA_CHUNK_BYTES": "4096", "PYDIST_CUDA_PINNED_BYTES": "12288", "PYDIST_DEVICE_SLOT_BYTES": "4096",
+       "PYDIST_AUTH_TOKEN": "device-staged-api-test"}
+COUNT = 3001  # float32: 3 chunks of 4 KiB and a bit; not divisible by 2 ranks a host
+
+
+def _collectives(rank: int, size: int) -> dict:
+    from pydist.device import open_device
+
+    device = open_device("standin", 0, rank)
+    stream = device.current_stream()
+
+    def put(host: np.ndarray, name: str = "float32"):
+        return device.from_host(host, name, stream)
+
+    def read(array) -> np.ndarray:
+        return device.to_host(array, stream, Deadline.after(60))
+
+    base = np.arange(COUNT, dtype=np.float32) % 97
+    found = {}
+    tensor = put(base + rank)
+    pydist.all_reduce(tensor)
+    found["all_reduce"] = read(tensor)
+    tensor = put((np.arange(COUNT) * (rank + 1)).astype(np.int64), "int64")
+    pydist.all_reduce(tensor, op=pydist.ReduceOp.AVG)
+    found["all_reduce avg int64"] = read(tensor)
+    tensor = put(base + rank)
+    pydist.broadcast(tensor, src=size - 1)
+    found["broadcast"] = read(tensor)
+    tensor = put(base + rank)
+    pydist.reduce(tensor, dst=1, op=pydist.ReduceOp.MAX)
+    found["reduce"] = read(tensor)
+    output = device.empty((size * 700,), "float32")
+    pydist.all_gather_into_tensor(output, put(np.full(700, rank, np.float32)))
+    found["all_gather"] = read(output)
+    output = device.empty((700,), "float32")
+    pydist.reduce_scatter_tensor(output, put(np.arange(size * 700, dtype=np.float32) * (rank + 1)))
+    found["reduce_scatter"] = read(output)
+    outputs = [device.empty((500,), "float32") for _ in range(size)] if rank == 0 else None
+    pydist.gather(put(np.full(500, rank, np.float32)), outputs, dst=0)
+    found["gather"] = [read(out) for out in outputs] if outputs is not None else None
+    output = device.empty((500,), "float32")
+    pydist.scatter(output, [put(np.full(500, 10 + j, np.float32)) for j in range(size)] if rank == 1 else None, src=1)
+    found["scatter"] = read(output)
+    output = device.empty((size * 600,), "float32")
+    pydist.all_to_all_single(output, put(np.repeat(np.arange(size, dtype=np.float32) + 100 * rank, 600)))
+    found["all_to_all"] = read(output)
+    pydist.barrier()
+    return found
+
+
+def _check(results: list[dict]) -> None:
+    size = len(results)
+    base = np.arange(COUNT, dtype=np.float32) % 97
+    for rank, found in enumerate(results):
+        np.testing.assert_array_equal(found["all_reduce"], size * base + sum(range(size)))
+        total = np.arange(COUNT) * sum(range(1, size + 1))
+        np.testing.assert_array_equal(found["all_reduce avg int64"], total // size)
+        np.testing.assert_array_equal(found["broadcast"], base + size - 1)
+        np.testing.assert_array_equal(found["reduce"], base + (size - 1 if rank == 1 else rank))
+        np.testing.assert_array_equal(found["all_gather"], np.repeat(np.arange(size, dtype=np.float32), 700))
+        block = np.arange(rank * 700, (rank + 1) * 700, dtype=np.float32) * sum(range(1, size + 1))
+        np.testing.assert_array_equal(found["reduce_scatter"], block)
+        if rank == 0:
+            for j, out in enumerate(found["gather"]):
+                np.testing.assert_array_equal(out, np.full(500, j, np.float32))
+        np.testing.assert_array_equal(found["scatter"], np.full(500, 10 + rank, np.float32))
+        np.testing.assert_array_equal(found["all_to_all"], np.repeat(np.arange(size) * 100 + rank, 600))
+
+
+@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1], [0, 0, 1]], ids=["2x2-rails", "2x1-staged", "2+1-leaders"])
+def test_every_collective_across_hosts(hosts):
+    rank_env = {rank: {"PYDIST_HOST_ID": f"host{host}"} for rank, host in enumerate(hosts)}
+    _check(run_processes(len(hosts), _collectives, env=ENV, rank_env=rank_env, timeout=120))
