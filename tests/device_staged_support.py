@@ -3,7 +3,7 @@ and a one-host device stand-in for the composition.
 
 ``ApiHost`` is pydist.algorithms.device_staging.HostCollectives over pydist's public API on a
 group (numpy arrays; group ranks). ``staging_for(device, pool)`` is a rank's Staging with the
-caller's stream and a staging stream. ``ApiOneHost`` plays the one-host device collectives
+caller's stream and two staging streams (down, up). ``ApiOneHost`` plays the one-host device collectives
 (pydist.algorithms.device_rails.OneHost) over the host's CPU group: each call brings its
 device arrays to the host, runs pydist's collective and copies the result back, ordered on
 the caller's stream — slow, but exact, so the composition's logic is tested on its own.
@@ -32,9 +32,9 @@ def make_pool(buffer_bytes: int, buffers: int = 3) -> PinnedPool[np.ndarray]:
 
 
 def staging_for(device: Any, pool: PinnedPool, trace=None, depth: int = 3) -> Staging:
-    """A rank's Staging: the device's current stream as the caller's, a new staging stream."""
-    return Staging(device, device.current_stream(), device.new_stream(), pool, Deadline.after(DEADLINE_S),
-                   depth=depth, trace=trace)
+    """A rank's Staging: the device's current stream as the caller's, two new staging streams."""
+    return Staging(device, device.current_stream(), device.new_stream(), device.new_stream(), pool,
+                   Deadline.after(DEADLINE_S), depth=depth, trace=trace)
 
 
 def on_ranks(size: int, fn: Any, *args: Any, hosts: list[str] | None = None, buffer_bytes: int = 64,

@@ -38,8 +38,8 @@ def _rank(kind, rank, link, port):
         if rank == DIES and stage == "net" and index == AT_CHUNK:
             os._exit(17)  # mid-pipeline: chunk 4 coming down, chunk 2 going up
 
-    staging = Staging(device, device.current_stream(), device.new_stream(), make_pool(4096), Deadline.after(60),
-                      trace=trace)
+    staging = Staging(device, device.current_stream(), device.new_stream(), device.new_stream(), make_pool(4096),
+                      Deadline.after(60), trace=trace)
     tensor = device.from_host(np.ones(COUNT, np.float32), "float32", staging.caller)
     started = time.monotonic()
     try:

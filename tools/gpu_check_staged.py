@@ -13,7 +13,7 @@ staged all_reduce (pydist.algorithms.device_staged_reductions) with the host ste
 
 Run: ``python tools/gpu_check_staged.py --device cuda`` (tools/gpu_check.py runs it as check 8),
 or on any machine ``--device standin`` (the strict stand-in through the whole path; a thread
-per rank runs the staging stream's work as it is enqueued, as a copy engine would; the
+per rank runs the staging streams' work as it is enqueued, as copy engines would; the
 stand-in copies every operation's inputs when it is enqueued, so its times are the stand-in's
 more than the pipeline's) or ``--device model`` (the edges on the stand-in; the throughput
 runs through the schedule alone, numpy arrays as device memory and a thread as the copy
@@ -45,10 +45,11 @@ EDGE_CHUNK = 4096
 EDGES = {"float32": [0, 1, 1023, 1024, 1025, 3 * 1024 + 5], "bfloat16": [2047, 2048, 2049], "int64": [511, 513]}
 
 
-def _pump(stream, stop: threading.Event) -> None:
-    """The stand-in's copy engine: run the staging stream's work as soon as it can run."""
+def _pump(streams, stop: threading.Event) -> None:
+    """The stand-in's copy engines: run the staging streams' work as soon as it can run."""
     while not stop.wait(0.0002):
-        stream.query()
+        for stream in streams:
+            stream.query()
 
 
 def _staging(device, chunk: int, depth: int):
@@ -56,7 +57,8 @@ def _staging(device, chunk: int, depth: int):
     from pydist.core.deadline import Deadline
 
     pool = pinned_pool(device, chunk, 3 * chunk)
-    return Staging(device, device.current_stream(), device.new_stream(), pool, Deadline.after(300), depth=depth)
+    return Staging(device, device.current_stream(), device.new_stream(), device.new_stream(), pool,
+                   Deadline.after(300), depth=depth)
 
 
 def _edges(device, host) -> list[str]:
@@ -116,7 +118,7 @@ def _stager(kind: str, device, host, nbytes: int, chunk: int, depth: int,
     staging = _staging(device, chunk, depth)
     tensor = device.from_host(np.ones(nbytes // 4, np.float32), "float32", staging.caller)
     stop = threading.Event()
-    pump = threading.Thread(target=_pump, args=(staging.stream, stop), daemon=True)
+    pump = threading.Thread(target=_pump, args=((staging.down, staging.up), stop), daemon=True)
     if kind == "standin":
         pump.start()
     try:

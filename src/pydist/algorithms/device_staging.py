@@ -5,8 +5,10 @@ Behaviour
     (a CPU collective of the group) on them, and moves the result back, in chunks that flow
     through pydist.device.staged_schedule: while chunk k is on the network, chunk k+1 comes
     down (device -> host) and chunk k-1 goes up (host -> device). ``Staging`` holds what the
-    call needs: the device, the caller's stream, the group's staging stream, the group's pool
-    of pinned host buffers (a buffer per chunk in flight) and the call's deadline.
+    call needs: the device, the caller's stream, the group's two staging streams (``down``
+    for the copies to the host, ``up`` for those back: on CUDA each runs on its own copy
+    engine, so chunk k+1 coming down and chunk k-1 going up overlap), the group's pool of
+    pinned host buffers (a buffer per chunk in flight) and the call's deadline.
 
     ``Staging.run(parts, step)`` stages a list of :class:`Part`: each a 1-D range of ``count``
     elements, copied down from the device array ``down`` and/or up into ``up`` (either may be
@@ -16,19 +18,22 @@ Behaviour
     float32 values). ``chunks`` fixes the number of chunks (every rank of a host step must
     run the same number; by default what its own parts need).
 
-    Stream order is the caller's, as NCCL's: the staging stream waits for the caller's work
-    so far before its first copy. Each copy is followed by an event, which the schedule
-    waits on (a CUDA event query loop against the deadline) before the host reads a buffer
-    and before a buffer goes back to the pool; so when ``run`` returns every copy up is
-    complete and work the caller enqueues next sees the result. The arrays staged are kept
-    alive for the staging stream (torch's record_stream).
+    Stream order is the caller's, as NCCL's: both staging streams wait for the caller's work
+    so far before their first copy (the copies down read what it wrote; the copies up
+    overwrite only what it is done with). Each copy is followed by an event, which the
+    schedule waits on (a CUDA event query loop against the deadline) before the host reads a
+    buffer and before a buffer goes back to the pool: a chunk goes up only after the host saw
+    it come down, so an in-place part's two streams never touch the same elements at once.
+    When ``run`` returns every copy is complete, and the caller's stream waits for both
+    staging streams, so work the caller enqueues next sees the result. The arrays staged are
+    kept alive for the stream that copies them (torch's record_stream).
 
     ``trace`` (tests) is told each stage as it happens: ("down", k) when a copy down is
     enqueued, ("down done", k) when the host has waited for it, ("net", k) and ("net done",
     k) around the host step, ("up", k) and ("up done", k) likewise.
 
 Cost
-    Per chunk: two async copies and two events on the device, one host step; the host waits
+    Per chunk: two async copies (one on each staging stream) and two events, one host step; the host waits
     for copy k+1 only after step k. With chunk times d, n, u and c chunks: about
     d + u + c * max(d, n, u) instead of c * (d + n + u). Pinned memory: at most
     min(3, pool buffers) buffers of the pool at once, reused for the group's life.
@@ -168,7 +173,8 @@ class Staging:
 
     device: Device
     caller: Stream
-    stream: Stream
+    down: Stream
+    up: Stream
     pool: PinnedPool[np.ndarray]
     deadline: Deadline
     depth: int = DEPTH
@@ -189,16 +195,18 @@ class Staging:
 
     def run(self, parts: Sequence[Part], kind: DType, step: Step, chunks: int | None = None) -> None:
         """Stage ``parts`` through ``step``, pipelined (module docstring)."""
-        device, stream = self.device, self.stream
+        device, streams = self.device, {"down": self.down, "up": self.up}
         trace = _no_trace if self.trace is None else self.trace
         unit = self.unit(len(parts), kind)
         count = self.chunks_for(parts, kind) if chunks is None else chunks
         host = host_dtype(kind)
         for part in parts:
-            for array in (part.down, part.up):
-                if array is not None:
-                    device.keep_alive(array, stream)
-        self._follow(self.caller, stream)
+            if part.down is not None:
+                device.keep_alive(part.down, self.down)
+            if part.up is not None:
+                device.keep_alive(part.up, self.up)
+        self._follow(self.caller, self.down)  # the copies down read what the caller's work wrote
+        self._follow(self.caller, self.up)  # the copies up overwrite only after the caller's work used it
 
         def segments(index: int, buffer: np.ndarray) -> list[tuple[Part, int, int, np.ndarray]]:
             start, views = index * unit, []
@@ -210,7 +218,7 @@ class Staging:
             return views
 
         def copied(chunk: Chunk, buffer: np.ndarray, way: str) -> _Copied:
-            moved = False
+            moved, stream = False, streams[way]
             for part, start, stop, view in segments(chunk.index, buffer):
                 array = part.down if way == "down" else part.up
                 if array is not None and stop > start:
@@ -237,6 +245,8 @@ class Staging:
         run_staged([Chunk(k, k * unit, nbytes) for k in range(count)], self.pool,
                    lambda chunk, buffer: copied(chunk, buffer, "down"), network,
                    lambda chunk, buffer: copied(chunk, buffer, "up"), self.deadline, self.depth)
+        self._follow(self.up, self.caller)  # (done already: the host waited for every copy)
+        self._follow(self.down, self.caller)
 
     def _follow(self, earlier: Stream, later: Stream) -> None:
         """Later work on ``later`` waits for the work enqueued on ``earlier`` so far."""

@@ -15,7 +15,7 @@ Behaviour
       through the whole group's CPU collective (pydist.algorithms.device_staged_*).
 
     The pinned pool (PYDIST_CUDA_CHUNK_BYTES chunks, PYDIST_CUDA_PINNED_BYTES in all) and the
-    staging stream are the group's, made at its first call. Unlike one host's calls, a call
+    two staging streams (down, up) are the group's, made at its first call. Unlike one host's calls, a call
     here returns once its work is *done*, not just enqueued: the host carries every chunk
     between the device and the network (an async_op call does that on the group's thread).
     ``barrier``: the caller's device work synchronized, then a host barrier of the group.
@@ -55,17 +55,17 @@ class AcrossHostsEngine(DeviceEngine):
         self.place = hosts[self.host].index(native.rank)
         self.path = rails.choose(hosts, native.transport.shares_arenas)
         self.pool: PinnedPool | None = None
-        self.staging_stream: Stream | None = None
+        self.staging_streams: tuple[Stream, Stream] | None = None  # (down, up)
 
     # -- what a call runs on ----------------------------------------------------------------
 
     def _staging(self, ctx: OpContext, call: DeviceCall) -> Staging:
         device = call.device
-        if self.pool is None or self.staging_stream is None:
+        if self.pool is None or self.staging_streams is None:
             current = settings()
             self.pool = pinned_pool(device, current.cuda_chunk_bytes, current.cuda_pinned_bytes)
-            self.staging_stream = device.new_stream()
-        return Staging(device, call.stream, self.staging_stream, self.pool, ctx.deadline)
+            self.staging_streams = (device.new_stream(), device.new_stream())
+        return Staging(device, call.stream, *self.staging_streams, self.pool, ctx.deadline)
 
     def _group(self, ctx: OpContext) -> NetworkSteps:
         return NetworkSteps(self.native, ctx, list(range(self.native.size)))
