@@ -5,6 +5,8 @@ host's device collectives over IPC, each rank's share across hosts), 2 hosts x 1
 2 + 1 ranks (the staged and leaders paths)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -87,3 +89,42 @@ def _check(results: list[dict]) -> None:
 def test_every_collective_across_hosts(hosts):
     rank_env = {rank: {"PYDIST_HOST_ID": f"host{host}"} for rank, host in enumerate(hosts)}
     _check(run_processes(len(hosts), _collectives, env=ENV, rank_env=rank_env, timeout=120))
+
+
+def _device_files() -> list[str]:
+    """This process's device files in /dev/shm (buffers, ledgers, events)."""
+    return sorted(name for name in os.listdir("/dev/shm")
+                  if name.startswith("pydist-d") and name.endswith(f"-{os.getpid()}"))
+
+
+def _destroyed(rank: int, size: int) -> tuple[list[str], list[str]]:
+    """A group that ran collectives and send/recv of device tensors (one peer on this host,
+    one on another where there is one), then destroyed: its device files before and after."""
+    from pydist.device import open_device
+
+    device = open_device("standin", 0, rank)
+    stream = device.current_stream()
+    group = pydist.new_group(list(range(size)))
+    tensor = device.from_host(np.ones(COUNT, np.float32), "float32", stream)
+    pydist.all_reduce(tensor, group=group)
+    for partner in {rank ^ 1, (rank + size // 2) % size} - {rank}:
+        works = [pydist.irecv(device.empty((COUNT,), "float32"), src=partner, group=group),
+                 pydist.isend(tensor, dst=partner, group=group)]
+        for work in works:
+            work.wait()
+    device.to_host(tensor, stream, Deadline.after(60))
+    made = _device_files()
+    pydist.destroy_process_group(group)
+    pydist.barrier()  # every rank has destroyed it (a host barrier: the default group runs no device work)
+    return made, _device_files()
+
+
+@pytest.mark.parametrize("hosts", [[0, 0]], ids=["one host"])
+def test_destroy_frees_the_groups_device_files(hosts):
+    """Buffers, ledgers and events of the slots and of the send/recv channels are removed at
+    the group's destroy, not at the process's exit (which multiprocessing's children skip)."""
+    rank_env = {rank: {"PYDIST_HOST_ID": f"host{host}"} for rank, host in enumerate(hosts)}
+    for rank, (made, left) in enumerate(run_processes(len(hosts), _destroyed, env=ENV, rank_env=rank_env,
+                                                      timeout=120)):
+        assert made, f"rank {rank} made no device files: the test tests nothing"
+        assert left == [], f"rank {rank}: {left} left after the destroy"

@@ -161,6 +161,7 @@ class Channels:
             self.device.close(receiver.mapping)
         self.receivers.clear()
         for sender in self.senders.values():
+            sender.close()
             free_when_closed(self.device, sender.buffer, deadline)
         self.senders.clear()
 
@@ -180,11 +181,13 @@ class Sender:
         self.queue: deque[Message] = deque()
         self.failure: BaseException | None = None
         self.where = channels.transport_ranks[peer]
+        self.waiting: list[Request] = []  # its receives of the peer's DONE and next ACK
         offer = Offer(channels.rank, device.uuid, device.export(self.buffer), tuple(e.export() for e in self.sent))
         channels.transport.isend(self.where, memoryview(_hello(offer)), channels.key(HELLO_SEQ, 0))
         done = bytearray(_HELLO_BYTES)
-        channels.transport.irecv(self.where, memoryview(done), channels.key(DONE_SEQ, 0)).add_callback(
-            lambda request: self._done_came(done, request))
+        request = channels.transport.irecv(self.where, memoryview(done), channels.key(DONE_SEQ, 0))
+        self.waiting.append(request)
+        request.add_callback(lambda request: self._done_came(done, request))
         self._await_ack()
 
     def post(self, message: Message) -> None:
@@ -200,6 +203,8 @@ class Sender:
     def _await_ack(self) -> None:
         ack = bytearray(_ACK.size)
         request = self.channels.transport.irecv(self.where, memoryview(ack), self.channels.key(ACK_SEQ, 0))
+        with self.channels.lock:
+            self.waiting = [waiting for waiting in self.waiting if not waiting.done()] + [request]
         request.add_callback(lambda done: self._ack_came(ack, done))
 
     def _ack_came(self, ack: bytearray, request: Request) -> None:
@@ -226,6 +231,16 @@ class Sender:
             waiting, self.queue = list(self.queue), deque()
         for message in waiting:
             message.on_enqueued(self.failure, None)
+
+    def close(self) -> None:
+        """Withdraw its receives (their callbacks hold it) and drop its events: the group is
+        destroyed, so the events' files go now, not at the process's exit."""
+        with self.channels.lock:
+            waiting, self.waiting = self.waiting, []
+            self.sent, self.peer_done = [], None
+        for request in waiting:
+            if not request.done():
+                self.channels.transport.cancel(request)
 
     def pump(self) -> None:
         """Send what the slots allow now (module docstring)."""

@@ -231,9 +231,13 @@ class DeviceSlots:
     def close(self, deadline: Deadline) -> None:
         """Close the peers' mappings, then free this rank's buffer once the peers closed theirs
         (they do at their own destroy), waiting until ``deadline`` (DeviceError past it, or
-        while work or arrays still use them)."""
-        self.table.close()
-        free_when_closed(self.device, self.buffer, deadline)
+        while work or arrays still use them). Its events go in any case (their files with
+        them), even while a failed call's traceback still holds this object."""
+        try:
+            self.table.close()
+            free_when_closed(self.device, self.buffer, deadline)
+        finally:
+            self.marks, self.done = [], []
 
 
 @dataclasses.dataclass
