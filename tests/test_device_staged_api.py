@@ -12,6 +12,7 @@ import pytest
 
 import pydist
 from pydist.core.deadline import Deadline
+from pydist.groups.device_engines import engine_of
 from pydist.testing import run_processes
 
 pytestmark = [pytest.mark.device, pytest.mark.slow]
@@ -91,6 +92,75 @@ def test_every_collective_across_hosts(hosts):
     _check(run_processes(len(hosts), _collectives, env=ENV, rank_env=rank_env, timeout=120))
 
 
+def _pairs(src: int, dst: int) -> int:
+    """Elements of the batch's message from ``src`` to ``dst``: none, 700 or 1400 (int64: 1 to 3 chunks)."""
+    return 700 * ((src + dst) % 3)
+
+
+def _point_to_point(rank: int, size: int) -> dict:
+    from pydist.device import open_device
+
+    device = open_device("standin", 0, rank)
+    stream = device.current_stream()
+
+    def put(host: np.ndarray, name: str = "float32"):
+        return device.from_host(host, name, stream)
+
+    def read(array) -> np.ndarray:
+        return device.to_host(array, stream, Deadline.after(60))
+
+    found = {}
+    out = device.empty((COUNT,), "float32")
+    works = [pydist.irecv(out, src=(rank - 1) % size), pydist.isend(put(np.arange(COUNT, dtype=np.float32) + rank),
+                                                                    dst=(rank + 1) % size)]
+    for work in works:
+        work.wait()
+    found["ring"] = read(out)
+    peers = [peer for peer in range(size) if peer != rank]
+    outs = {peer: device.empty((_pairs(peer, rank),), "int64") for peer in peers}
+    ops = [pydist.P2POp(pydist.irecv, outs[peer], peer, tag=3) for peer in peers]
+    ops += [pydist.P2POp(pydist.isend, put(np.arange(_pairs(rank, peer)) + 1000 * rank, "int64"), peer, tag=3)
+            for peer in peers]
+    for work in pydist.batch_isend_irecv(ops):
+        work.wait()
+    found["batch"] = {peer: read(out) for peer, out in outs.items()}
+    if rank == 0:
+        got = {}
+        for _ in peers:
+            out = device.empty((1500,), "bfloat16")
+            source = pydist.recv(out, tag=5)  # from any rank
+            got[source] = read(out)
+        found["any"] = got
+    else:
+        pydist.send(put(np.full(1500, rank, np.int16), "bfloat16"), dst=0, tag=5)
+    pydist.barrier()
+    staged = engine_of(pydist.group.WORLD).staged_p2p
+    found["staged"] = sorted(staged.lanes) if staged is not None else []
+    return found
+
+
+def _check_point_to_point(results: list[dict], hosts: list[int]) -> None:
+    size = len(results)
+    for rank, found in enumerate(results):
+        remote = [peer for peer in range(size) if hosts[peer] != hosts[rank]]
+        assert found["staged"] == [(way, peer) for way in ("recv", "send") for peer in remote], found["staged"]
+        np.testing.assert_array_equal(found["ring"], np.arange(COUNT, dtype=np.float32) + (rank - 1) % size)
+        assert sorted(found["batch"]) == [peer for peer in range(size) if peer != rank]
+        for peer, got in found["batch"].items():
+            np.testing.assert_array_equal(got, np.arange(_pairs(peer, rank)) + 1000 * peer)
+    assert sorted(results[0]["any"]) == list(range(1, size))
+    for source, got in results[0]["any"].items():
+        np.testing.assert_array_equal(got, np.full(1500, source, np.int16))
+
+
+@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1], [0, 0, 1]], ids=["2x2", "2x1", "2+1"])
+def test_send_and_recv_across_hosts(hosts):
+    """Same-host pairs device to device, the others staged (3 chunks and a bit), a receive from
+    any rank taking both kinds, batch_isend_irecv in both directions at once, empty messages."""
+    rank_env = {rank: {"PYDIST_HOST_ID": f"host{host}"} for rank, host in enumerate(hosts)}
+    _check_point_to_point(run_processes(len(hosts), _point_to_point, env=ENV, rank_env=rank_env, timeout=120), hosts)
+
+
 def _device_files() -> list[str]:
     """This process's device files in /dev/shm (buffers, ledgers, events)."""
     return sorted(name for name in os.listdir("/dev/shm")
@@ -119,7 +189,7 @@ def _destroyed(rank: int, size: int) -> tuple[list[str], list[str]]:
     return made, _device_files()
 
 
-@pytest.mark.parametrize("hosts", [[0, 0]], ids=["one host"])
+@pytest.mark.parametrize("hosts", [[0, 0], [0, 0, 1, 1]], ids=["one host", "2x2"])
 def test_destroy_frees_the_groups_device_files(hosts):
     """Buffers, ledgers and events of the slots and of the send/recv channels are removed at
     the group's destroy, not at the process's exit (which multiprocessing's children skip)."""

@@ -26,6 +26,12 @@ Behaviour
     Messages are keyed by sequence numbers no collective reaches (READY_SEQ and below), in the
     group's message space.
 
+    A group spanning hosts sends to a rank on another host through the staged path
+    (algorithms/device_staged_p2p.py), whose header is a READY header of magic STAGED under the
+    same key: a receive, from that rank or from any, takes either kind; given a STAGED one it
+    hands the message to the Channels' ``staged`` (the sender's message number and elements
+    per chunk with it).
+
 Cost
     Per chunk: one device copy, one record and one wait on each side, a READY and an ACK of a
     few dozen bytes over the host transport; per channel: a buffer of two slots, once.
@@ -55,9 +61,12 @@ from ..device.peers import Offer, decode, encode
 from ..transport.base import MessageKey, Request
 from .device_slots import free_when_closed
 
-READY_SEQ, CHUNK_SEQ, ACK_SEQ, HELLO_SEQ, DONE_SEQ = ((1 << 64) - n for n in range(1, 6))
+READY_SEQ, CHUNK_SEQ, ACK_SEQ, HELLO_SEQ, DONE_SEQ, STAGED_SEQ = ((1 << 64) - n for n in range(1, 7))
 _NAMES = list(DTYPES)
 _READY = struct.Struct("<4sQQQQQBB")  # magic, message, chunk, offset, count, total, dtype, slot
+_CHANNEL = b"PDP2"
+#: The READY header's magic for a message staged across hosts (module docstring)
+STAGED = b"PDST"
 _ACK = struct.Struct("<4sQ")
 _HELLO_BYTES = 2048
 _LENGTH = struct.Struct("<I")
@@ -92,14 +101,28 @@ class Message:
     number: int = 0
     offset: int = 0
     started: bool = False
+    deadline: Deadline | None = None  # a staged message's (the group's timeout from its post)
+    what: str = "a device send or recv"
+
+
+#: A staged message taken by a receive: (the receive's message, the sender's group rank, the
+#: sender's message number, its elements per chunk)
+OnStaged = Callable[[Message, int, int, int], None]
+
+
+def staged_header(number: int, unit: int, message: Message) -> bytes:
+    """The READY header of a staged ``message`` (module docstring): its ``number`` and the
+    sender's elements per chunk, ``unit``."""
+    return _READY.pack(STAGED, number, unit, 0, message.count, message.count, _NAMES.index(message.dtype_name), 0)
 
 
 class Channels:
     """A group's device point-to-point on this rank: its senders and receivers by peer."""
 
     def __init__(self, transport: Any, group_id: int, transport_ranks: list[int], rank: int, device: Device,
-                 slot_bytes: int):
+                 slot_bytes: int, staged: OnStaged | None = None):
         self.transport = transport
+        self.staged = staged  # takes the staged messages a receive matched (a group spanning hosts)
         self.group_id = group_id
         self.transport_ranks = transport_ranks
         self.rank = rank
@@ -275,7 +298,7 @@ class Sender:
             target = device.view(self.buffer, message.dtype_name, count, slot * channels.slot_bytes)
             device.copy(target, message.flat[message.offset:message.offset + count], stream)
         self.sent[slot].record(stream)
-        header = _READY.pack(b"PDP2", message.number, chunk, message.offset, count, message.count,
+        header = _READY.pack(_CHANNEL, message.number, chunk, message.offset, count, message.count,
                              _NAMES.index(message.dtype_name), slot)
         key = channels.key(READY_SEQ, message.tag) if not message.started else channels.key(CHUNK_SEQ, message.number)
         channels.transport.isend(self.where, memoryview(header), key)
@@ -320,10 +343,17 @@ class Incoming:
         self.peer = self.channels.transport_ranks.index(request.source)
         fields = _READY.unpack(header)
         total, name = fields[5], _NAMES[fields[6]] if fields[6] < len(_NAMES) else "?"
-        if fields[0] != b"PDP2" or total != self.message.count or name != self.message.dtype_name:
+        if fields[0] not in (_CHANNEL, STAGED) or total != self.message.count or name != self.message.dtype_name:
             self.message.on_enqueued(DistBackendError(
                 f"recv from group rank {self.peer}: it sent {total} elements of {name}, this receive expects "
                 f"{self.message.count} of {self.message.dtype_name}"), self.peer)
+            return
+        if fields[0] == STAGED:
+            if self.channels.staged is None:
+                self.message.on_enqueued(DistBackendError(f"recv from group rank {self.peer}: a staged message "
+                                                          "in a group on one host"), self.peer)
+            else:
+                self.channels.staged(self.message, self.peer, fields[1], fields[2])
             return
         self.channels.receiver(self.peer, lambda receiver: self._take(receiver, fields, request))
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..core.ops import RedOpType, ReduceOp
 from .device_staged_reductions import blocks_of
-from .device_staging import HostCollectives, Part, Staging, flat, numel
+from .device_staging import HostCollectives, Part, PeerSteps, Staging, flat, numel
 
 
 def broadcast(staging: Staging, host: HostCollectives, tensor: Any, root: int) -> None:
@@ -110,14 +110,14 @@ def all_to_all(staging: Staging, host: HostCollectives, outputs: Sequence[Any], 
     staging.run(parts, kind, lambda _, s: host.all_to_all(s[size:], s[:size]), chunks=int(largest[0]))
 
 
-def send(staging: Staging, host: HostCollectives, tensor: Any, peer: int) -> None:
+def send(staging: Staging, host: PeerSteps, tensor: Any, peer: int) -> None:
     """Send ``tensor`` to ``peer`` (which receives it with ``recv``)."""
     kind = staging.device.describe(tensor)[0]
     data = flat(staging.device, tensor, "tensor")
     staging.run([Part(numel(staging.device, data), data)], kind, lambda _, s: host.send(s[0], peer))
 
 
-def recv(staging: Staging, host: HostCollectives, tensor: Any, peer: int) -> None:
+def recv(staging: Staging, host: PeerSteps, tensor: Any, peer: int) -> None:
     """Receive ``peer``'s ``send`` into ``tensor`` (of the same size)."""
     kind = staging.device.describe(tensor)[0]
     data = flat(staging.device, tensor, "tensor")

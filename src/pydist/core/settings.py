@@ -179,8 +179,9 @@ class Settings:
         "(all_gather, all_to_all...) gives each part 1/W of it.")
     cuda_pinned_bytes: int = _setting(
         "PYDIST_CUDA_PINNED_BYTES", 12 << 20, _count(64), "bytes, >= 64 and >= the chunk",
-        "Pinned host memory a group's staged path holds at most: its pool of chunk buffers, made "
-        "on first use and reused. Three chunks let the three stages overlap; fewer run them in turn.")
+        "Pinned host memory a group's staged path holds at most for its collectives, and as much "
+        "again for its send/recv across hosts: pools of chunk buffers, made on first use and "
+        "reused. Three chunks let the three stages overlap; fewer run them in turn.")
     host_id: str | None = _setting(
         "PYDIST_HOST_ID", None, _text, "any text",
         "Host identity: ranks with equal ones share memory (default: host name, boot id, "

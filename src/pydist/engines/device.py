@@ -194,9 +194,6 @@ class DeviceEngine:
 
     def _channels(self, what: str) -> Channels:
         native = self.native
-        if native.spans_hosts:
-            raise DistBackendError(f"{what}: device tensors between hosts need the staged path (issue 47 item 3), "
-                                   "which this pydist does not have yet")
         if self.channels is None:
             assert self.device is not None
             self.channels = Channels(native.transport, native.group_id, native.transport_ranks, native.rank,
@@ -227,7 +224,7 @@ class DeviceEngine:
             done(error, source)
 
         return Message(device.flat(array), count_of(device, array), device.describe(array)[0].name, tag, plan.stream,
-                       enqueued)
+                       enqueued, deadline=deadline, what=what)
 
     # -- one call -----------------------------------------------------------------------------
 

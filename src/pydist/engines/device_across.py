@@ -15,10 +15,15 @@ Behaviour
       through the whole group's CPU collective (pydist.algorithms.device_staged_*).
 
     The pinned pool (PYDIST_CUDA_CHUNK_BYTES chunks, PYDIST_CUDA_PINNED_BYTES in all) and the
-    two staging streams (down, up) are the group's, made at its first call. Unlike one host's calls, a call
-    here returns once its work is *done*, not just enqueued: the host carries every chunk
-    between the device and the network (an async_op call does that on the group's thread).
-    ``barrier``: the caller's device work synchronized, then a host barrier of the group.
+    two staging streams (down, up) are the group's, made at its first call. Unlike one
+    host's calls, a call here returns once its work is *done*, not just enqueued: the host
+    carries every chunk between the device and the network (an async_op call does that on
+    the group's thread). The barrier is DeviceEngine's (``drain``, then the host barrier).
+
+    send and recv: to and from a rank of this host, DeviceEngine's channels (device to
+    device); of another host, staged (pydist.algorithms.device_staged_p2p: its own pool,
+    made at the first such message, and a thread per pair and direction while it has
+    messages). A receive takes either kind, so a receive from any rank works too.
 
 Failure modes
     A peer that dies: PeerFailedError naming it from the network step (its rail or group) or
@@ -32,7 +37,9 @@ from typing import Any
 from ..algorithms import device_rails as rails
 from ..algorithms import device_staged_movement as moved
 from ..algorithms import device_staged_reductions as staged
+from ..algorithms.device_p2p import Channels, OnEnqueued
 from ..algorithms.device_slots import DeviceCall
+from ..algorithms.device_staged_p2p import StagedP2P
 from ..algorithms.device_staging import Staging, pinned_pool
 from ..core.errors import DistBackendError
 from ..core.ops import ReduceOp
@@ -56,6 +63,7 @@ class AcrossHostsEngine(DeviceEngine):
         self.path = rails.choose(hosts, native.transport.shares_arenas)
         self.pool: PinnedPool | None = None
         self.staging_streams: tuple[Stream, Stream] | None = None  # (down, up)
+        self.staged_p2p: StagedP2P | None = None
 
     # -- what a call runs on ----------------------------------------------------------------
 
@@ -164,7 +172,33 @@ class AcrossHostsEngine(DeviceEngine):
             return "device_staged"
         return self._across(ctx, plan, [*outputs, *inputs], outputs, body)
 
+    # -- point-to-point ------------------------------------------------------------------------
+
+    def send(self, plan: StreamPlan, array: Any, peer: int, tag: int, what: str, done: OnEnqueued) -> None:
+        """A rank of this host: device to device (DeviceEngine's); of another: staged."""
+        if peer in self.native.local:
+            super().send(plan, array, peer, tag, what, done)
+        else:
+            self._p2p().send(self._message(plan, array, tag, what, done), peer)
+
+    def _channels(self, what: str) -> Channels:
+        """DeviceEngine's channels, whose receives hand staged messages to the staged path."""
+        if self.channels is None:
+            super()._channels(what).staged = self._p2p().receive
+        assert self.channels is not None
+        return self.channels
+
+    def _p2p(self) -> StagedP2P:
+        if self.staged_p2p is None:
+            native, current = self.native, settings()
+            assert self.device is not None
+            self.staged_p2p = StagedP2P(native.transport, native.group_id, native.transport_ranks, native.rank,
+                                        self.device, current.cuda_chunk_bytes, current.cuda_pinned_bytes)
+        return self.staged_p2p
+
     def close(self) -> None:
+        if self.staged_p2p is not None:
+            self.staged_p2p.close()
         super().close()
         if self.pool is not None:
             self.pool.close()

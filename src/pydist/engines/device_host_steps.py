@@ -78,12 +78,6 @@ class NetworkSteps:
     def all_to_all(self, outputs: list[np.ndarray], inputs: list[np.ndarray]) -> None:
         self._run("all_to_all", NETWORK_DEFAULT["all_to_all"], outputs, inputs)
 
-    def send(self, array: np.ndarray, peer: int) -> None:
-        self.comm.send(peer, array)
-
-    def recv(self, array: np.ndarray, peer: int) -> None:
-        self.comm.recv(peer, array)
-
     def barrier(self) -> None:
         self._run("barrier", NETWORK_DEFAULT["barrier"])
 
