@@ -1,5 +1,6 @@
-"""gpu-check 8 (tools/gpu_check_staged.py) on the strict stand-in and on its copy-engine model:
-the chunk edges right, both throughput modes run, one row."""
+"""gpu-check 8 (tools/gpu_check_staged.py) off a GPU: its throughput half on the copy-engine
+model (the schedule alone: numpy memory, a thread as the copy engine), both modes run, one
+row. The whole check on the stand-in runs in tests/test_device_gpu_check.py."""
 from __future__ import annotations
 
 import sys
@@ -12,13 +13,11 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 @pytest.mark.slow
 @pytest.mark.device
-@pytest.mark.parametrize("kind", ["standin", "model"])
-def test_check_8_passes_off_a_gpu(kind):
+def test_check_8s_throughput_runs_on_the_model():
     if str(TOOLS) not in sys.path:
         sys.path.insert(0, str(TOOLS))  # the spawned ranks import it by name
     from gpu_check_staged import staged_loopback
 
-    status, detail = staged_loopback(kind, sizes=(96 << 10,), chunk=16 << 10, iters=1, limit=120.0)
+    status, detail = staged_loopback("model", sizes=(96 << 10,), chunk=16 << 10, iters=1, limit=120.0)
     assert status == "PASS", detail
-    assert detail.startswith("13 chunk-edge cases right; 96 KiB: pipelined "), detail
-    assert "serial" in detail and "gloo" not in detail
+    assert detail.startswith("96 KiB: pipelined ") and "serial" in detail and "gloo" not in detail, detail

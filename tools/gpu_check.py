@@ -5,10 +5,9 @@ Run (a GPU machine, from the source tree, no venv, no network):
 Without a CUDA GPU it says so in one line and exits 0. On a GPU it runs each check in turn,
 under its own time limit (the whole run fits 7 minutes), prints one row per check and writes
 the table to $OUT/gpu-check.md ($OUT set) or build/gpu-check.md. Exit status 0 when no check
-failed. A check is a function of the device kind returning (status, detail); a PENDING row
-is the hook of a check not written yet. ``--device standin`` runs the engine's checks (3-7,
-9, 10) on pydist's strict CPU stand-in of a GPU, with small sizes: the script itself,
-proven anywhere (the CUDA-only checks say SKIP).
+failed. A check is a function of the device kind returning (status, detail).
+``--device standin`` runs the engine's checks (3-10) on pydist's strict CPU stand-in of a
+GPU, with small sizes: the script itself, proven anywhere (the CUDA-only checks say SKIP).
 
  1 versions, the device's UUID (also under CUDA_VISIBLE_DEVICES set by index and by UUID),
    the IPC handle sizes (CUDA's memory handle, torch's own, torch's event handle, pydist's).
@@ -18,7 +17,9 @@ proven anywhere (the CUDA-only checks say SKIP).
    it writes; the consumer waits on the imported event (its host not blocked) and reads the
    new value; then two slots reused for ROUNDS rounds.
  4-7, 9, 10 the device engine (gpu_check_engine.py, gpu_check_streams.py); 8 the staged path
-   across hosts; then what gpu-check ran before (tests marked gpu, tools/gpu_bench.py).
+   across hosts (gpu_check_staged.py: every collective and send/recv at chunk edges with
+   ranks posing as 2 hosts, pipelined against serial staging at 64 and 256 MiB, gloo beside);
+   then what gpu-check ran before (tests marked gpu, tools/gpu_bench.py).
 """
 from __future__ import annotations
 
@@ -201,12 +202,6 @@ def event_ordering(hold_s: float = 0.5, kind: str = "cuda") -> Row:
 
 
 # -- 4-10 -----------------------------------------------------------------------------------------
-
-def pending(what: str) -> Callable[[str], Row]:
-    def check(kind: str) -> Row:
-        return "PENDING", f"needs {what}: not written yet"
-    return check
-
 
 def cuda_only(check: Callable[[], Row]) -> Callable[[str], Row]:
     """``check`` on CUDA; SKIP on the stand-in."""

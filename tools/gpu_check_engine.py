@@ -57,9 +57,10 @@ def _child(fn: Callable[..., Any], rank: int, size: int, port: int, token: str, 
 
 
 def run_ranks(size: int, fn: Callable[..., Any], *args: Any, limit: float = 240.0, env: dict | None = None,
-              wait_for: list[int] | None = None) -> list[Any]:
+              wait_for: list[int] | None = None, rank_env: dict[int, dict] | None = None) -> list[Any]:
     """``fn(rank, size, *args)`` in ``size`` processes of one job; their results (a rank's
-    failure: RuntimeError with its traceback). ``wait_for``: the ranks whose results count."""
+    failure: RuntimeError with its traceback). ``wait_for``: the ranks whose results count;
+    ``rank_env``: a rank's own variables, after ``env`` (PYDIST_HOST_ID: ranks as hosts)."""
     import socket
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -67,7 +68,8 @@ def run_ranks(size: int, fn: Callable[..., Any], *args: Any, limit: float = 240.
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     token = secrets.token_hex(16)  # the job's own secret: its store and ports closed to others
-    procs = [context.Process(target=_child, args=(fn, r, size, port, token, env or {}, results, args))
+    envs = [{**(env or {}), **(rank_env or {}).get(r, {})} for r in range(size)]
+    procs = [context.Process(target=_child, args=(fn, r, size, port, token, envs[r], results, args))
              for r in range(size)]
     for proc in procs:
         proc.start()
@@ -144,8 +146,9 @@ def values(count: int, rank: int, name: str, salt: int = 0, start: int = 0) -> n
 
 # -- check 4 ----------------------------------------------------------------------------------------
 
-def _collectives(rank: int, size: int, kind: str, sizes: list[int]) -> list[str]:
-    """Every collective at every size and dtype; the wrong ones, named."""
+def wrong_collectives(rank: int, size: int, kind: str, sizes: list[int]) -> list[str]:
+    """Every collective and send/recv at every size and dtype; the wrong ones, named (check 4,
+    and check 8 with ranks as hosts)."""
     import pydist
     on, wrong = On(kind, rank), []
     for name in NAMES:
@@ -215,7 +218,7 @@ def _small(pydist: Any, on: On, rank: int, size: int, n: int, name: str, mine: n
 def every_collective(kind: str = "cuda") -> Row:
     found = []
     for size in (2, 4):
-        found += [w for ranked in run_ranks(size, _collectives, kind, BIG[kind], limit=300) for w in ranked]
+        found += [w for ranked in run_ranks(size, wrong_collectives, kind, BIG[kind], limit=300) for w in ranked]
     sizes = ", ".join(f"{s} B" for s in BIG[kind])
     detail = f"{len(NAMES)} dtypes x sizes {sizes} x 2 and 4 ranks on one device"
     return ("PASS", detail) if not found else ("FAIL", f"{len(found)} wrong: " + "; ".join(found[:6]))

@@ -1,15 +1,19 @@
 """gpu-check 8 (issue 47 item 6.8): the staged path of device tensors over loopback TCP.
 
-Two processes, each posing as its own host (PYDIST_HOST_ID), both on device 0, run pydist's
-staged all_reduce (pydist.algorithms.device_staged_reductions) with the host steps over TCP:
+Ranks on one device, each group of them posing as a host (PYDIST_HOST_ID), so that what
+crosses between "hosts" goes through pinned memory and pydist's TCP transport:
 
-- chunk edges: all_reduce of float32, bfloat16 and int64 at 0, 1 and around 1 and 3 chunks
-  of 4 KiB (a short last chunk, exactly one, one more element), all_gather and broadcast at
-  one edge, each checked element by element;
-- throughput at each size (default 64 and 256 MiB of float32, 4 MiB chunks): pipelined (3
-  chunks in flight) against serial (one stage at a time, the same pool), the slowest rank's
-  median of ``iters`` calls after a warm-up; on CUDA also torch's gloo all_reduce of the same
-  CUDA tensor (the whole tensor through pinned memory, gloo's way) when torch has gloo.
+- chunk edges, through pydist's API (the device engine's path across hosts): every
+  collective and send/recv (gpu_check_engine's check-4 cases) for float32, bfloat16 and
+  int64 at 1 B and around 1 and 3 chunks of 4 KiB (PYDIST_CUDA_CHUNK_BYTES=4096), on 2
+  hosts x 2 ranks (the rails: the host's device collectives, each rank's share across
+  hosts) and 2 hosts x 1 rank (each rank stages its own), element by element;
+- throughput at each size (default 64 and 256 MiB of float32, 4 MiB chunks), 2 hosts x 1
+  rank: the staged all_reduce (pydist.algorithms.device_staged_reductions) pipelined (3
+  chunks in flight, copies down and up on their own streams) against serial (one stage at
+  a time, the same pool), the slowest rank's median of ``iters`` calls after a warm-up; on
+  CUDA also torch's gloo all_reduce of the same CUDA tensor (the whole tensor through
+  pinned memory, gloo's way) when torch has gloo.
 
 Run: ``python tools/gpu_check_staged.py --device cuda`` (tools/gpu_check.py runs it as check 8),
 or on any machine ``--device standin`` (the strict stand-in through the whole path; a thread
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
 import os
 import queue
 import statistics
@@ -33,16 +36,39 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "src"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
+sys.path.insert(0, HERE)
+import gpu_check_engine as engine  # noqa: E402 - after the path it needs
+
 Row = tuple[str, str]  # (status, detail)
 SIZE = 2
-EDGE_CHUNK = 4096
-EDGES = {"float32": [0, 1, 1023, 1024, 1025, 3 * 1024 + 5], "bfloat16": [2047, 2048, 2049], "int64": [511, 513]}
+#: the edges' staging: 4 KiB chunks, three in flight
+EDGE_ENV = {"PYDIST_CUDA_CHUNK_BYTES": "4096", "PYDIST_CUDA_PINNED_BYTES": "12288"}
+#: bytes of each whole buffer (as check 4 counts them): 1 B, one chunk, one and a bit, three and a bit
+EDGE_SIZES = [1, 4096, 4096 + 64, 3 * 4096 + 64]
+#: each rank's host
+LAYOUTS = {"2 hosts x 2 ranks": [0, 0, 1, 1], "2 hosts x 1 rank": [0, 1]}
+
+
+def _hosts(layout: list[int]) -> dict[int, dict[str, str]]:
+    return {rank: {"PYDIST_HOST_ID": f"gpu-check-host{host}"} for rank, host in enumerate(layout)}
+
+
+def edges(kind: str) -> tuple[list[str], str]:
+    """Every collective and send/recv through pydist's API at the chunk edges on each layout:
+    (the wrong ones, what ran)."""
+    wrong = []
+    for name, layout in LAYOUTS.items():
+        for ranked in engine.run_ranks(len(layout), engine.wrong_collectives, kind, EDGE_SIZES, limit=240,
+                                       env=EDGE_ENV, rank_env=_hosts(layout)):
+            wrong += [f"{what} on {name}" for what in ranked]
+    sizes = ", ".join(f"{size} B" for size in EDGE_SIZES)
+    return wrong, (f"every collective and send/recv x {len(engine.NAMES)} dtypes x {sizes} in 4 KiB chunks on "
+                   f"{' and '.join(LAYOUTS)}")
 
 
 def _pump(streams, stop: threading.Event) -> None:
@@ -61,43 +87,6 @@ def _staging(device, chunk: int, depth: int):
                    Deadline.after(300), depth=depth)
 
 
-def _edges(device, host) -> list[str]:
-    """The chunk-edge cases that came out wrong (empty: all right)."""
-    from pydist.algorithms import device_staged_movement as moved
-    from pydist.algorithms import device_staged_reductions as staged
-    from pydist.core.buffers import bf16_bits_to_float32, float32_to_bf16_bits
-    from pydist.core.deadline import Deadline
-    from pydist.core.ops import RedOpType, ReduceOp
-
-    staging, wrong, rank = _staging(device, EDGE_CHUNK, 3), [], host.rank
-
-    def read(array) -> np.ndarray:
-        return device.to_host(array, staging.caller, Deadline.after(60))
-
-    for name, counts in EDGES.items():
-        for count in counts:
-            values = (np.arange(count) % 13 + rank).astype(np.float32 if name == "bfloat16" else name)
-            held = float32_to_bf16_bits(values) if name == "bfloat16" else values
-            tensor = device.from_host(held, name, staging.caller)
-            staged.all_reduce(staging, host, tensor, ReduceOp(RedOpType.SUM))
-            got = read(tensor)
-            got = bf16_bits_to_float32(got) if name == "bfloat16" else got
-            if not np.array_equal(got, 2 * (np.arange(count) % 13) + 1):
-                wrong.append(f"all_reduce {name} x {count}")
-    count = 1025
-    outputs = [device.empty((count,), "float32") for _ in range(SIZE)]
-    moved.all_gather(staging, host, outputs, device.from_host(np.full(count, rank, np.float32), "float32",
-                                                             staging.caller))
-    if any(not (read(out) == j).all() for j, out in enumerate(outputs)):
-        wrong.append(f"all_gather float32 x {count}")
-    tensor = device.from_host(np.arange(count, dtype=np.float32) + rank, "float32", staging.caller)
-    moved.broadcast(staging, host, tensor, 1)
-    if not np.array_equal(read(tensor), np.arange(count, dtype=np.float32) + 1):
-        wrong.append(f"broadcast float32 x {count}")
-    staging.pool.close()
-    return wrong
-
-
 @contextlib.contextmanager
 def _stager(kind: str, device, host, nbytes: int, chunk: int, depth: int,
             copy_gbs: float) -> Iterator[Callable[[], None]]:
@@ -109,11 +98,11 @@ def _stager(kind: str, device, host, nbytes: int, chunk: int, depth: int,
 
     op = ReduceOp(RedOpType.SUM)
     if kind == "model":
-        engine = _CopyEngine(copy_gbs)
+        copier = _CopyEngine(copy_gbs)
         try:
-            yield lambda: engine.all_reduce(np.ones(nbytes // 4, np.float32), host, op, chunk, depth)
+            yield lambda: copier.all_reduce(np.ones(nbytes // 4, np.float32), host, op, chunk, depth)
         finally:
-            engine.close()
+            copier.close()
         return
     staging = _staging(device, chunk, depth)
     tensor = device.from_host(np.ones(nbytes // 4, np.float32), "float32", staging.caller)
@@ -197,27 +186,16 @@ def _timed(run, barrier, slowest, iters: int) -> float:
     return statistics.median(seconds)
 
 
-def _rank(kind: str, rank: int, port: int, gloo_port: int, sizes: list[int], chunk: int, iters: int,
-          copy_gbs: float, results) -> None:
-    os.environ["PYDIST_HOST_ID"] = f"gpu-check-host{rank}"  # each its own host: the host steps go over TCP
-    try:
-        results.put((rank, _measure(kind, rank, port, gloo_port, sizes, chunk, iters, copy_gbs)))
-    except BaseException as error:  # noqa: BLE001 - reported in the row
-        results.put((rank, f"{type(error).__name__}: {error}"))
-
-
-def _measure(kind: str, rank: int, port: int, gloo_port: int, sizes: list[int], chunk: int, iters: int,
+def _measure(rank: int, size: int, kind: str, gloo_port: int, sizes: list[int], chunk: int, iters: int,
              copy_gbs: float) -> dict:
+    """A rank's throughput: the slowest rank's seconds at each size, pipelined and serial (and gloo's)."""
     import pydist
     from pydist.core.ops import RedOpType, ReduceOp
     from pydist.device import open_device
 
-    timeout = timedelta(seconds=120)
-    store = pydist.TCPStore("127.0.0.1", port, SIZE, rank == 0, timeout)
-    pydist.init_process_group("pydist", store=store, rank=rank, world_size=SIZE, timeout=timeout)
     host = _ApiHost()
     device = open_device("standin" if kind == "model" else kind, 0, rank)
-    found: dict = {"wrong": _edges(device, host), "sizes": {}}
+    found: dict = {"sizes": {}}
 
     def slowest(seconds: float) -> float:
         value = np.array([seconds])
@@ -230,7 +208,6 @@ def _measure(kind: str, rank: int, port: int, gloo_port: int, sizes: list[int], 
             with _stager(kind, device, host, nbytes, chunk, depth, copy_gbs) as run:
                 times[mode] = _timed(run, pydist.barrier, slowest, iters)
         found["sizes"][nbytes] = times
-    pydist.destroy_process_group()
     if kind == "cuda":
         found["gloo"] = _gloo(rank, gloo_port, sizes, iters)
     return found
@@ -283,50 +260,33 @@ class _ApiHost:
 
 def staged_loopback(kind: str = "cuda", sizes: tuple[int, ...] = (64 << 20, 256 << 20), chunk: int = 4 << 20,
                     iters: int = 3, limit: float = 150.0, copy_gbs: float = 0.0) -> Row:
-    """Check 8 on a device of ``kind``: (status, detail)."""
+    """The throughput half of check 8 on a device of ``kind``: (status, detail)."""
     from pydist.testing import free_port
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port, gloo_port = free_port(), free_port()
-    procs = [context.Process(target=_rank, args=(kind, r, port, gloo_port, list(sizes), chunk, iters, copy_gbs,
-                                                 results))
-             for r in range(SIZE)]
-    for proc in procs:
-        proc.start()
-    found = {}
-    deadline = time.monotonic() + limit
     try:
-        while len(found) < SIZE and time.monotonic() < deadline:
-            try:
-                rank, value = results.get(timeout=1.0)
-            except queue.Empty:
-                if all(proc.exitcode is not None for proc in procs):
-                    break
-                continue
-            found[rank] = value
-    finally:
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-    if len(found) < SIZE or any(isinstance(value, str) for value in found.values()):
-        return "FAIL", f"ranks' results {found} (exit codes {[proc.exitcode for proc in procs]})"
-    return _row(found[0], found[1])
+        first = engine.run_ranks(SIZE, _measure, kind, free_port(), list(sizes), chunk, iters, copy_gbs, limit=limit,
+                                 rank_env=_hosts(list(range(SIZE))))[0]
+    except RuntimeError as error:
+        return "FAIL", str(error)
+    return "PASS", _throughput(first)
 
 
-def check(kind: str) -> Row:
-    """Check 8 as tools/gpu_check.py runs it: on CUDA at 64 and 256 MiB in 4 MiB chunks; on
-    the stand-in at 1 MiB in 64 KiB chunks (the script proven, its times the stand-in's)."""
-    if kind == "cuda":
-        return staged_loopback("cuda")
-    return staged_loopback(kind, sizes=(1 << 20,), chunk=64 << 10, iters=1, limit=120.0)
+def check(kind: str, sizes: tuple[int, ...] | None = None, chunk: int | None = None, iters: int | None = None,
+          copy_gbs: float = 0.0) -> Row:
+    """Check 8 on a device of ``kind``: the edges, then the throughput (by default on CUDA at
+    64 and 256 MiB in 4 MiB chunks, 3 calls; elsewhere at 1 MiB in 64 KiB chunks, 1 call:
+    the script proven, its times the stand-in's)."""
+    wrong, ran = edges("standin" if kind == "model" else kind)
+    cuda = kind == "cuda"
+    status, detail = staged_loopback(kind, sizes or ((64 << 20, 256 << 20) if cuda else (1 << 20,)),
+                                     chunk or (4 << 20 if cuda else 64 << 10), iters or (3 if cuda else 1),
+                                     limit=300.0 if cuda else 120.0, copy_gbs=copy_gbs)
+    text = f"{ran}: " + ("right" if not wrong else f"{len(wrong)} WRONG: {'; '.join(wrong[:6])}")
+    return ("PASS" if status == "PASS" and not wrong else "FAIL"), f"{text}; {detail}"
 
 
-def _row(first: dict, second: dict) -> Row:
-    wrong = first["wrong"] + second["wrong"]
-    edges = sum(len(counts) for counts in EDGES.values()) + 2
-    parts = [f"{edges} chunk-edge cases " + ("right" if not wrong else f"WRONG: {', '.join(wrong)}")]
+def _throughput(first: dict) -> str:
+    parts = []
     for nbytes, times in first["sizes"].items():
         gbs = {mode: nbytes / seconds / 1e9 for mode, seconds in times.items()}
         text = (f"{_size(nbytes)}: pipelined {times['pipelined'] * 1e3:.1f} ms ({gbs['pipelined']:.2f} GB/s), "
@@ -338,7 +298,7 @@ def _row(first: dict, second: dict) -> Row:
         parts.append(text)
     if isinstance(first.get("gloo"), str):
         parts.append(f"gloo {first['gloo']}")
-    return ("PASS" if not wrong else "FAIL"), "; ".join(parts)
+    return "; ".join(parts)
 
 
 def _size(nbytes: int) -> str:
@@ -354,13 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("standin", "model", "cuda"), default="cuda",
                         help="model: the throughput runs without a device (numpy memory, a copy thread)")
-    parser.add_argument("--sizes", default="64M,256M", help="comma-separated, K/M/G suffixes (default 64M,256M)")
-    parser.add_argument("--chunk", default="4M", help="PYDIST_CUDA_CHUNK_BYTES for the throughput runs")
-    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--sizes", help="comma-separated, K/M/G suffixes (default: check 8's)")
+    parser.add_argument("--chunk", help="the chunk of the throughput runs (default: check 8's)")
+    parser.add_argument("--iters", type=int)
     parser.add_argument("--copy-gbs", type=float, default=0.0, help="model: the copy engine's rate (GB/s; 0: memcpy's)")
     args = parser.parse_args(argv)
-    status, detail = staged_loopback(args.device, tuple(_bytes(s) for s in args.sizes.split(",")),
-                                     _bytes(args.chunk), args.iters, limit=600.0, copy_gbs=args.copy_gbs)
+    sizes = tuple(_bytes(s) for s in args.sizes.split(",")) if args.sizes else None
+    status, detail = check(args.device, sizes, _bytes(args.chunk) if args.chunk else None, args.iters, args.copy_gbs)
     print(f"gpu-check  8 {status:<7} staged path over loopback TCP ({args.device}): {detail}")
     return 0 if status == "PASS" else 1
 
