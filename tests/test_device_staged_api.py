@@ -22,7 +22,9 @@ ENV = {"PYDIST_CUDA_CHUNK_BYTES": "4096", "PYDIST_CUDA_PINNED_BYTES": "12288", "
 COUNT = 3001  # float32: 3 chunks of 4 KiB and a bit; not divisible by 2 ranks a host
 
 
-def _collectives(rank: int, size: int) -> dict:
+def _standin(rank: int):
+    """This rank's stand-in device, ``put(host, dtype)`` (a new device array of it) and ``read(array)``
+    (its values), both in order on the device's current stream."""
     from pydist.device import open_device
 
     device = open_device("standin", 0, rank)
@@ -34,6 +36,11 @@ def _collectives(rank: int, size: int) -> dict:
     def read(array) -> np.ndarray:
         return device.to_host(array, stream, Deadline.after(60))
 
+    return device, put, read
+
+
+def _collectives(rank: int, size: int) -> dict:
+    device, put, read = _standin(rank)
     base = np.arange(COUNT, dtype=np.float32) % 97
     found = {}
     tensor = put(base + rank)
@@ -98,17 +105,7 @@ def _pairs(src: int, dst: int) -> int:
 
 
 def _point_to_point(rank: int, size: int) -> dict:
-    from pydist.device import open_device
-
-    device = open_device("standin", 0, rank)
-    stream = device.current_stream()
-
-    def put(host: np.ndarray, name: str = "float32"):
-        return device.from_host(host, name, stream)
-
-    def read(array) -> np.ndarray:
-        return device.to_host(array, stream, Deadline.after(60))
-
+    device, put, read = _standin(rank)
     found = {}
     out = device.empty((COUNT,), "float32")
     works = [pydist.irecv(out, src=(rank - 1) % size), pydist.isend(put(np.arange(COUNT, dtype=np.float32) + rank),
@@ -170,19 +167,16 @@ def _device_files() -> list[str]:
 def _destroyed(rank: int, size: int) -> tuple[list[str], list[str]]:
     """A group that ran collectives and send/recv of device tensors (one peer on this host,
     one on another where there is one), then destroyed: its device files before and after."""
-    from pydist.device import open_device
-
-    device = open_device("standin", 0, rank)
-    stream = device.current_stream()
+    device, put, read = _standin(rank)
     group = pydist.new_group(list(range(size)))
-    tensor = device.from_host(np.ones(COUNT, np.float32), "float32", stream)
+    tensor = put(np.ones(COUNT, np.float32))
     pydist.all_reduce(tensor, group=group)
     for partner in {rank ^ 1, (rank + size // 2) % size} - {rank}:
         works = [pydist.irecv(device.empty((COUNT,), "float32"), src=partner, group=group),
                  pydist.isend(tensor, dst=partner, group=group)]
         for work in works:
             work.wait()
-    device.to_host(tensor, stream, Deadline.after(60))
+    read(tensor)
     made = _device_files()
     pydist.destroy_process_group(group)
     pydist.barrier()  # every rank has destroyed it (a host barrier: the default group runs no device work)
