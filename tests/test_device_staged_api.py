@@ -93,10 +93,12 @@ def _check(results: list[dict]) -> None:
         np.testing.assert_array_equal(found["all_to_all"], np.repeat(np.arange(size) * 100 + rank, 600))
 
 
-@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1], [0, 0, 1]], ids=["2x2-rails", "2x1-staged", "2+1-leaders"])
-def test_every_collective_across_hosts(hosts):
+@pytest.mark.parametrize("hosts, shm", [([0, 0, 1, 1], "1"), ([0, 1], "1"), ([0, 0, 1], "1"), ([0, 0, 1, 1], "0")],
+                         ids=["2x2-rails", "2x1-staged", "2+1-leaders", "2x2-no-shm-staged"])
+def test_every_collective_across_hosts(hosts, shm):
+    """Without shared memory (PYDIST_SHM=0) every rank stages its own, whatever the layout."""
     rank_env = {rank: {"PYDIST_HOST_ID": f"host{host}"} for rank, host in enumerate(hosts)}
-    _check(run_processes(len(hosts), _collectives, env=ENV, rank_env=rank_env, timeout=120))
+    _check(run_processes(len(hosts), _collectives, env={**ENV, "PYDIST_SHM": shm}, rank_env=rank_env, timeout=120))
 
 
 def _pairs(src: int, dst: int) -> int:
