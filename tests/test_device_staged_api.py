@@ -194,3 +194,32 @@ def test_destroy_frees_the_groups_device_files(hosts):
                                                       timeout=120)):
         assert made, f"rank {rank} made no device files: the test tests nothing"
         assert left == [], f"rank {rank}: {left} left after the destroy"
+
+
+def _between_hosts(rank: int, size: int, count: int) -> tuple[set[str], int]:
+    """A device all_reduce of ``count`` float32 through the API: the CPU steps between hosts
+    this rank ran (NetworkSteps, recorded here) and the bytes they were given."""
+    from pydist.engines.device_host_steps import NetworkSteps
+
+    steps: list[tuple[str, int]] = []
+    run = NetworkSteps._run
+
+    def recorded(self, collective, algorithm, *args):
+        steps.append((collective, sum(arg.nbytes for arg in args if isinstance(arg, np.ndarray))))
+        run(self, collective, algorithm, *args)
+    NetworkSteps._run = recorded
+    device, put, read = _standin(rank)
+    tensor = put(np.ones(count, np.float32))
+    pydist.all_reduce(tensor)
+    assert (read(tensor) == size).all()
+    return {name for name, _ in steps}, sum(nbytes for _, nbytes in steps)
+
+
+@pytest.mark.parametrize("places", [2, 4])
+def test_each_byte_crosses_between_hosts_once(places):
+    """2 hosts x 2 or 4 ranks, 4000 float32 (16000 bytes, several chunks): each rank gives
+    its rail's all_reduce 1/L of the tensor, so a host's ranks put its bytes across once."""
+    hosts = [rank // places for rank in range(2 * places)]
+    rank_env = {rank: {"PYDIST_HOST_ID": f"host{host}"} for rank, host in enumerate(hosts)}
+    for names, nbytes in run_processes(len(hosts), _between_hosts, 4000, env=ENV, rank_env=rank_env, timeout=120):
+        assert names == {"all_reduce"} and nbytes == 16000 // places
