@@ -70,6 +70,12 @@ def _collectives(rank: int, size: int) -> dict:
     output = device.empty((size * 600,), "float32")
     pydist.all_to_all_single(output, put(np.repeat(np.arange(size, dtype=np.float32) + 100 * rank, 600)))
     found["all_to_all"] = read(output)
+    tensor, output = put(base + rank), device.empty((size * 700,), "float32")
+    works = [pydist.all_reduce(tensor, async_op=True),  # on the group's stream, its thread carrying the chunks
+             pydist.all_gather_into_tensor(output, put(np.full(700, rank, np.float32)), async_op=True)]
+    for work in works:
+        work.wait()  # the current stream now waits for the group's
+    found["async"] = read(tensor), read(output)
     pydist.barrier()
     return found
 
@@ -91,6 +97,8 @@ def _check(results: list[dict]) -> None:
                 np.testing.assert_array_equal(out, np.full(500, j, np.float32))
         np.testing.assert_array_equal(found["scatter"], np.full(500, 10 + rank, np.float32))
         np.testing.assert_array_equal(found["all_to_all"], np.repeat(np.arange(size) * 100 + rank, 600))
+        np.testing.assert_array_equal(found["async"][0], found["all_reduce"])
+        np.testing.assert_array_equal(found["async"][1], found["all_gather"])
 
 
 @pytest.mark.parametrize("hosts, shm", [([0, 0, 1, 1], "1"), ([0, 1], "1"), ([0, 0, 1], "1"), ([0, 0, 1, 1], "0")],

@@ -31,7 +31,9 @@ Behaviour
     broadcast and reduce among the host's ranks (equal blocks; op never AVG or PREMUL_SUM
     here), enqueued on ``stream`` (the caller's): work after them on that stream sees their
     result. The engine's one-host device collectives provide them; a tensor whose size the
-    host's rank count does not divide goes through a padded device copy.
+    host's rank count does not divide goes through a padded device copy. The call's device
+    temporaries (shards, padded copies: ``scratch``) are kept from reuse until the caller's
+    stream is past them, which may be the group's stream (async_op) rather than the current one.
 
 Cost
     Network: what an all_reduce (broadcast, ...) among H hosts moves, split over L rails
@@ -81,6 +83,15 @@ def choose(hosts: Sequence[Sequence[int]], shares: bool) -> str:
     return "rails" if len({len(ranks) for ranks in hosts}) == 1 else "leaders"
 
 
+def scratch(staging: Staging, count: int, name: str) -> Any:
+    """A new device array of ``count`` elements of ``name`` for the call's own use, kept from
+    reuse until the caller's stream is past it (an async call's stream is the group's, not
+    the one the array was made on: torch's record_stream)."""
+    array = staging.device.empty((count,), name)
+    staging.device.keep_alive(array, staging.caller)
+    return array
+
+
 def _summed(op: ReduceOp) -> ReduceOp:
     """The op the stages run: AVG and PREMUL_SUM add (scaled once, by the caller)."""
     return ReduceOp(RedOpType.SUM) if op.op in (RedOpType.AVG, RedOpType.PREMUL_SUM) else op
@@ -98,7 +109,7 @@ class _Padded:
         if self.block * blocks == self.count:
             self.array = data
         else:
-            self.array = staging.device.empty((self.block * blocks,), kind.name)
+            self.array = scratch(staging, self.block * blocks, kind.name)
             if copy_in:
                 staging.device.copy(self.array[:self.count], data, staging.caller)
 
@@ -116,7 +127,7 @@ def all_reduce(staging: Staging, local: OneHost, rail: HostCollectives, tensor: 
     device, caller = staging.device, staging.caller
     data = flat(device, tensor, "tensor")
     padded = _Padded(staging, data, local.size, copy_in=True)
-    shard = device.empty((padded.block,), device.describe(data)[0].name)
+    shard = scratch(staging, padded.block, device.describe(data)[0].name)
     local.reduce_scatter(shard, padded.array, _summed(op), caller)
     device.prescale(shard, op, caller)
     staged.all_reduce(staging, rail, shard, _summed(op))
@@ -133,14 +144,14 @@ def reduce(staging: Staging, local: OneHost, rail: HostCollectives, tensor: Any,
     data = flat(device, tensor, "tensor")
     padded = _Padded(staging, data, local.size, copy_in=True)
     name = device.describe(data)[0].name
-    shard = device.empty((padded.block,), name)
+    shard = scratch(staging, padded.block, name)
     local.reduce_scatter(shard, padded.array, _summed(op), caller)
     device.prescale(shard, op, caller)
     staged.reduce(staging, rail, shard, root_host, _summed(op))
     if rail.rank != root_host:
         return
     if local.rank != root_place:  # the host's ranks all take part; only the root keeps the result
-        local.all_gather(device.empty((padded.block * local.size,), name), shard, caller)
+        local.all_gather(scratch(staging, padded.block * local.size, name), shard, caller)
         return
     local.all_gather(padded.array, shard, caller)
     padded.copy_out()
@@ -158,7 +169,7 @@ def broadcast(staging: Staging, local: OneHost, rail: HostCollectives, tensor: A
         local.broadcast(padded.array, root_place, caller)
         staged_broadcast(staging, rail, padded.part(local.rank), root_host)
     else:
-        shard = device.empty((padded.block,), device.describe(data)[0].name)
+        shard = scratch(staging, padded.block, device.describe(data)[0].name)
         staged_broadcast(staging, rail, shard, root_host)
         local.all_gather(padded.array, shard, caller)
     padded.copy_out()
@@ -170,9 +181,9 @@ def all_gather(staging: Staging, local: OneHost, rail: HostCollectives, outputs:
     device, caller = staging.device, staging.caller
     data, outs, count, spread = _spread(staging, input, "input", outputs, "outputs", hosts, local, rail)
     name = device.describe(data)[0].name
-    mine = device.empty((rail.size * count,), name)
+    mine = scratch(staging, rail.size * count, name)
     staged_all_gather(staging, rail, [mine[h * count:(h + 1) * count] for h in range(rail.size)], data)
-    everything = device.empty((len(spread) * count,), name)
+    everything = scratch(staging, len(spread) * count, name)
     local.all_gather(everything, mine, caller)
     for slot, rank in enumerate(spread):
         device.copy(outs[rank], everything[slot * count:(slot + 1) * count], caller)
@@ -184,10 +195,10 @@ def reduce_scatter(staging: Staging, local: OneHost, rail: HostCollectives, outp
     device, caller = staging.device, staging.caller
     out, ins, count, spread = _spread(staging, output, "output", inputs, "inputs", hosts, local, rail)
     name = device.describe(out)[0].name
-    arranged = device.empty((len(spread) * count,), name)
+    arranged = scratch(staging, len(spread) * count, name)
     for slot, rank in enumerate(spread):
         device.copy(arranged[slot * count:(slot + 1) * count], ins[rank], caller)
-    mine = device.empty((rail.size * count,), name)
+    mine = scratch(staging, rail.size * count, name)
     local.reduce_scatter(mine, arranged, _summed(op), caller)
     device.prescale(mine, op, caller)
     staged.reduce_scatter(staging, rail, out, [mine[h * count:(h + 1) * count] for h in range(rail.size)],
