@@ -103,14 +103,14 @@ class _Attacker:
                 os.unlink(made)
 
 
-def _run_attack(launch: str, attack: str, tmp_path: Path) -> tuple[str, dict, dict]:
+def _run_attack(launch: str, attack: str, tmp_path: Path, **extra: str) -> tuple[str, dict, dict]:
     """Start the job, attack when rank 1 is about to read the name, let it go on: (what the
-    attacker did, rank 0's outcome, rank 1's)."""
+    attacker did, rank 0's outcome, rank 1's); ``extra``: the ranks' environment beyond."""
     skip_unless_available(launch)
     signals = tmp_path / "signals"
     signals.mkdir()
     api = "torch" if launch.startswith("torchrun") else "pydist"
-    procs = start(launch, [SCRIPT, api, str(signals)], SWAP_TIMEOUT=GROUP_TIMEOUT)
+    procs = start(launch, [SCRIPT, api, str(signals)], **{"SWAP_TIMEOUT": GROUP_TIMEOUT, **extra})
     attacker = None
     try:
         host, port = wait_for(signals / "store", procs, SECONDS).split()
@@ -159,6 +159,25 @@ def test_another_users_segment_swapped_through_an_open_store_is_refused(launch, 
     did, rank0, rank1 = _run_attack(launch, "another user's segment", tmp_path)
     assert did.startswith("wrote pydist-")
     _refused(rank0, rank1, f"{did.removeprefix('wrote ')}: it is owned by uid {OTHER_UID}")
+
+
+LONG_GROUP_TIMEOUT = 60  # seconds: the peers' errors must come from the refusal, well before it
+
+
+@pytest.mark.parametrize("launch, at", [("torchrun", "new_group"), ("torchrun", "init"), ("env", "init")])
+def test_the_peers_of_a_rank_that_refuses_a_segment_fail_at_once_naming_it(launch, at, tmp_path):
+    """The refusing rank tells its peers why: rank 0 fails at once, naming rank 1's refusal of
+    the segment (GroupAbortedError), not at the group's timeout with "has not reached this
+    operation or is stuck". Gated at a torch new_group (once a private world of its own, whose
+    ring segment was refused while it was made) and at init (the host's ring segment)."""
+    did, rank0, rank1 = _run_attack(launch, "another user's segment", tmp_path, SWAP_AT=at,
+                                    SWAP_TIMEOUT=str(LONG_GROUP_TIMEOUT))
+    words = f"{did.removeprefix('wrote ')}: it is owned by uid {OTHER_UID}"
+    _refused(rank0, rank1, words)
+    assert "failed and aborted the group: refusing the shared memory named under store key" in rank0["error"], rank0
+    assert words in rank0["error"], rank0
+    # the group's timeout is what the old code waited for; the abort comes within seconds
+    assert rank0["seconds"] < LONG_GROUP_TIMEOUT, rank0
 
 
 def test_under_torchrun_with_a_token_a_segment_sealed_without_it_is_refused(tmp_path):

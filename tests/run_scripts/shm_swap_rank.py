@@ -9,9 +9,11 @@ the store; rank 1, once the first name is there and before it reads it, writes
 ``SIGNALS/published`` (that name's store key, relative to the group's store) and waits for
 ``SIGNALS/go``, the attacker's signal that the name was swapped. This gate only takes away
 the race that an attacker polling the store has to win (issue 46's pass won it at startup);
-what rank 1 then reads and checks is untouched. Then both all_reduce on the group. Each
-rank writes ``SIGNALS/rank<r>.json``: ``{"result": [the distinct values]}`` or
-``{"error": "Type: message"}``.
+what rank 1 then reads and checks is untouched. Then both all_reduce on the group. With
+SWAP_AT=init, rank 1 gates the first name of ``init_process_group`` instead (the host's
+ring segment, or the default group's arena). Each rank writes ``SIGNALS/rank<r>.json``:
+``{"result": [the distinct values]}`` or ``{"error": "Type: message", "seconds": the time
+from the start of the gated step to the error}``.
 """
 import faulthandler
 import json
@@ -36,22 +38,29 @@ def main(api: str, signals: str) -> None:
     from pydist.rendezvous.launch_env import launch_info
 
     timeout = timedelta(seconds=float(os.environ.get("SWAP_TIMEOUT", "20")))
+    at_init = os.environ.get("SWAP_AT", "new_group") == "init"
     faulthandler.dump_traceback_later(4 * timeout.total_seconds(), exit=True)  # a hung rank says where
-    dist.init_process_group("pydist", timeout=timeout)
-    rank = dist.get_rank()
+    info = launch_info()
+    rank = info.rank
     outcome: dict = {}
     if rank == 0:
-        info = launch_info()
         _write(signals, "store", f"{info.master_addr} {info.master_port}")
-    else:
-        _gate_the_first_name(signals)
+    started = time.monotonic()
     try:
+        if at_init and rank == 1:
+            _gate_the_first_name(signals)
+        dist.init_process_group("pydist", timeout=timeout)
+        if not at_init:
+            if rank == 1:
+                _gate_the_first_name(signals)
+            started = time.monotonic()
         group = dist.new_group([0, 1], timeout=timeout)
         data += rank + 1
         dist.all_reduce(data, group=group)
         outcome["result"] = sorted(set(data.tolist()))
     except Exception as error:  # noqa: BLE001 - reported to the test
         outcome["error"] = f"{type(error).__name__}: {error}"
+        outcome["seconds"] = time.monotonic() - started
     _write(signals, f"rank{rank}.json", json.dumps(outcome))
     os._exit(0)  # the group may be broken: no clean shutdown to wait for
 

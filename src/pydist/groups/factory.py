@@ -25,7 +25,7 @@ from ..core.settings import settings
 from ..net.auth import warn_if_open
 from ..rendezvous import launch_attempt
 from ..store import PrefixStore, Store
-from ..transport.world import WorldTransport
+from ..transport.world import SETUP_GROUP, WorldTransport
 from .admission import Ticket, base_store, end_job, found_job
 from .process_group import ProcessGroup
 from .progress import ProgressBoard
@@ -52,10 +52,11 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
                 owned_store: Store | None = None, store_host: int | None = None) -> None:
     """Make ``world`` rank ``rank`` of ``size``: its transport met through a new namespace of
     ``store`` (a pydist Store, or a torch group's: pydist.torch._store.TorchStore),
-    its progress board, then a barrier of every rank over the transport. The store may live
-    in one of the ranks (env://): without the barrier, that rank could return, finish and
-    exit while a slower one still needs the store for its own setup. Releases what it made
-    (and ``owned_store``) when it fails. The job's rank 0 (``world.job``'s rank, else ``rank``)
+    its progress board, then a barrier of every rank over the transport (a peer whose setup
+    failed aborts it, see WorldTransport: this rank then fails at once, naming why). The
+    store may live in one of the ranks (env://): without the barrier, that rank could
+    return, finish and exit while a slower one still needs the store for its own setup.
+    Releases what it made (and ``owned_store``) when it fails. The job's rank 0 (``world.job``'s rank, else ``rank``)
     warns when the job is open (net.auth.warn_if_open, once its listeners are bound): a torch
     subgroup's rank 0 does not."""
     scoped = namespace(world, store)
@@ -64,15 +65,17 @@ def join_native(world: World, rank: int, size: int, store: Any, timeout: float, 
     try:
         factory = world.transport_factory or default_transport
         transport = factory(rank, size, scoped, deadline, world.states, False)
+        world.states.carrier = transport  # a peer's death or abort fails the barrier below at once
         init_marks.mark(init_marks.TRANSPORT_READY)
         if (world.job or (rank, size))[0] == 0 and world.transport_factory is None:  # is anyone let in?
             warn_if_open(store, transport.network.listening_addresses())
         progress = ProgressBoard(scoped, rank, size)  # writes its first record: before the barrier
-        barrier(Comm(transport, 0, list(range(size)), rank, 0, deadline, "init_process_group"))  # group id 0: none
+        barrier(Comm(transport, SETUP_GROUP, list(range(size)), rank, 0, deadline, "init_process_group"))
     except BaseException:
         for each in (progress, transport, owned_store):
             if each is not None:
                 each.close()
+        world.leave()  # empty again, what it learnt of its peers too: a retry starts afresh
         raise
     world.join(rank, size, backend_name, scoped, owned_store, transport, progress, store_host)
     if rank == 0:  # ranks may join this job later

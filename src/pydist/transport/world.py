@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..core.deadline import Deadline
+from ..core.errors import DistError
 from ..core.settings import Settings
 from .base import Events, HostLocalTransport, MessageKey, NetworkTransport, Request, completed_request
 from .identity import machine_of
@@ -37,6 +38,9 @@ from .shm.arena import Arena, arena_bytes
 from .shm.cpus import CpuShare, usable_cpus
 from .shm.segment import Keepalive
 from .shm.sharing import share
+
+#: the group id of a world's setup (its barrier at init, the abort of a rank whose setup failed)
+SETUP_GROUP = 0
 
 
 class Fabric(Protocol):
@@ -94,16 +98,40 @@ class WorldTransport:
         if fabric is None:
             site = dataclasses.replace(site, local=self.local, token=self.network.token,
                                        oversubscribed=self.oversubscribed, on_peer_gone=events.peer_gone)
-            local_entry = select(HOST_LOCAL, site)
-            # every rank, whatever its host's rank count or whether it joined, agrees on arenas
-            self._shared_arenas = local_entry is not None and local_entry.arenas
-            if local_entry is not None and len(self.local) > 1 and not joining:
-                self.host_local = local_entry.build(site)  # None: it could not be made (/dev/shm full)
-            if self.host_local is not None:
-                self._local_set = set(self.local)
-                # a local peer's death is learnt from its socket: connected now, even when the
-                # network's connections are made on first use (PYDIST_TCP_CONNECT)
-                self.network.connect([r for r in self.local if r != rank], deadline)
+            try:
+                self._open_host_local(site, deadline)
+            except BaseException as error:
+                self._abandon(error, deadline)
+                raise
+
+    def _open_host_local(self, site: Site, deadline: Deadline) -> None:
+        """The host-local transport to this host's other ranks, when an entry applies."""
+        local_entry = select(HOST_LOCAL, site)
+        # every rank, whatever its host's rank count or whether it joined, agrees on arenas
+        self._shared_arenas = local_entry is not None and local_entry.arenas
+        if local_entry is not None and len(self.local) > 1 and not site.joining:
+            self.host_local = local_entry.build(site)  # None: it could not be made (/dev/shm full)
+        if self.host_local is not None:
+            self._local_set = set(self.local)
+            # a local peer's death is learnt from its socket: connected now, even when the
+            # network's connections are made on first use (PYDIST_TCP_CONNECT)
+            self.network.connect([r for r in self.local if r != self.rank], deadline)
+
+    def _abandon(self, error: BaseException, deadline: Deadline) -> None:
+        """This rank's transport could not be made after its network transport was (its
+        host-local one failed: a segment it refused, a creator that never came): for a
+        DistError, tell every peer why (an ABORT of group 0, the setup's barrier, which their
+        setup then fails at once, naming it, instead of at its timeout); then close the network
+        transport (best effort: the error being raised is what counts)."""
+        peers = [r for r in sorted(self.hosts) if r != self.rank]
+        try:
+            if isinstance(error, DistError):
+                self.network.connect([r for r in self.local if r != self.rank], deadline)  # lazy ones: now
+                self.network.abort(peers, SETUP_GROUP, error, [])
+        except (DistError, OSError):
+            pass
+        finally:
+            self.network.close()
 
     def _peer_lost(self, peer: int, error: BaseException) -> None:
         """The network transport lost ``peer``: a same-host peer's host-local transport first
