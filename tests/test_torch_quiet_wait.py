@@ -7,12 +7,12 @@ torch's store (the torch plugin, or pydist's API under torchrun) a rank waiting 
 rank 0 printed two lines per 100 ms: a minute of data loading on rank 0 made ~1,200 lines.
 gloo prints none. Each case here runs 2 ranks whose rank 0 comes LATE_SECONDS late to a
 new group (a default group's arena is made inside init_process_group, where both ranks are
-on time), and checks the sum and that no such line came out. With pydist's API, the new
-group's arena is made at its first all_reduce: rank 1 waits there for rank 0 to create its
-segment (sharing._wait_for_name, the path that printed). A torch new_group is a private
-pydist world made when torch creates the group: rank 0 comes late to ``new_group``, and
-rank 1 waits through torch's store inside the group's creation (rank 0's address, then the
-arena's name).
+on time), and checks the sum and that no such line came out. The new group's arena is made
+at its first all_reduce, with pydist's API and through the torch plugin alike (a torch
+new_group is a group of the default group's world): rank 1 waits there for rank 0 to
+create its segment (sharing._wait_for_name, the path that printed). Under torch, rank 0
+comes late to ``new_group`` itself (which, in torch's default, meets nobody), under pydist
+to the all_reduce.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ else:
 rank = dist.get_rank()
 late = {LATE_SECONDS} if rank == 0 else 0  # data loading, a checkpoint read: rank 1 waits for rank 0
 if api == "torch":
-    time.sleep(late)  # rank 1 waits inside new_group (the group's world and arena are made there)
+    time.sleep(late)  # rank 1 goes on to the all_reduce, and waits there for the arena
 pair = dist.new_group([0, 1])
 if api != "torch":
     time.sleep(late)  # rank 1 waits at the all_reduce, for the arena rank 0 creates

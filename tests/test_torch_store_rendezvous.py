@@ -173,7 +173,7 @@ def test_only_the_jobs_rank_0_says_the_job_is_open(clean_env, caplog):
     """Two ranks of a torch subgroup over ranks 1 and 2 of the job: its rank 0 (job rank 1)
     says nothing; the same group as ranks 0 and 1 of the job says it once."""
     from pydist.groups.factory import standalone_world
-    from pydist.torch.backend import _job_position
+    from pydist.torch.placement import _job_position
 
     assert _job_position(0, 2, [1, 2]) == (1, 3) and _job_position(1, 3, None) == (1, 3)
 

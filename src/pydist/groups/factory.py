@@ -9,7 +9,8 @@
   board and flight recorder; kept by the world. A default group's engine sets up its shared
   memory there (``Engine.prepare``), not in its first operation: every member makes it.
 - ``standalone_world(...)`` / ``standalone_mpi_world(...)``: a private world of one default
-  group, outside the process's state: what the torch plugin makes for each torch group.
+  group, outside the process's state: what the torch plugin makes for its default group
+  (its new_groups are groups of that world, see pydist.torch.placement).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ this rank knows of its groups and peers (``states``).
 
 One World per process (``current()``); ``pydist.testing`` gives each thread acting as a rank
 a World of its own (``use_world``), so the public API runs unchanged with threads as ranks,
-and the torch plugin gives each torch group a private World (groups.factory.standalone_world).
+and the torch plugin gives its default group a World of its own (groups.factory.standalone_world),
+whose groups its new_groups are (pydist.torch.placement).
 A World's fields change only through its methods, each one transition:
 
     (empty) --join--> joined --renumber (the default group shrank or grew)--> joined
@@ -61,7 +62,7 @@ class World:
         #: None when it is served elsewhere (a launcher's agent, a file, the caller's store)
         self.store_host: int | None = None
         #: (rank, size) in the whole job, under which the flight recorder files this world's
-        #: groups (None: ``rank``/``size``); a torch group's private world is one group of the job
+        #: groups (None: ``rank``/``size``); a torch default group's world is the job's
         self.job = job
         self.group_counts: collections.Counter = collections.Counter()
         #: ranks the job started with (the first joiner's transport rank), and the joiners

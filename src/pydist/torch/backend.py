@@ -1,8 +1,9 @@
 """The torch.distributed plugin: ``ProcessGroupPydist``, a ``torch.distributed.ProcessGroup``
 subclass over pydist (registered, and made for each torch group, by registration).
 
-Each group gets a private pydist World, with a transport of its own (like gloo's per-group
-connections), met through torch's store, on the engine its options chose (options). Every
+The default group gets a pydist World of its own, met through torch's store, and each
+new_group is a group of that world, as pydist's own new_group is (placement: the cases that
+get a private world), on the engine its options chose (options). Every
 method maps torch's call (tensor lists, option objects) onto pydist's operations with
 ``async_op=True`` and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping
 pydist's Work), so torch's own async handling, DDP's bucketing and ``wait()`` work
@@ -31,7 +32,6 @@ import pydist
 from ..api.groups import timeout_seconds
 from ..core.ops import RedOpType, ReduceOp
 from ..groups.device_engines import allowed
-from ..groups.factory import leave, standalone_mpi_world, standalone_world
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from ..groups.world import World
@@ -48,22 +48,13 @@ from ._profiling import (
     second_argument,
     single_input,
 )
-from ._store import TorchStore
 from .devices import device_of, forward, tensors_in
+from .placement import place, release
 from .work import PydistWork
 
 BACKEND_NAME = "pydist"
 STAGED_P2P = ("send", "recv", "recv_anysource")  # pydist runs these through host memory rather than gloo
 Method = TypeVar("Method", bound=Callable[..., Any])
-
-
-def _job_position(rank: int, size: int, global_ranks: list[int] | None) -> tuple[int, int]:
-    """This process's (rank, size) in torch's world: a subgroup's member ``rank`` is world rank
-    ``global_ranks[rank]`` (of torch's world size; outside one, at least its highest member's);
-    the default group (no ``global_ranks``) is the world."""
-    if not global_ranks:
-        return rank, size
-    return global_ranks[rank], tdist.get_world_size() if tdist.is_initialized() else max(global_ranks) + 1
 
 
 #: torch's RedOpType -> pydist's ReduceOp, for the ops without a factor (a few values)
@@ -142,18 +133,15 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     supports_coalescing = supports_splitting = supports_shrinking = supports_time_estimate = False
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, engine: str = "pydist",
-                 global_ranks: list[int] | None = None, world: World | None = None):
-        """``world``: an existing private world to wrap (a shrunk one) instead of a new one."""
+                 global_ranks: list[int] | None = None, world: World | None = None,
+                 group: ProcessGroup | None = None):
+        """The group's world and pydist group are made (placement.place), or given: ``world``
+        (a shrunk or grown one) and its ``group`` (default: its default group)."""
         super().__init__(rank, size)
-        self._world: World | None  # None once shut down
-        if world is not None:
-            self._world = world
-        elif engine == "mpi":
-            self._world = standalone_mpi_world(global_ranks, rank, size, timeout.total_seconds(), "torch")
-        else:
-            self._world = standalone_world(TorchStore(store), rank, size, timeout.total_seconds(), "torch",
-                                           job=_job_position(rank, size, global_ranks))
-        self._group: ProcessGroup | None = self._world.default_group
+        if world is None:
+            world, group = place(store, rank, size, timeout.total_seconds(), engine, global_ranks)
+        self._world: World | None = world  # None once shut down
+        self._group: ProcessGroup | None = group or world.default_group
         self.engine = engine
         self._name = ""
         self._desc = ""
@@ -226,14 +214,15 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     @property
     def pydist_world(self) -> World:
-        """The private pydist world of this torch group (its transport, its store namespace)."""
+        """The pydist world this torch group runs on (its transport, its store namespace): the
+        default group's, or a private one (see placement)."""
         if self._world is None:
             raise ValueError(f"{self!r} was shut down (destroy_process_group)")
         return self._world
 
     def hand_over(self) -> World:
-        """Give up this group's world (a shrink made a new group of it): shutting this group
-        down no longer releases it."""
+        """Give up this group's world (a shrink or a grow made a new group of it): shutting this
+        group down no longer releases anything."""
         world = self.pydist_world
         self._world = self._group = None
         return world
@@ -410,10 +399,11 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     # -- lifetime -------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Release pydist's world of this group, its transport included (torch's destroy_process_group)."""
-        if self._world is not None:
-            leave(self._world)
-            self._world = self._group = None
+        """Release this group's pydist group, and its world where it is its own (torch's
+        destroy_process_group; see placement.release)."""
+        if self._world is not None and self._group is not None:
+            release(self._world, self._group)
+        self._world = self._group = None
 
     abort = shutdown
 

@@ -40,7 +40,8 @@ def admit_joiners(timeout: timedelta | float | None = None) -> list[int]:
     store = c10d._world.pg_map[target][1]
     ranks = list(range(world.size))
     name = f"{c10d._process_group_name(ranks, use_hashed_name=True)}:grown{world.generation}"
-    reregister(target, ranks, name, "default:grown", store)
+    assert world.default_group is not None  # the grown group
+    reregister(target, world.default_group, ranks, name, "default:grown", store)
     agree_group_count(world)
     _log.info("pydist.torch.admit_joiners: ranks %s joined; %d ranks", joined, len(ranks))
     return joined

@@ -1,6 +1,7 @@
 """The "pydist" backend registered with torch.distributed, and the creator torch calls for
 every group it makes (the default group and each new_group): a ``ProcessGroupPydist`` with
-the engine and CUDA backend its options choose (options), joined to a running job where the
+the engine and CUDA backend its options choose (options), on the default group's world
+(placement; the default group's own world is the host of its new_groups), joined to a running job where the
 rank replaces one (PYDIST_JOIN=1), with torch backends attached for other devices (devices),
 or, for "cpu:pydist,cuda:pydist", its CUDA tensors on pydist's own device engine.
 The ``mpi://`` init_method is registered beside it (rank and world size from MPI.COMM_WORLD,
@@ -21,6 +22,7 @@ from ._store import TorchStore
 from .backend import BACKEND_NAME, ProcessGroupPydist
 from .devices import backend_string_map, make_backend, other_devices
 from .options import cuda_choice, engine_of, remember_default
+from .placement import host
 
 
 def register() -> None:
@@ -55,6 +57,8 @@ def create_process_group(store, rank: int, size: int, timeout: timedelta, option
         group_store = getattr(store, "underlying_store", store)  # torch's "cpu/" prefix off: make_backend adds its own
         for device, name in devices.items():
             group.attach(device, make_backend(name, device, group_store, rank, size, timeout))
+    if default_group and engine == "pydist":
+        host(group.pydist_world)  # its new_groups are groups of this world (placement)
     if (named or {}).get("cuda") == "pydist" and group._group is not None:
         allow(group._group)  # "cpu:pydist,cuda:pydist": pydist's own CUDA engine, asked for by name
     if default_group:

@@ -1,6 +1,6 @@
 """Registering a group that a shrink or a grow made of an existing one with torch.distributed,
 as torch registers the group its own shrink_group makes: the old torch group gives its world
-up to a new ProcessGroupPydist; a new default group replaces torch's default (the other
+and the new pydist group up to a new ProcessGroupPydist; a new default group replaces torch's default (the other
 groups destroyed, as torch does). It uses torch.distributed internals: a torch that lacks
 one is refused at the call (``require_regrouping``), before the group changes."""
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from ..groups.process_group import ProcessGroup
 from .backend import BACKEND_NAME, ProcessGroupPydist
 
 #: the torch.distributed internals a regrouping calls
@@ -43,21 +44,20 @@ def require_regrouping(feature: str) -> None:
                            "shrunk group needs (torch 2.11 to 2.14 have them)")
 
 
-def reregister(target: ProcessGroupPydist, ranks: list[int], group_name: str, desc: str,
+def reregister(target: ProcessGroupPydist, group: ProcessGroup, ranks: list[int], group_name: str, desc: str,
                store: Any) -> ProcessGroupPydist:
-    """A torch group over ``target``'s world, whose pydist default group changed: registered
-    under ``group_name`` with ``ranks`` (the torch global ranks of its members, in group rank
-    order) and ``store``, in ``target``'s place (the default group when ``target`` was)."""
+    """A torch group over ``group``, the pydist group of ``target``'s world that a shrink or a
+    grow made of ``target``'s: registered under ``group_name`` with ``ranks`` (the torch global
+    ranks of its members, in group rank order) and ``store``, in ``target``'s place (the
+    default group when ``target`` was)."""
     is_default = target == c10d._get_default_group()
     backend_config = c10d._world.pg_backend_config.get(target, BACKEND_NAME)
     if is_default:
         c10d._destroy_all_other_groups(exclude_group=target)
     c10d._cleanup_process_group_global_state(target)
-    world = target.hand_over()  # its world now belongs to the new group
-    group = world.default_group
-    assert group is not None
+    world = target.hand_over()  # its world (where it was its own) now belongs to the new group
     created = ProcessGroupPydist(None, group.rank(), group.size(), timedelta(seconds=group.timeout), target.engine,
-                                 world=world)
+                                 world=world, group=group)
     created.setGroupName(group_name)
     created.setGroupDesc(desc)
     if is_default:

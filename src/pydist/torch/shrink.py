@@ -6,7 +6,7 @@ says ``supports_shrinking = False``, so torch raises TypeError) to shrink and re
 that returns as a C++ ``c10d::Backend`` (which Python cannot even construct before torch
 2.14), while this plugin's group is a ProcessGroup. So this function does torch's steps
 itself with the same signature, checks and wording: the survivors agree and get a pydist
-group over the same connections (the group's private World shrinks as the process's does:
+group over the same connections (the group's world shrinks it as the process's does:
 ``pydist.api.shrink.shrink``); it is wrapped as a torch ProcessGroup and registered as torch
 registers a shrunk group (the default one then becomes the new default: ranks renumbered,
 the other groups destroyed). When rank 0, the host of torch's env:// store, is gone, the new
@@ -41,16 +41,16 @@ def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: i
     name, desc = c10d._get_process_group_name(target), target.getGroupDesc()
     original_ranks = tdist.get_process_group_ranks(target)
     old_store = c10d._world.pg_map[target][1]
-    world = target.pydist_world
-    kept_before = world.transport_ranks or list(range(world.size))  # the transport ranks of target's ranks
+    world, parent = target.pydist_world, target.pydist_group
+    kept_before = [world.transport_rank(g) for g in parent.ranks]  # the transport ranks of target's ranks
     old_store_server = world.owned_store
-    shrink(world, world.default_group, ranks_to_exclude, shrink_flags)  # type: ignore[arg-type]
-    remaining = [original_ranks[kept_before.index(t)] for t in world.transport_ranks or ()]
+    shrunk = shrink(world, parent, ranks_to_exclude, shrink_flags)
+    remaining = [original_ranks[kept_before.index(world.transport_rank(g))] for g in shrunk.ranks]
     new_store = world.owned_store if world.owned_store is not old_store_server else None
     store = old_store if new_store is None else tdist.TCPStore(new_store.host, new_store.port,  # type: ignore[attr-defined]
                                                                is_master=False, wait_for_workers=False)
     group_name = c10d._process_group_name(remaining, use_hashed_name=True)
-    created = reregister(target, remaining, group_name, "default:shrunken" if is_default else f"{desc or name}:shrunk",
-                         store)
+    created = reregister(target, shrunk, remaining, group_name,
+                         "default:shrunken" if is_default else f"{desc or name}:shrunk", store)
     _log.info("pydist.torch.shrink_group: %s -> %s, ranks %s", name, group_name, remaining)
     return created
