@@ -161,6 +161,26 @@ def test_a_failing_exit_and_a_memory_error_over_tcp_are_failures(mode, cause):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sigkill", "sigsegv"])
+def test_a_rank_killed_by_a_signal_reads_as_a_failure_not_a_shutdown(mode):
+    """No hook runs (the signal's default action): the peer reads the connection's loss."""
+    error = _launch("pydist-run", mode, "pydist")
+    assert "rank 1 on " in error and "closed its connection to rank 0 unexpectedly: its process exited or was " \
+        "killed" in error, error
+    assert SHUTDOWN not in error and "exited without" not in error, error
+
+
+@pytest.mark.slow
+def test_raise_systemexit_reads_as_an_exit_without_destroy_a_documented_limit():
+    """``raise SystemExit(3)`` (not sys.exit) reaches no hook, and the interpreter clears it
+    before its exit handlers run: the peers cannot be told it failed (docs/guide/fault-tolerance.md).
+    If this starts failing, the limit is gone: say so on that page."""
+    error = _launch("pydist-run", "raise3", "pydist")
+    assert "rank 1 on " in error and "exited without destroy_process_group" in error, error
+    assert SHUTDOWN not in error, error
+
+
+@pytest.mark.slow
 def test_a_clean_exit_without_destroy_and_a_destroy_read_as_what_they_are():
     ended = _launch("pydist-run", "clean", "pydist")
     assert "exited without destroy_process_group" in ended and "failed (" not in ended, ended

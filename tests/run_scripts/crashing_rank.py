@@ -1,13 +1,15 @@
 """Two ranks; rank 1 ends while rank 0 still needs it (tests/test_failure_exit_cause.py).
 
 ``crashing_rank.py MODE API [spawn]``: after one all_reduce, rank 1 ends as MODE says (raise:
-ValueError; exit3: sys.exit(3); memory: a MemoryError; clean: returns without
+ValueError; exit3: sys.exit(3); raise3: ``raise SystemExit(3)``; memory: a MemoryError;
+sigkill, sigsegv: that signal's default action; clean: returns without
 destroy_process_group; destroy: destroy_process_group, then returns); rank 0's second
 all_reduce fails, and rank 0 prints what it raised as one JSON line ``{"rank0_error": ...}``.
 API: "pydist" (``import pydist as dist``) or "torch" (torch.distributed on the plugin).
 Under a launcher (pydist-run, torchrun) as is; with ``spawn`` the two ranks are started by
 torch.multiprocessing.spawn, whose parent prints rank 0's line.
 """
+import faulthandler
 import json
 import os
 import signal
@@ -34,6 +36,11 @@ def rank_main(mode: str, api: str, out: str | None = None) -> None:
             raise ValueError("rank one broke")
         if mode == "exit3":
             sys.exit(3)
+        if mode == "raise3":
+            raise SystemExit(3)
+        if mode in ("sigkill", "sigsegv"):
+            faulthandler.disable()  # the default action, whatever the environment asked for
+            os.kill(os.getpid(), signal.SIGKILL if mode == "sigkill" else signal.SIGSEGV)
         if mode == "memory":
             np.empty(1 << 62, np.uint8)
         if mode == "destroy":

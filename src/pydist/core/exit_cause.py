@@ -9,8 +9,11 @@ destroy_process_group (see groups.farewell), so that a crash reads as a crash th
   ("ValueError: bad input, then sys.exit(1)": what torch.multiprocessing.spawn's children do).
 
 ``cause()`` is the first of these recorded (None: none seen), at most MAX_CAUSE characters.
-Not seen: ``raise SystemExit(n)`` (the interpreter exits without a hook) and a signal's
-default action (the process dies before any hook: its peers see the connection drop).
+Not seen: ``raise SystemExit(n)`` (no hook runs for it, and the interpreter clears it
+before the exit handlers run, keeping the status in C only: such a rank reads as one that
+exited without destroy_process_group; docs/guide/fault-tolerance.md, "What cannot be told")
+and a signal's default action (the process dies before any hook: its peers see the
+connection drop, which reads as a failure).
 """
 from __future__ import annotations
 
