@@ -51,3 +51,16 @@ def test_an_op_the_dtype_cannot_take_raises_every_time():
     for _ in range(2):
         with pytest.raises(TypeError, match="BXOR is a bitwise op"):
             opspec.describe("all_reduce", "all_reduce", buffer, op=dist.ReduceOp.BXOR)
+
+
+def test_an_op_met_after_its_spec_was_made_is_found_at_once_next_time(monkeypatch):
+    """A spec made for one spelling of an op (a ReduceOp) and then asked for with another (the
+    RedOpType): from the second call on, found as given (no check)."""
+    buffer = as_buffer(np.ones(3, dtype=np.int16), "tensor")
+    first = opspec.describe("all_reduce", "all_reduce", buffer, op=ReduceOp(RedOpType.MAX))
+    checks = []
+    real = opspec.as_reduce_op
+    monkeypatch.setattr(opspec, "as_reduce_op", lambda op: checks.append(op) or real(op))
+    for _ in range(3):
+        assert opspec.describe("all_reduce", "all_reduce", buffer, op=RedOpType.MAX) is first
+    assert checks == [RedOpType.MAX]

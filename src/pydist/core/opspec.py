@@ -63,6 +63,7 @@ def describe(name: str, kind: str, data: Buffer | np.ndarray | None = None, coun
         return _SPECS[key]
     except (KeyError, TypeError):  # (TypeError: an unhashable op object, keyed by its ReduceOp below)
         pass
+    given = key
     checked = None
     if op is not None:
         if array is None or dtype is None:
@@ -71,19 +72,18 @@ def describe(name: str, kind: str, data: Buffer | np.ndarray | None = None, coun
         check_op_dtype(checked, array.dtype, dtype)
         shared = checked.factor is None  # PREMUL_SUM: one spec for every factor
         key = key[:-1] + (checked if shared else RedOpType.PREMUL_SUM,)
-        spec = _SPECS.get(key)
-        if spec is not None:
-            return spec
-    reduce_op = None if checked is None else checked.op
-    spec = OpSpec(name, kind, dtype, count, root, reduce_op,
-                  fingerprint(kind, None if array is None else array.dtype, count, root, reduce_op or 0),
-                  checked if checked is not None and checked.factor is None else None)
-    if len(_SPECS) >= _SPECS_KEPT:
-        _SPECS.clear()
-    _SPECS[key] = spec
-    if checked is not None and checked.factor is None:
-        try:
-            _SPECS[key[:-1] + (op,)] = spec  # the op as given, found at once next time
+    spec = _SPECS.get(key)
+    if spec is None:
+        reduce_op = None if checked is None else checked.op
+        spec = OpSpec(name, kind, dtype, count, root, reduce_op,
+                      fingerprint(kind, None if array is None else array.dtype, count, root, reduce_op or 0),
+                      checked if checked is not None and checked.factor is None else None)
+        if len(_SPECS) >= _SPECS_KEPT:
+            _SPECS.clear()
+        _SPECS[key] = spec
+    if checked is not None and checked.factor is None and given is not key:
+        try:  # the op as given (another object, or torch's, than the spec's): found at once next time
+            _SPECS[given] = spec
         except TypeError:
             pass
     return spec
