@@ -3,12 +3,13 @@ subclass over pydist (registered, and made for each torch group, by registration
 
 The default group gets a pydist World of its own, met through torch's store, and each
 new_group is a group of that world, as pydist's own new_group is (placement: the cases that
-get a private world), on the engine its options chose (options). Every
-method maps torch's call (tensor lists, option objects) onto pydist's operations with
-``async_op=True`` and returns a torch Work (a ``torch.distributed.Work`` subclass wrapping
-pydist's Work), so torch's own async handling, DDP's bucketing and ``wait()`` work
-unchanged; torch's blocking calls, which wait at once, run the operation in the waiting
-thread (groups.process_group: QueuedWork). Tensors on another device (CUDA) go to the torch
+get a private world), on the engine its options chose (options). Every method maps torch's
+call (tensor lists, option objects) onto pydist's operations and returns a torch Work (a
+``torch.distributed.Work`` subclass: see work), so torch's own async handling, DDP's
+bucketing and ``wait()`` work unchanged. A blocking call (its options' ``asyncOp`` False)
+runs as pydist's own blocking calls do, in the calling thread on an idle group, and returns
+a finished Work; an async one is queued (see calls). Point-to-point goes to the transport at
+once, as pydist's does. Tensors on another device (CUDA) go to the torch
 backend the group made for it ("cpu:pydist,cuda:gloo", ``Options(cuda=...)``, PYDIST_CUDA:
 see devices), or to pydist's own CUDA engine when asked for ("cpu:pydist,cuda:pydist",
 PYDIST_CUDA_ENGINE=1: pydist.api.device_collectives), else are refused with a clear error at
@@ -19,10 +20,9 @@ profiler runs, each operation records an event "pydist:<op>" named as gloo names
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -30,91 +30,28 @@ import torch.distributed as tdist
 import pydist
 
 from ..api.groups import timeout_seconds
-from ..core.ops import RedOpType, ReduceOp
+from ..core.ops import RedOpType
 from ..groups.device_engines import allowed
 from ..groups.process_group import ProcessGroup
 from ..groups.work import Work
 from ..groups.world import World
 from ._profiling import (
-    Title,
     all_reduce_title,
-    call_recorded,
     first_argument,
     first_input_list,
     no_inputs,
     profiled,
-    profiler_enabled,
     scattered,
     second_argument,
     single_input,
 )
-from .devices import device_of, forward, tensors_in
+from .calls import call, operation, pydist_op
+from .devices import device_of, tensors_in
 from .placement import place, release
 from .work import PydistWork
 
 BACKEND_NAME = "pydist"
 STAGED_P2P = ("send", "recv", "recv_anysource")  # pydist runs these through host memory rather than gloo
-Method = TypeVar("Method", bound=Callable[..., Any])
-
-
-#: torch's RedOpType -> pydist's ReduceOp, for the ops without a factor (a few values)
-_OPS: dict[Any, ReduceOp] = {}
-
-
-def _op(reduce_op: Any) -> ReduceOp:
-    """torch's ReduceOp (with PREMUL_SUM's factor) as pydist's."""
-    kind = getattr(reduce_op, "op", reduce_op)
-    try:
-        return _OPS[kind]
-    except (KeyError, TypeError):  # (TypeError: a kind torch made unhashable)
-        pass
-    op = ReduceOp(RedOpType[kind.name] if hasattr(kind, "name") else RedOpType(int(kind)))
-    if op.op != RedOpType.PREMUL_SUM:
-        try:
-            _OPS[kind] = op
-        except TypeError:
-            pass
-    else:
-        factor = getattr(reduce_op, "factor", None)
-        if factor is None:
-            raise RuntimeError(f"PREMUL_SUM: this torch ({torch.__version__}) does not show the factor of a "
-                               "ReduceOp made by _make_nccl_premul_sum to a Python backend (ReduceOp.factor, "
-                               "torch 2.13 and later); multiply the tensor and reduce with SUM instead")
-        op.factor = factor.item() if hasattr(factor, "item") else float(factor)
-    return op
-
-
-def operation(title: Title, inputs: Callable[..., list[torch.Tensor]]) -> Callable[[Method], Method]:
-    """Decorate a collective or point-to-point method: run the call on the group's torch
-    backend for its tensors' device when they are not all on the CPU (see
-    ProcessGroupPydist.route), else on pydist, recorded as a profiler event while torch's
-    profiler runs (see _profiling: ``title``, ``inputs``). One wrapper: every call of torch
-    code pays it."""
-    def decorate(method: Method) -> Method:
-        name = method.__name__
-
-        @functools.wraps(method)
-        def run(self, *args: Any) -> Any:
-            if not _on_cpu(args):
-                backend = self.route(name, args)
-                if backend is not None:
-                    return forward(backend, name, args)
-            if profiler_enabled():
-                return call_recorded(self, title, inputs, method, args)
-            return method(self, *args)
-        return run  # type: ignore[return-value]
-    return decorate
-
-
-def _on_cpu(args: Iterable[Any]) -> bool:
-    """Every tensor in an operation's arguments (lists of them, lists of lists) is on the CPU."""
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            if not arg.is_cpu:
-                return False
-        elif isinstance(arg, (list, tuple)) and not _on_cpu(arg):
-            return False
-    return True
 
 
 def _member_work(work: Work | None) -> Work:
@@ -252,18 +189,15 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         return f"ProcessGroupPydist(rank={self.rank()}, size={self.size()}, engine={self.engine!r})"
 
     # -- collectives ----------------------------------------------------------------------
-    def _run(self, work, outputs: list) -> PydistWork:
-        return PydistWork(work, outputs)
-
     @operation(all_reduce_title, first_argument)
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
-        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
-        return self._run(pydist.all_reduce(tensors[0], op=op, group=self._group, async_op=True), tensors)
+        op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
+        return call(opts, tensors, pydist.all_reduce, tensors[0], op, self._group)
 
     @operation("all_reduce", first_argument)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         """One all_reduce of the tensors flattened together, then copied back."""
-        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
+        op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
         flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
         work = pydist.all_reduce(flat, op=op, group=self._group, async_op=True)
         return PydistWork(work, tensors, after=lambda: _unflatten(flat, tensors))
@@ -271,23 +205,21 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     @operation("broadcast", first_argument)
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         root = opts.rootRank if opts is not None else 0
-        return self._run(pydist.broadcast(tensors[0], group=self._group, group_src=root, async_op=True), tensors)
+        return call(opts, tensors, pydist.broadcast, tensors[0], group=self._group, group_src=root)
 
     @operation("reduce", first_argument)
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
-        work = pydist.reduce(tensors[0], op=_op(opts.reduceOp), group=self._group, group_dst=opts.rootRank,
-                             async_op=True)
-        return self._run(work, tensors)
+        return call(opts, tensors, pydist.reduce, tensors[0], op=pydist_op(opts.reduceOp), group=self._group,
+                     group_dst=opts.rootRank)
 
     @operation("all_gather", second_argument)
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts=None) -> tdist.Work:
-        work = pydist.all_gather(output_tensors[0], input_tensors[0], group=self._group, async_op=True)
-        return self._run(work, output_tensors)
+        return call(opts, output_tensors, pydist.all_gather, output_tensors[0], input_tensors[0], self._group)
 
     @operation("all_gather", single_input)
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
-        return self._run(pydist.all_gather_into_tensor(output, input, group=self._group, async_op=True), [output])
+        return call(opts, [output], pydist.all_gather_into_tensor, output, input, self._group)
 
     all_gather_single = _allgather_base
 
@@ -310,22 +242,20 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     @operation("reduce_scatter", first_input_list)
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts=None) -> tdist.Work:
-        work = pydist.reduce_scatter(outputs[0], input_lists[0], op=_op(opts.reduceOp), group=self._group,
-                                     async_op=True)
-        return self._run(work, outputs)
+        return call(opts, outputs, pydist.reduce_scatter, outputs[0], input_lists[0], pydist_op(opts.reduceOp),
+                    self._group)
 
     @operation("reduce_scatter", single_input)
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
-        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
-        return self._run(pydist.reduce_scatter_tensor(output, input, op=op, group=self._group, async_op=True),
-                         [output])
+        op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
+        return call(opts, [output], pydist.reduce_scatter_tensor, output, input, op, self._group)
 
     reduce_scatter_single = _reduce_scatter_base
 
     @operation("reduce_scatter", second_argument)
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
-        op = _op(opts.reduceOp) if opts is not None else ReduceOp()
+        op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
         works = [_member_work(pydist.reduce_scatter_tensor(o, i, op=op, group=self._group, async_op=True))
                  for o, i in zip(outputs, inputs)]
         return PydistWork.all_of(works, outputs)
@@ -333,52 +263,47 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     @operation("all_to_all", single_input)
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts=None) -> tdist.Work:
-        work = pydist.all_to_all_single(output, input, output_split_sizes or None, input_split_sizes or None,
-                                        group=self._group, async_op=True)
-        return self._run(work, [output])
+        return call(opts, [output], pydist.all_to_all_single, output, input, output_split_sizes or None,
+                     input_split_sizes or None, self._group)
 
     all_to_all_single = alltoall_base
 
     @operation("all_to_all", second_argument)
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts=None) -> tdist.Work:
-        return self._run(pydist.all_to_all(output_tensors, input_tensors, group=self._group, async_op=True),
-                         output_tensors)
+        return call(opts, output_tensors, pydist.all_to_all, output_tensors, input_tensors, self._group)
 
     @operation("gather", second_argument)
     def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts=None) -> tdist.Work:
         root = opts.rootRank
         outs = output_lists[0] if self.rank() == root else None
-        work = pydist.gather(input_tensors[0], outs, group=self._group, group_dst=root, async_op=True)
-        return self._run(work, output_lists)
+        return call(opts, output_lists, pydist.gather, input_tensors[0], outs, group=self._group, group_dst=root)
 
     @operation("gather", single_input)
     def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         """torch 2.14's gather into one tensor (``output``: the root's; an empty placeholder elsewhere)."""
         root = opts.rootRank if opts is not None else 0
-        work = pydist.gather_single(input, output if self.rank() == root else None, group=self._group,
-                                    group_dst=root, async_op=True)
-        return self._run(work, [output])
+        return call(opts, [output], pydist.gather_single, input, output if self.rank() == root else None,
+                     group=self._group, group_dst=root)
 
     @operation("scatter", scattered)
     def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts=None) -> tdist.Work:
         root = opts.rootRank
         ins = input_lists[0] if self.rank() == root else None
-        work = pydist.scatter(output_tensors[0], ins, group=self._group, group_src=root, async_op=True)
-        return self._run(work, output_tensors)
+        return call(opts, output_tensors, pydist.scatter, output_tensors[0], ins, group=self._group, group_src=root)
 
     @profiled("barrier", no_inputs)
     def barrier(self, opts=None) -> tdist.Work:
-        return self._run(pydist.barrier(group=self._group, async_op=True), [])
+        return call(opts, [], pydist.barrier, group=self._group)
 
     # -- point-to-point: on pydist, through host memory for another device's tensors where
     # that device's backend is gloo (gloo aborts the process on a CUDA send or recv) -------
     @operation("send", first_argument)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> tdist.Work:
         tensor = _on_host(tensors[0]) if tensors[0].device.type in self.device_backends else tensors[0]
-        return self._run(pydist.isend(tensor, group=self._group, group_dst=dst, tag=tag), tensors)
+        return PydistWork(pydist.isend(tensor, group=self._group, group_dst=dst, tag=tag), tensors)
 
     @operation("recv", first_argument)
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> tdist.Work:

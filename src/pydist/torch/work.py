@@ -31,6 +31,11 @@ from ..groups.work import Work
 class PydistWork(tdist.Work):
     """A torch Work completed by one or more pydist Works."""
 
+    _works: list[Work] | tuple[()] = ()  # (defaults for FinishedWork, which sets none of them)
+    _after: Callable[[], None] | None = None
+    _future: torch.futures.Future | None = None
+    _profiled = False
+
     def __init__(self, works: Work | list[Work] | None, outputs: list[Any],
                  after: Callable[[], None] | None = None):
         super().__init__()
@@ -140,6 +145,33 @@ class PydistWork(tdist.Work):
             complete()
         for work in self._works:
             work.add_done_callback(one_done)
+
+
+class FinishedWork(PydistWork):
+    """The Work of a call that had run when it was returned (torch's blocking calls: see
+    ProcessGroupPydist): done at once, ``wait()`` raising the call's ``error`` if it failed,
+    its future set with the outputs or failing with the error, as a PydistWork's."""
+
+    _error: Exception | None = None
+
+    def __init__(self, outputs: list[Any], error: Exception | None = None):
+        tdist.Work.__init__(self)
+        self._outputs = outputs
+        if error is not None:
+            self._error = error
+
+    def _finish(self, timeout: float | None = None) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return self._error is None
+
+    def exception(self):
+        return self._error
 
 
 def _failing_in_cpp(source: torch.futures.Future) -> torch.futures.Future:
