@@ -74,20 +74,47 @@ def test_thread_ranks_over_tls(certs, monkeypatch):
     assert results == [(True, [1.0] * 3, True)] * 2
 
 
-def _job(tmp_path, env0: dict, env1: dict, timeout: float = 600) -> list[tuple[int, str]]:
-    """Both ranks of JOB (file:// store), rank r with ``env_r``, init ``timeout`` seconds:
-    (exit code, output) each."""
+def _start_job(tmp_path, env0: dict, env1: dict, timeout: float = 600) -> list[subprocess.Popen]:
+    """Both ranks of JOB (file:// store in ``tmp_path``), rank r with ``env_r``, init ``timeout`` seconds."""
     init = f"file://{tmp_path}/store"
     base = {k: v for k, v in os.environ.items() if not k.startswith("PYDIST_TLS_")}
-    procs = [subprocess.Popen([sys.executable, "-c", JOB, str(r), init, str(timeout)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**base, "PYDIST_SHM": "0", **env})
-             for r, env in enumerate((env0, env1))]
+    return [subprocess.Popen([sys.executable, "-c", JOB, str(r), init, str(timeout)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env={**base, "PYDIST_SHM": "0", **env})
+            for r, env in enumerate((env0, env1))]
+
+
+def _outcomes(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
+    """(exit code, output) of each process of ``_start_job``."""
     return [(p.wait(FAST), p.communicate()[0]) for p in procs]
+
+
+def _job(tmp_path, env0: dict, env1: dict, timeout: float = 600) -> list[tuple[int, str]]:
+    """Both ranks of JOB, run to the end: (exit code, output) each."""
+    return _outcomes(_start_job(tmp_path, env0, env1, timeout))
 
 
 #: seconds rank 0 waits at init in the refusal tests (it then times out listing the refusal)
 REFUSED_INIT = 15
 WAITED = "rank 0 timed out waiting for connections from ranks [1]; refused meanwhile: 127.0.0.1:"
+#: the refusal jobs, by case: (rank 0's identity, rank 1's); "plain, good" is a TLS peer of a plain rank
+REFUSALS = {"other_ca": ("good", "other_ca"), "expired": ("good", "expired"), "plain": ("good", "plain"),
+            "plain, good": ("plain", "good")}
+
+
+@pytest.fixture(scope="module")
+def refusals(certs, tmp_path_factory) -> dict[str, list[tuple[int, str]]]:
+    """Every refusal job, started at once, run to the end: {case: (exit code, output) of each
+    rank}. Each job's rank 0 waits out REFUSED_INIT seconds before it fails; side by side,
+    the tests of this module wait for that once instead of once each."""
+    procs = {case: _start_job(tmp_path_factory.mktemp("refused"), certs[env0], certs[env1], REFUSED_INIT)
+             for case, (env0, env1) in REFUSALS.items()}
+    try:
+        return {case: _outcomes(pair) for case, pair in procs.items()}
+    finally:
+        for proc in (p for pair in procs.values() for p in pair):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
 @pytest.mark.slow
@@ -97,15 +124,15 @@ WAITED = "rank 0 timed out waiting for connections from ranks [1]; refused meanw
     ("plain", "it does not use TLS and this rank does (its HELLO claims rank 1)",
      "it refused this rank: it requires TLS and this rank does not use it"),
 ])
-def test_a_peer_tls_refuses_is_named_on_both_sides(certs, tmp_path, case, rank0_says, rank1_says):
-    (code0, out0), (code1, out1) = _job(tmp_path, certs["good"], certs[case], REFUSED_INIT)
+def test_a_peer_tls_refuses_is_named_on_both_sides(refusals, case, rank0_says, rank1_says):
+    (code0, out0), (code1, out1) = refusals[case]
     assert code0 != 0 and WAITED in out0 and rank0_says in out0, out0[-3000:]
     assert code1 != 0 and rank1_says in out1, out1[-3000:]
 
 
 @pytest.mark.slow
-def test_a_tls_peer_of_a_plain_rank_is_named_on_both_sides(certs, tmp_path):
-    (code0, out0), (code1, out1) = _job(tmp_path, certs["plain"], certs["good"], REFUSED_INIT)
+def test_a_tls_peer_of_a_plain_rank_is_named_on_both_sides(refusals):
+    (code0, out0), (code1, out1) = refusals["plain, good"]
     assert code0 != 0 and WAITED in out0 and "it uses TLS and this rank does not" in out0, out0[-3000:]
     assert code1 != 0 and "rank 0 at 127.0.0.1:" in out1 and "refused the TLS connection of rank 1" in out1 \
         and "it does not use TLS" in out1, out1[-3000:]
