@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,12 +34,13 @@ Start = Callable[[int, list[str], dict[str, str]], subprocess.Popen]
 
 def _run(start: Start, master: str, env: dict[str, str], argv: list[str]) -> dict[int, dict]:
     port = free_port()
-    procs = []
-    for rank in range(4):
-        rank_env = {**os.environ, **{k: v.replace("{rank}", str(rank)) for k, v in env.items()},
-                    "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": master, "MASTER_PORT": str(port)}
-        procs.append(start(rank, [sys.executable, str(SCRIPT), *argv], rank_env))
-    results = finish(procs, timeout=90)
+    with tempfile.TemporaryDirectory(prefix="raised-") as raised:  # where the survivors mark that they raised
+        procs = []
+        for rank in range(4):
+            rank_env = {**os.environ, **{k: v.replace("{rank}", str(rank)) for k, v in env.items()},
+                        "RANK": str(rank), "WORLD_SIZE": "4", "MASTER_ADDR": master, "MASTER_PORT": str(port)}
+            procs.append(start(rank, [sys.executable, str(SCRIPT), *argv, raised], rank_env))
+        results = finish(procs, timeout=90)
     lines = [json.loads(line) for result in results for line in result.stdout.splitlines() if line.startswith("{")]
     return {line["rank"]: line for line in lines}
 
