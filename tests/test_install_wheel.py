@@ -112,7 +112,9 @@ def test_the_ddp_example_runs_and_the_demo_says_what_it_needs(venv):
     wheel = _local_torch_wheel()
     if wheel is None:
         pytest.skip("no local torch wheel of the running torch's version in PIP_FIND_LINKS")
-    _ok([str(bin_dir / "pip"), "install", "--quiet", wheel], work, timeout=PIP_SECONDS)
+    # --no-compile: torch's 2,371 modules are not compiled to bytecode ahead (~10 s of CPU here);
+    # the example imports only what it uses, compiled as it does
+    _ok([str(bin_dir / "pip"), "install", "--quiet", "--no-compile", wheel], work, timeout=PIP_SECONDS)
     ddp_page = ROOT / "docs" / "guide" / "ddp.md"
     name, code, launcher_args = _programs(ddp_page)[0]
     assert name == "train_ddp.py" and "DistributedDataParallel" in code
