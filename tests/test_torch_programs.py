@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,13 @@ import pytest
 from child_env import with_tests_on_path
 
 from pydist.testing.commands import finish, start_command
+from pydist.testing.processes import preload
+from pydist.testing.scripts import finish_scripts, start_script
 
 pytest.importorskip("torch")
+preload("torch")  # the programs fork from a server that imported it (if it has not started yet)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # real processes importing torch, 4 per program
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # 4 rank processes a program; launchers import torch
 
 PROGRAMS = Path(__file__).resolve().parent / "torch_programs"
 BACKENDS = ("gloo", "pydist")
@@ -37,15 +41,22 @@ def results_of(stdout: str) -> list[dict]:
     return sorted(found, key=lambda result: result.get("rank", 0))
 
 
-def run_on_both(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, list]:
-    """Run ``argv`` with "{backend}" replaced by each backend, concurrently: {backend: results}."""
-    environment = with_tests_on_path({**os.environ, **(env if env is not None else MATRIX_ENV)})
-    procs = [start_command([arg.format(backend=backend) for arg in argv], env=environment, cwd=cwd)
-             for backend in BACKENDS]
-    runs = dict(zip(BACKENDS, finish(procs, COMMAND_TIMEOUT)))
+def _results(runs: dict[str, subprocess.CompletedProcess]) -> dict[str, list]:
+    """{backend: the results its run printed}; every run must have exited 0."""
     for backend, run in runs.items():
         assert run.returncode == 0, f"{backend} exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
     return {backend: results_of(run.stdout) for backend, run in runs.items()}
+
+
+def _environment(env: dict[str, str] | None) -> dict[str, str]:
+    return with_tests_on_path({**os.environ, **(env if env is not None else MATRIX_ENV)})
+
+
+def run_on_both(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, list]:
+    """Run ``argv`` with "{backend}" replaced by each backend, concurrently: {backend: results}."""
+    procs = [start_command([arg.format(backend=backend) for arg in argv], env=_environment(env), cwd=cwd)
+             for backend in BACKENDS]
+    return _results(dict(zip(BACKENDS, finish(procs, COMMAND_TIMEOUT))))
 
 
 def assert_match(got: Any, want: Any, where: str = "") -> None:
@@ -65,8 +76,10 @@ def assert_match(got: Any, want: Any, where: str = "") -> None:
 
 
 def run_program(name: str, env: dict[str, str] | None = None) -> tuple[list, list]:
-    """(gloo's rank results, pydist's) of tests/torch_programs/<name>.py."""
-    runs = run_on_both([sys.executable, str(PROGRAMS / f"{name}.py"), "{backend}"], env)
+    """(gloo's rank results, pydist's) of ``python tests/torch_programs/<name>.py BACKEND``, both
+    at once, each forked from the warm fork server (torch imported there once, not by each run)."""
+    scripts = [start_script(PROGRAMS / f"{name}.py", [backend], env=_environment(env)) for backend in BACKENDS]
+    runs = _results(dict(zip(BACKENDS, finish_scripts(scripts, COMMAND_TIMEOUT))))
     gloo, pydist = (runs[backend][0] for backend in BACKENDS)
     assert (gloo["backend"], pydist["backend"]) == BACKENDS
     return gloo["ranks"], pydist["ranks"]

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CommandTimeout", "finish", "kill_group", "run_command", "start_command"]
+__all__ = ["CommandTimeout", "finish", "kill_group", "run_command", "start_command", "timed_out"]
 
 
 class CommandTimeout(AssertionError):
@@ -66,12 +66,19 @@ def finish(procs: Sequence[subprocess.Popen], timeout: float) -> list[subprocess
     done = [subprocess.CompletedProcess(proc.args, proc.returncode, *(out or ("", "")))
             for proc, out in zip(procs, outputs)]
     if late:
-        report = "\n".join(f"--- {' '.join(map(str, c.args))} (exit {c.returncode}"
-                           f"{', killed: still running' if proc in late else ''})\n"
-                           f"stdout:\n{c.stdout}\nstderr:\n{c.stderr}" for proc, c in zip(procs, done))
-        raise CommandTimeout(f"{len(late)} of {len(procs)} commands still running after {timeout:g} s, "
-                             f"their process groups killed:\n{report}")
+        raise timed_out(done, [proc in late for proc in procs], timeout, "commands", "process groups")
     return done
+
+
+def timed_out(done: Sequence[subprocess.CompletedProcess], killed: Sequence[bool], timeout: float, what: str,
+              groups: str) -> CommandTimeout:
+    """The CommandTimeout of ``done`` (``what``: "commands"), those ``killed`` marked: how many
+    were still running after ``timeout`` s (their ``groups`` killed), and each one's output."""
+    report = "\n".join(f"--- {' '.join(map(str, c.args))} (exit {c.returncode}"
+                       f"{', killed: still running' if k else ''})\n"
+                       f"stdout:\n{c.stdout}\nstderr:\n{c.stderr}" for c, k in zip(done, killed))
+    return CommandTimeout(f"{sum(killed)} of {len(done)} {what} still running after {timeout:g} s, "
+                          f"their {groups} killed:\n{report}")
 
 
 def run_command(argv: Sequence[str], timeout: float = 60.0, **popen_kwargs) -> subprocess.CompletedProcess:
