@@ -101,8 +101,10 @@ def test_a_busy_or_starved_live_process_is_not_declared_dead(how):
     starved: in a C call holding the GIL, its pydist threads cannot run and its heartbeat
     stops, as a live process's does when a loaded machine gives it no CPU for that long (256
     ranks on 2 cores); on the same host the kernel says it runs (transport/tcp/liveness.py) and
-    it is waited for. Either way nobody is declared dead and every all_reduce completes."""
-    procs = _ranks(3, [how, "2.0"], {"PYDIST_PEER_TIMEOUT": "1", "PYDIST_SHM": "0"})
+    it is waited for. Either way nobody is declared dead and every all_reduce completes. Two
+    rounds: a gap of twice the timeout is past it in each; the second starts after a gap was
+    survived (five rounds added nothing but 6 s)."""
+    procs = _ranks(3, [how, "2.0", "2"], {"PYDIST_PEER_TIMEOUT": "1", "PYDIST_SHM": "0"})
     try:
         [json.loads(p.stdout.readline()) for p in procs]
         done = [json.loads(p.stdout.readline()) for p in procs]

@@ -1,8 +1,8 @@
 """A rank for tests/test_failure_heartbeat.py's frozen and busy peers: all_reduce in a loop,
 printing JSON lines (ready; then what it raised, when, and the ranks it knew dead; or done).
 ``loop``: until an error (the harness stops one rank with SIGSTOP, and resumes it later);
-``busy SECONDS``: 5 all_reduces, rank 1 spinning in Python for SECONDS before each;
-``starved SECONDS``: the same, rank 1 in a C call that holds the GIL (its pydist threads
+``busy SECONDS ROUNDS``: ROUNDS all_reduces, rank 1 spinning in Python for SECONDS before each;
+``starved SECONDS ROUNDS``: the same, rank 1 in a C call that holds the GIL (its pydist threads
 cannot run: a process starved of CPU on a loaded machine looks the same to its peers)."""
 import ctypes
 import json
@@ -26,7 +26,7 @@ def main() -> None:
     report(ready=time.time())
     try:
         if sys.argv[1] in ("busy", "starved"):
-            for _ in range(5):
+            for _ in range(int(sys.argv[3])):
                 if dist.get_rank() == 1 and sys.argv[1] == "starved":
                     ctypes.PyDLL(None).usleep(int(float(sys.argv[2]) * 1e6))  # PyDLL: the GIL stays held
                 elif dist.get_rank() == 1:
