@@ -245,7 +245,7 @@ def test_a_rank_killed_over_tls_is_named_by_every_survivor(certs, kinds, victim)
     from run_scripts import robust_ranks
     env = {"PYDIST_SHM": "0", **certs["good"]}
     results = [robust_ranks.kill_trial(trial, kinds=kinds, victim=victim, root=0 if kinds == ("broadcast",) else None,
-                                       env=env, max_bytes=4 << 20, max_delay_s=1.5) for trial in range(3)]
+                                       env=env, max_bytes=4 << 20, max_delay_s=0.75) for trial in range(3)]
     problems = [f"trial {r['trial']}: {p}" for r in results for p in robust_ranks.violations(r)]
     assert not problems, "\n".join(problems)
 
