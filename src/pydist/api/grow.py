@@ -99,8 +99,10 @@ def join_running_job(world: World, store: Store, timeout: float, owned_store: St
 
 
 def join_standalone(store: Any, timeout: float) -> World:
-    """A private World (one torch group's, see groups.factory.standalone_world) that joined
-    the running job met through ``store``: its default group is the grown one."""
+    """The World of a replacement rank's default torch group (what
+    groups.factory.standalone_world is at launch; its new_groups are groups of it, see
+    pydist.torch.placement), joined to the running job met through ``store``: its default
+    group is the grown one."""
     world = World(job=launch_position())
     join_running_job(world, attempt_store(store), timeout, None)
     return world

@@ -13,8 +13,9 @@ env:// and tcp://) is gone, the leader serves a new store and the decision says 
 instead of waiting for a dead rank); ``SHRINK_DEFAULT`` lets them finish or fail first. The
 new group's first operation is a barrier: a member that died during the shrink (after its
 proposal reached the leader) fails it at every survivor, and they shrink again without it.
-``shrink(world, parent, ...)`` does it for any World: the process's, or a torch group's
-private one (see pydist.torch.shrink).
+``shrink(world, parent, ...)`` does it for any World: the process's, or the one a torch
+group runs on (pydist.torch.shrink): the default torch group's, which its new_groups share,
+or a private one (see pydist.torch.placement).
 
 ``split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
 group_desc=None)``: every member of the parent calls it with the same list of disjoint rank

@@ -10,7 +10,9 @@
   memory there (``Engine.prepare``), not in its first operation: every member makes it.
 - ``standalone_world(...)`` / ``standalone_mpi_world(...)``: a private world of one default
   group, outside the process's state: what the torch plugin makes for its default group
-  (its new_groups are groups of that world, see pydist.torch.placement).
+  (its new_groups are groups of that world) and for a group that world cannot hold (on
+  MPI, beside a default group of another backend, or of ranks outside it: see
+  pydist.torch.placement).
 """
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ def prefixed(store: Any, prefix: str) -> Any:
 def join_mpi(world: World, rank: int = -1, size: int = -1, transport_ranks: list[int] | None = None) -> None:
     """Make ``world`` a world on MPI.COMM_WORLD: rank and size from MPI (a ``rank``/``size``
     other than -1 must equal MPI's); ``transport_ranks``: the MPI ranks of its members (a
-    torch group's private world), None for COMM_WORLD itself."""
+    torch group's private world: every torch group on MPI has one), None for COMM_WORLD itself."""
     from ..engines.mpi import rank_and_size
     if transport_ranks is None:
         rank, size = rank_and_size(rank, size)
@@ -178,7 +180,7 @@ def make_group(world: World, global_ranks: list[int], group_id: int, name: str, 
 
 def launch_position() -> tuple[int, int] | None:
     """This process's rank and size in its whole job, from the launcher (RANK, WORLD_SIZE),
-    for a private world (one torch group of the job); None when they are not set."""
+    for a world the torch plugin makes (standalone_world, join_standalone); None when they are not set."""
     job_rank, job_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     return (int(job_rank), int(job_size)) if job_rank.isdigit() and job_size.isdigit() else None
 

@@ -2,8 +2,9 @@
 
 Every world that joins with a transport is tracked here (``track``, which also starts
 core.exit_cause's recording). At interpreter exit (api.init) ``at_exit`` has each world still
-joined (the process's own, and the torch plugin's private worlds, which torch does not
-release) tell its peers why this process is ending (``say_goodbye``): the failure that ends
+joined (the process's own, and the torch plugin's: its default group's, which its new_groups
+share, and any native private one pydist.torch.placement made; torch releases none of them
+at exit) tell its peers why this process is ending (``say_goodbye``): the failure that ends
 it, so that they name this rank as failed with its exception, or that it exited without
 destroy_process_group. A world left before (destroy_process_group) says nothing more: its
 goodbye already read as a shutdown.
