@@ -116,6 +116,39 @@ def test_all_reduce_coalesced_takes_one_dtype():
     assert run_threads(2, mixed) == [True, True]
 
 
+def _coalesced_on_a_device(rank: int, size: int) -> list[str]:
+    """What the deprecated coalesced calls say when given device tensors (the test stand-in's,
+    which go where CUDA tensors go: core.buffers.device_kind)."""
+    from pydist.device import open_device
+    device = open_device("standin", 0, rank)
+    on_device = device.from_host(np.ones(2, np.float32), "float32", device.current_stream())
+    host = np.ones(2, np.float32)
+    calls = [lambda: pydist.all_reduce_coalesced([on_device]),
+             lambda: pydist.all_reduce_coalesced(on_device),
+             lambda: pydist.all_reduce_coalesced([host, on_device]),
+             lambda: pydist.all_gather_coalesced([[host] for _ in range(size)], [on_device]),
+             lambda: pydist.all_gather_coalesced([[host], [on_device]], [host])]
+    messages = []
+    for call in calls:
+        with pytest.raises(ValueError) as refused:
+            call()
+        messages.append(str(refused.value))
+    return messages
+
+
+def test_the_coalesced_calls_refuse_device_tensors_saying_what_to_call_instead():
+    from pydist.testing import run_threads
+    host_only = ("this deprecated call works on host tensors only: call {} once per tensor instead, which takes "
+                 "device tensors when pydist's CUDA engine is on (PYDIST_CUDA_ENGINE=1), or move the tensors to "
+                 "the host with .cpu()")
+    reduce, gather = host_only.format("all_reduce"), host_only.format("all_gather_into_tensor")
+    expected = [f"all_reduce_coalesced: tensors[0] is a tensor on standin:0; {reduce}",
+                f"all_reduce_coalesced: tensors[0] is a tensor on standin:0; {reduce}",
+                f"all_reduce_coalesced: tensors[1] is a tensor on standin:0; {reduce}",
+                f"all_gather_coalesced: input_tensor_list[0] is a tensor on standin:0; {gather}",
+                f"all_gather_coalesced: output_tensor_lists[1][0] is a tensor on standin:0; {gather}"]
+    assert run_threads(2, _coalesced_on_a_device) == [expected, expected]
+
 def _gathered_singly(rank: int, size: int) -> list:
     stacked = np.full((size, 2), -1.0) if rank == 1 else None  # torch's stacked layout, on the destination only
     assert pydist.gather_single(np.full(2, float(rank)), stacked, dst=1) is None

@@ -7,12 +7,13 @@ deprecated there, so it warns)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from ..core.buffers import Buffer, as_buffer
+from ..core.buffers import Buffer, DeviceTensorError, as_buffer
 from ..core.ops import RedOpType
 from ..core.opspec import describe, op_of
 from ..groups.work import Work
@@ -30,7 +31,8 @@ def all_reduce_coalesced(tensors: Any, op: Any = RedOpType.SUM, group: Any = Non
                          async_op: bool = False) -> Work | None:
     """Reduce every tensor of ``tensors`` (one dtype) over the group, in place, as one
     all_reduce of their concatenation; a single tensor is taken as a list of one. Deprecated in
-    torch 2.13, so it warns FutureWarning as torch's does."""
+    torch 2.13, so it warns FutureWarning as torch's does. Host tensors only: a device tensor
+    gets a ValueError saying to call all_reduce once per tensor."""
     _deprecated("all_reduce_coalesced")
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
@@ -39,7 +41,8 @@ def all_reduce_coalesced(tensors: Any, op: Any = RedOpType.SUM, group: Any = Non
     target = member_group(group, "all_reduce_coalesced")
     if target is None:
         return None
-    buffers = [as_buffer(tensor, f"tensors[{i}]") for i, tensor in enumerate(tensors)]
+    with _host_only("all_reduce_coalesced", "all_reduce"):
+        buffers = [as_buffer(tensor, f"tensors[{i}]") for i, tensor in enumerate(tensors)]
     _same_dtype(buffers, buffers[0])
     count = sum(b.array.size for b in buffers)
     spec = describe("all_reduce_coalesced", "all_reduce", buffers[0], count=count, op=op)
@@ -67,6 +70,20 @@ def _spread(flat: np.ndarray, buffers: Sequence[Buffer]) -> None:
         offset += buffer.array.size
 
 
+@contextmanager
+def _host_only(call: str, instead: str) -> Iterator[None]:
+    """Refuse a device tensor met inside (core.buffers' DeviceTensorError) with a ValueError
+    naming ``call``, the argument and ``instead``, the collective to call once per tensor."""
+    try:
+        yield
+    except DeviceTensorError as error:
+        raise DeviceTensorError(
+            f"{call}: {error.argument} is a tensor on {error.device}; this deprecated call works on host tensors "
+            f"only: call {instead} once per tensor instead, which takes device tensors when pydist's CUDA engine "
+            "is on (PYDIST_CUDA_ENGINE=1), or move the tensors to the host with .cpu()",
+            error.argument, error.device) from None
+
+
 def _deprecated(name: str) -> None:
     """Warn as torch 2.13 does for its deprecated coalesced collectives."""
     warnings.warn(f"`pydist.{name}` will be deprecated, as `torch.distributed.{name}` will: call the collective "
@@ -78,13 +95,16 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
     """``output_tensor_lists[r][i]`` = rank r's ``input_tensor_list[i]``, on every rank: the
     tensors (one dtype, the same sizes on every rank) gathered as one all_gather of their
     concatenation. Deprecated in torch 2.13, so it warns FutureWarning as torch's does. A rank
-    passing other sizes than the others gets DesyncError (torch gives wrong results)."""
+    passing other sizes than the others gets DesyncError (torch gives wrong results). Host
+    tensors only: a device tensor gets a ValueError saying to call all_gather_into_tensor once
+    per tensor."""
     _deprecated("all_gather_coalesced")
     target = member_group(group, "all_gather_coalesced")
     if target is None:
         return None
-    inputs = _buffer_list(input_tensor_list, "input_tensor_list", None, writable=False)
-    rows = _output_lists(output_tensor_lists, inputs, target.size())
+    with _host_only("all_gather_coalesced", "all_gather_into_tensor"):
+        inputs = _buffer_list(input_tensor_list, "input_tensor_list", None, writable=False)
+        rows = _output_lists(output_tensor_lists, inputs, target.size())
     _same_dtype(inputs, inputs[0])
     for row in rows:
         _same_dtype(row, inputs[0])

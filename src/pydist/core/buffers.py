@@ -66,7 +66,12 @@ def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
 
 
 class DeviceTensorError(ValueError):
-    """A device tensor where host memory was expected (see the module docstring)."""
+    """A device tensor where host memory was expected (see the module docstring): the
+    argument's name (``argument``) and the tensor's device (``device``: "cuda:0", "standin:0")."""
+
+    def __init__(self, message: str, argument: str = "", device: str = ""):  # (defaults: unpickled from message)
+        super().__init__(message)
+        self.argument, self.device = argument, device
 
 
 def device_kind(obj: Any) -> str | None:
@@ -84,7 +89,7 @@ def device_kind(obj: Any) -> str | None:
 def _on_device(obj: Any, name: str) -> DeviceTensorError:
     place = f"standin:{obj.device.index}" if device_kind(obj) == "standin" else str(obj.device)
     return DeviceTensorError(f"{name}: a tensor on {place} among tensors in host memory; one call's tensors must be "
-                             "on one device (move them with .to(device), or this one with .cpu())")
+                             "on one device (move them with .to(device), or this one with .cpu())", name, place)
 
 
 def _is_torch_tensor(obj: Any) -> bool:
