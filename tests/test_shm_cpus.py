@@ -1,4 +1,4 @@
-"""The CPUs a job's ranks may use (CPU sets, cgroup v2 quotas, per-rank binding) and its
+"""The CPUs a job's ranks may use (CPU sets, cgroup v1 and v2 quotas, per-rank binding) and its
 cgroup's CPU pressure, read from file contents the tests feed (pydist.transport.shm.cpus)."""
 from __future__ import annotations
 
@@ -60,6 +60,80 @@ def test_no_cgroup_v2_or_no_quota_leaves_the_affinity_mask():
     assert cpus.cgroup_dirs(read) == ["/sys/fs/cgroup"] and cpus.usable_cpus(read, mask=lambda: {0, 1}) == 2
     assert cpus.usable_cpus(files({"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "50000 100000"}),
                             mask=lambda: {0, 1}) == 1  # half a CPU: still one
+
+
+#: a cgroup v1 machine's mounts (the cpu and cpuacct controllers together, a separate cpuset)
+V1_MOUNTINFO = """25 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+31 25 0:28 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpuset rw,nosuid,nodev,noexec,relatime shared:9 - cgroup cgroup rw,cpuset
+33 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:10 - cgroup cgroup rw,cpu,cpuacct
+34 31 0:31 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:11 - cgroup cgroup rw,memory
+"""
+V1_CGROUP = "11:memory:/docker/abc\n5:cpu,cpuacct:/docker/abc\n3:cpuset:/docker/abc\n1:name=systemd:/docker/abc\n"
+V1_CPU = "/sys/fs/cgroup/cpu,cpuacct/"
+
+
+def test_the_cgroup_v1_parsers_find_the_cpu_controllers_hierarchy():
+    assert cpus.cgroup1_cpu_path(V1_CGROUP) == "/docker/abc"
+    assert cpus.cgroup1_cpu_path("4:cpu:/a\n") == "/a" and cpus.cgroup1_cpu_path("2:cpuacct,cpu:/b\n") == "/b"
+    for unset in ("3:cpuset:/x\n2:cpuacct:/y\n", "0::/kubepods/c1\n", "", None, "5:cpu,cpuacct\n"):
+        assert cpus.cgroup1_cpu_path(unset) is None, unset
+    assert cpus.cgroup1_cpu_mount(V1_MOUNTINFO) == ("/", "/sys/fs/cgroup/cpu,cpuacct")
+    container = "90 80 0:30 /docker/abc /sys/fs/cgroup/cpu\\040x ro,nosuid master:10 - cgroup cgroup rw,cpuacct,cpu\n"
+    assert cpus.cgroup1_cpu_mount(container) == ("/docker/abc", "/sys/fs/cgroup/cpu x")  # (\\040: a space)
+    for unset in (HYBRID_MOUNTS, "32 31 0:29 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n",
+                  "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n", "", None, "- cgroup"):
+        assert cpus.cgroup1_cpu_mount(unset) is None, unset
+    assert cpus.cfs_quota("150000\n", "100000\n") == 1.5
+    for unset in (("-1\n", "100000\n"), ("", "100000"), (None, None), ("150000", "0"), ("150000", None),
+                  ("1.5", "1"), ("max", "100000")):
+        assert cpus.cfs_quota(*unset) is None, unset
+
+
+def test_a_cgroup_v1_containers_quota_caps_the_cpus_and_the_tightest_ancestor_counts():
+    """Docker on a cgroup v1 host (no cgroup namespace): the process's path under the
+    hierarchy's root, with its ancestors up to the mount."""
+    read = files({"/proc/self/cgroup": V1_CGROUP, "/proc/self/mountinfo": V1_MOUNTINFO,
+                  V1_CPU + "docker/abc/cpu.cfs_quota_us": "-1\n", V1_CPU + "docker/abc/cpu.cfs_period_us": "100000\n",
+                  V1_CPU + "docker/cpu.cfs_quota_us": "250000\n", V1_CPU + "docker/cpu.cfs_period_us": "100000\n",
+                  V1_CPU + "cpu.cfs_quota_us": "-1\n", V1_CPU + "cpu.cfs_period_us": "100000\n"})
+    assert cpus.cgroup1_cpu_dirs(read) == [V1_CPU + "docker/abc", V1_CPU + "docker", V1_CPU.rstrip("/")]
+    assert cpus.cpu_quota(read) == 2.5
+    assert cpus.usable_cpus(read, mask=lambda: set(range(64))) == 2
+    assert cpus.usable_cpus(read, mask=lambda: {5}) == 1
+
+
+def test_a_cgroup_v1_mount_of_the_containers_own_cgroup_is_its_directory():
+    """A container whose cpu hierarchy is mounted from its own cgroup (mountinfo's root
+    /docker/abc): the mount is the process's directory; nothing above it is seen."""
+    mountinfo = "90 80 0:30 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+    read = files({"/proc/self/cgroup": V1_CGROUP, "/proc/self/mountinfo": mountinfo,
+                  V1_CPU + "cpu.cfs_quota_us": "50000\n", V1_CPU + "cpu.cfs_period_us": "100000\n"})
+    assert cpus.cgroup1_cpu_dirs(read) == [V1_CPU.rstrip("/")]
+    assert cpus.cpu_quota(read) == 0.5 and cpus.usable_cpus(read, mask=lambda: {0, 1, 2, 3}) == 1
+    elsewhere = files({"/proc/self/cgroup": "5:cpu,cpuacct:/other\n", "/proc/self/mountinfo": mountinfo})
+    assert cpus.cgroup1_cpu_dirs(elsewhere) == []  # a cgroup outside the mounted one: not under it
+
+
+def test_without_a_cgroup_v1_quota_the_affinity_mask_stays():
+    unlimited = files({"/proc/self/cgroup": V1_CGROUP, "/proc/self/mountinfo": V1_MOUNTINFO,
+                       V1_CPU + "docker/abc/cpu.cfs_quota_us": "-1\n",
+                       V1_CPU + "docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert cpus.cpu_quota(unlimited) is None and cpus.usable_cpus(unlimited, mask=lambda: {0, 1, 2}) == 3
+    no_mount = files({"/proc/self/cgroup": V1_CGROUP, V1_CPU + "docker/abc/cpu.cfs_quota_us": "100000\n",
+                      V1_CPU + "docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert cpus.cpu_quota(no_mount) is None  # no mountinfo: where the hierarchy is is not known
+
+
+def test_a_cgroup_v1_quota_means_the_host_is_not_the_jobs_neighbourhood():
+    """A cgroup v1 container with every CPU in its mask but a quota: the host's load says
+    nothing of it, so the rule is off (without the quota it reads the host's load, as before)."""
+    quota = {"/proc/self/cgroup": V1_CGROUP, "/proc/self/mountinfo": V1_MOUNTINFO,
+             V1_CPU + "docker/abc/cpu.cfs_quota_us": "400000\n", V1_CPU + "docker/abc/cpu.cfs_period_us": "100000\n",
+             "/proc/loadavg": "9.0 9.0 9.0 9/300 1\n"}
+    assert cpus.Neighbours(4, read=files(quota), mask=lambda: set(range(8)), machine_cpus=8).how == "off"
+    unlimited = {**quota, V1_CPU + "docker/abc/cpu.cfs_quota_us": "-1\n"}
+    assert cpus.Neighbours(4, read=files(unlimited), mask=lambda: set(range(8)), machine_cpus=8).how == "load"
 
 
 CONTAINER = "/sys/fs/cgroup/unified/docker/c1/"

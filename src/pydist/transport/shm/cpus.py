@@ -1,12 +1,16 @@
 """The CPUs this job's ranks may use and its cgroup's CPU pressure, for the waits' rules (signal).
 
 ``os.cpu_count()`` is the machine's count, not what a process may run on: a CPU set
-(``taskset``, Slurm's cpusets, ``docker --cpuset-cpus``) narrows it, and so does a cgroup v2
-CPU quota (``cpu.max``: ``docker --cpus``, Kubernetes limits), which lets the cgroup run
-quota/period CPUs' worth of time per period and throttles it for the rest of the period once
-spent. :func:`usable_cpus` is the smaller of the two: the affinity mask's size, and the
-tightest quota of this process's cgroup and its ancestors, rounded down (1.5 CPUs of quota
-cannot keep 2 spinning ranks running), at least 1.
+(``taskset``, Slurm's cpusets, ``docker --cpuset-cpus``) narrows it, and so does a cgroup
+CPU quota (``docker --cpus``, Kubernetes limits: cgroup v2's ``cpu.max``, or cgroup v1's
+``cpu.cfs_quota_us`` and ``cpu.cfs_period_us`` in the cpu controller's hierarchy, -1:
+unlimited), which lets the cgroup run quota/period CPUs' worth of time per period and
+throttles it for the rest of the period once spent. :func:`usable_cpus` is the smaller of
+the two: the affinity mask's size, and the tightest quota of this process's cgroup and its
+ancestors (in either version), rounded down (1.5 CPUs of quota cannot keep 2 spinning ranks
+running), at least 1. The v1 directory is the process's cgroup path (/proc/self/cgroup)
+under the cpu hierarchy's mount, less the mount's own root (/proc/self/mountinfo: a
+container sees its own cgroup mounted as the hierarchy), up to the mount.
 
 A launcher that binds each rank to a core of its own (Open MPI's default for 2 ranks, ``srun
 --cpu-bind=cores``) gives every rank a one-CPU mask, although the ranks run side by side: what
@@ -28,7 +32,7 @@ other cgroups held its CPUs, or its quota throttled it; its own crowded ranks ne
 it, as one of them runs), or is off on a kernel without PSI; in the root cgroup with a CPU
 mask or quota it is off. What it cannot see: busy processes inside the job's own cgroup (a
 container's data loaders), as the host's count could where the job is the whole host; nor,
-without cgroup v2 (a cgroup v1 container), that the host is not the job's.
+in a cgroup v1 container without a quota or CPU set, that the host is not the job's.
 
 The parsers are pure (text in, value out) and the readers take the file reader as an
 argument, so tests feed file contents. Any file missing, unreadable or malformed means "not
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -75,6 +80,34 @@ def cgroup2_path(proc_self_cgroup: str | None) -> str | None:
     return None
 
 
+def cgroup1_cpu_path(proc_self_cgroup: str | None) -> str | None:
+    """This process's cgroup v1 path in the cpu controller's hierarchy (``5:cpu,cpuacct:/path``
+    in /proc/self/cgroup's text), or None."""
+    for line in (proc_self_cgroup or "").splitlines():
+        fields = line.split(":", 2)
+        if len(fields) == 3 and "cpu" in fields[1].split(",") and fields[2].startswith("/"):
+            return fields[2]
+    return None
+
+
+def cgroup1_cpu_mount(mountinfo: str | None) -> tuple[str, str] | None:
+    """(root within the hierarchy, mount point) of the first cgroup v1 mount of the cpu
+    controller in /proc/self/mountinfo's text (``id parent dev root point options [tags] -
+    cgroup source super-options``, the super options naming the controllers), or None."""
+    for line in (mountinfo or "").splitlines():
+        fields = line.split()
+        dash = fields.index("-") if "-" in fields else -1
+        if dash >= 6 and len(fields) >= dash + 4 and fields[dash + 1] == "cgroup" \
+                and "cpu" in fields[dash + 3].split(","):
+            return _unescaped(fields[3]), _unescaped(fields[4])
+    return None
+
+
+def _unescaped(field: str) -> str:
+    """A mountinfo path field with its octal escapes (``\\040``: a space) undone."""
+    return re.sub(r"\\([0-7]{3})", lambda found: chr(int(found[1], 8)), field)
+
+
 def cpu_max_quota(cpu_max: str | None) -> float | None:
     """CPUs' worth of time ``cpu.max``'s text allows (``"150000 100000"`` -> 1.5); None when
     unlimited (``"max 100000"``) or malformed."""
@@ -82,6 +115,12 @@ def cpu_max_quota(cpu_max: str | None) -> float | None:
     if len(fields) != 2 or not fields[0].isdigit() or not fields[1].isdigit() or int(fields[1]) == 0:
         return None
     return int(fields[0]) / int(fields[1])
+
+
+def cfs_quota(quota_us: str | None, period_us: str | None) -> float | None:
+    """CPUs' worth of time cgroup v1's ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us`` texts
+    allow (``"150000"``, ``"100000"`` -> 1.5); None when unlimited (quota ``-1``) or malformed."""
+    return cpu_max_quota(f"{(quota_us or '').strip()} {(period_us or '').strip()}")
 
 
 def pressure_total(cpu_pressure: str | None, kind: str = "full") -> int | None:
@@ -102,15 +141,36 @@ def cgroup_dirs(read: Reader = read_text) -> list[str]:
     path = cgroup2_path(read("/proc/self/cgroup"))
     if path is None:
         return []
-    root = cgroup2_mount(read("/proc/self/mounts"))
+    return _up_to(cgroup2_mount(read("/proc/self/mounts")), path)
+
+
+def cgroup1_cpu_dirs(read: Reader = read_text) -> list[str]:
+    """This process's directory in the cgroup v1 cpu hierarchy, then each ancestor up to the
+    mount (empty where there is no such hierarchy, no mount of it, or the process's cgroup
+    is not under the mount's root)."""
+    path = cgroup1_cpu_path(read("/proc/self/cgroup"))
+    mount = cgroup1_cpu_mount(read("/proc/self/mountinfo"))
+    if path is None or mount is None:
+        return []
+    root, point = mount
+    if root == "/":
+        return _up_to(point, path)
+    root = root.rstrip("/")
+    return _up_to(point, path[len(root):]) if path == root or path.startswith(root + "/") else []
+
+
+def _up_to(mount: str, path: str) -> list[str]:
+    """The directory of cgroup ``path`` (relative to ``mount``), then each ancestor up to ``mount``."""
     parts = [part for part in path.split("/") if part and part != ".."]
-    return [posixpath.join(root, *parts[:depth]) for depth in range(len(parts), -1, -1)]
+    return [posixpath.join(mount, *parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
 def cpu_quota(read: Reader = read_text) -> float | None:
-    """The tightest ``cpu.max`` quota of this process's cgroup and its ancestors (a parent's
-    binds its children too), in CPUs; None where none is set."""
+    """The tightest CPU quota of this process's cgroup and its ancestors (a parent's binds its
+    children too), cgroup v2's ``cpu.max`` or v1's CFS quota, in CPUs; None where none is set."""
     quotas = [cpu_max_quota(read(posixpath.join(directory, "cpu.max"))) for directory in cgroup_dirs(read)]
+    quotas += [cfs_quota(read(posixpath.join(directory, "cpu.cfs_quota_us")),
+                         read(posixpath.join(directory, "cpu.cfs_period_us"))) for directory in cgroup1_cpu_dirs(read)]
     return min((quota for quota in quotas if quota is not None), default=None)
 
 
