@@ -135,21 +135,33 @@ def test_an_async_collective_completes_by_its_wait_without_the_progress_thread(m
     assert run_threads(2, _async_then_wait, transport="tcp") == [(True, [3.0] * 3)] * 2
 
 
-def _crossed(rank, size):
+def crossed_calls(rank, size, library="pydist"):
     """Rank 0 starts an async all_reduce on group a, then a blocking one on group b; rank 1
     calls b first, then a. The async call must not wait for rank 1 in rank 0's thread
-    (torch's backends run async calls off the caller's thread: gloo's worker, NCCL's stream)."""
-    a, b = dist.new_group([0, 1]), dist.new_group([0, 1])
-    first, second = np.full(2, rank + 1.0), np.full(2, 10.0 * (rank + 1))
+    (torch's backends run async calls off the caller's thread: gloo's worker, NCCL's stream).
+    ``library``: "pydist" on numpy arrays, or "torch" (torch.distributed on tensors)."""
+    if library == "torch":
+        import torch
+        import torch.distributed as api
+
+        def full(value):
+            return torch.full((2,), value)
+    else:
+        api = dist
+
+        def full(value):
+            return np.full(2, value)
+    a, b = api.new_group([0, 1]), api.new_group([0, 1])
+    first, second = full(rank + 1.0), full(10.0 * (rank + 1))
     if rank == 0:
-        work = dist.all_reduce(first, group=a, async_op=True)
-        dist.all_reduce(second, group=b)
+        work = api.all_reduce(first, group=a, async_op=True)
+        api.all_reduce(second, group=b)
         work.wait()
     else:
-        dist.all_reduce(second, group=b)
-        dist.all_reduce(first, group=a)
+        api.all_reduce(second, group=b)
+        api.all_reduce(first, group=a)
     return first.tolist(), second.tolist()
 
 
 def test_an_async_collective_does_not_wait_for_peers_in_the_callers_thread():
-    assert run_threads(2, _crossed, transport="tcp", pg_timeout=30) == [([3.0] * 2, [30.0] * 2)] * 2
+    assert run_threads(2, crossed_calls, transport="tcp", pg_timeout=30) == [([3.0] * 2, [30.0] * 2)] * 2

@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as tdist  # noqa: E402
+from test_group_queue_wait import crossed_calls  # noqa: E402
 from torch._C import _distributed_c10d as c10d  # noqa: E402
 
 from pydist.core.errors import DistBackendError  # noqa: E402
@@ -121,21 +122,6 @@ def test_a_misused_blocking_call_raises_from_torchs_function(plugin):
         tdist.all_reduce(torch.ones(2), op=tdist.ReduceOp.BAND)
 
 
-def _crossed(rank, size):
-    """Rank 0: an async torch all_reduce on group a, then a blocking one on group b; rank 1
-    calls b first, then a: the async call must not wait for rank 1 in rank 0's thread."""
-    a, b = tdist.new_group([0, 1]), tdist.new_group([0, 1])
-    first, second = torch.full((2,), rank + 1.0), torch.full((2,), 10.0 * (rank + 1))
-    if rank == 0:
-        work = tdist.all_reduce(first, group=a, async_op=True)
-        tdist.all_reduce(second, group=b)
-        work.wait()
-    else:
-        tdist.all_reduce(second, group=b)
-        tdist.all_reduce(first, group=a)
-    return first.tolist(), second.tolist()
-
-
 @pytest.mark.slow
 def test_a_torch_async_call_does_not_wait_for_peers_in_the_callers_thread():
-    assert run_processes(2, _crossed, init="torch", timeout=120) == [([3.0] * 2, [30.0] * 2)] * 2
+    assert run_processes(2, crossed_calls, "torch", init="torch", timeout=120) == [([3.0] * 2, [30.0] * 2)] * 2
