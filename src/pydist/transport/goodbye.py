@@ -1,6 +1,8 @@
 """What a BYE frame says (its JSON payload) and what the peer that reads it then reports.
 
 A rank's BYE is one of: empty (it shut down its process group: destroy_process_group);
+``{"after": FAILURE}`` (the same, after it heard that a peer failed: FAILURE, "rank 0 on
+host failed", which the peers that wait on it name too: they may not have heard of it yet);
 ``{"reason": ...}`` (it declared the receiver dead, see tcp.connection.notify);
 ``{"exit": CAUSE}`` (its process is ending with its groups alive, ``announce_exit``: CAUSE is
 the failure that ends it, e.g. "ValueError: bad input", or "" when none was seen). The
@@ -16,6 +18,20 @@ from ..core.exit_cause import MAX_CAUSE
 def exit_payload(cause: str | None) -> bytes:
     """The BYE payload of a process ending with its groups alive because of ``cause`` (None: no failure seen)."""
     return json.dumps({"exit": (cause or "")[:MAX_CAUSE]}).encode()
+
+
+def shutdown_payload(failure: str | None) -> bytes:
+    """The BYE payload of destroy_process_group: empty, or the first peer ``failure`` this
+    rank heard of before it left."""
+    return json.dumps({"after": failure[:MAX_CAUSE]}).encode() if failure else b""
+
+
+def shutdown(who: str, me: int, after: str | None) -> str:
+    """How rank ``me`` reports a peer (``who``: "rank 1 on host") that shut down its process
+    group, ``after`` a failure it heard of (None: none)."""
+    cause = f" after {after}" if after else ""
+    return (f"{who} has shut down its process group (destroy_process_group){cause}; rank {me} "
+            "cannot exchange more messages with it")
 
 
 def read_payload(payload: bytes) -> dict:

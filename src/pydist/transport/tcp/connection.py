@@ -18,7 +18,7 @@ from typing import Protocol
 from ...core.errors import EvictedError, PeerFailedError
 from ..base import Request
 from ..framing import Header, Kind, encode_frame
-from ..goodbye import departure, read_payload
+from ..goodbye import departure, read_payload, shutdown
 from ..matching import Matcher
 from ..receiver import FrameReceiver
 from .tls_socket import TlsSocket
@@ -95,6 +95,7 @@ class Connection:
         self.bye_received = False
         self.evicted: dict | None = None  # the peer's BYE said it declared this rank dead
         self.exited: str | None = None  # the peer's BYE said its process is ending: why ("": no failure seen)
+        self.after: str | None = None  # the peer's BYE said it shut down after this failure
         self.notified = False  # this rank told the peer it declared it dead
         self.error: BaseException | None = None
         # real time (the heartbeat's, see TcpTransport._check_liveness): the last bytes in and out
@@ -192,10 +193,20 @@ class Connection:
             said = read_payload(payload)
             if "exit" in said:
                 self.exited = str(said["exit"])
+            elif "after" in said:
+                self.after = str(said["after"])
             elif said:
                 self.evicted = said
         elif header.kind == Kind.ABORT:
             self.transport.peer_aborted(self.peer, header.group, payload)
+
+    def peer_failed(self) -> bool:
+        """The connection ended because the peer failed: it crashed or was cut off (no BYE),
+        or its process ended on an error; not a shutdown, an exit without a failure, this
+        rank's own closing, nor the peer declaring this rank dead."""
+        if self.closing or self.evicted is not None:
+            return False
+        return bool(self.exited) if self.exited is not None else not self.bye_received
 
     def _failure(self, cause: BaseException | None) -> PeerFailedError | EvictedError:
         me = self.transport.rank
@@ -210,8 +221,7 @@ class Connection:
         if self.exited is not None:
             text = f"{departure(f'rank {self.peer} on {self.host}', me, self.exited)}: {CLOSED}"
         elif self.bye_received:
-            text = (f"rank {self.peer} on {self.host} has shut down its process group "
-                    f"(destroy_process_group); rank {me} cannot exchange more messages with it: {CLOSED}")
+            text = f"{shutdown(f'rank {self.peer} on {self.host}', me, self.after)}: {CLOSED}"
         else:
             text = (f"rank {self.peer} on {self.host} closed its connection to rank {me} "
                     f"unexpectedly: its process exited or was killed, or the network failed: {CLOSED}")

@@ -24,14 +24,14 @@ from collections.abc import Callable
 
 from ...core import deadline as _deadline
 from ...core.deadline import Deadline
-from ...core.errors import DistBackendError, DistError
+from ...core.errors import DistBackendError, DistError, PeerFailedError
 from ...core.settings import Settings
 from ...net.auth import token_of
 from ...net.tls import contexts
 from ..abort import abort_payload, aborted_by
 from ..base import Events, MessageKey, NetworkTransport, Request, completed_request
 from ..framing import FramingError, Kind, encode_frame, encode_header
-from ..goodbye import exit_payload
+from ..goodbye import exit_payload, shutdown_payload
 from ..identity import lane_addresses
 from ..matching import Matcher
 from .caller_reads import CallerReads
@@ -68,6 +68,7 @@ class TcpTransport(CallerReads, Peers, PeerFailures, NetworkTransport):
         self.rank, self.size = rank, size
         self.matcher, self.events = matcher, events
         self._on_peer_gone = on_peer_gone or events.peer_gone
+        self.failure_heard: str | None = None  # the first peer failure heard of (see _heard)
         self.caller_reads = settings.tcp_reader == "caller"
         self.peer_timeout = settings.peer_timeout
         self._heart = Heartbeat(self, settings.peer_timeout)
@@ -259,7 +260,7 @@ class TcpTransport(CallerReads, Peers, PeerFailures, NetworkTransport):
             self._join.close()
         deadline = Deadline.after(FLUSH_SECONDS)
         _deadline.poll_until(lambda: all(c.idle() for c in self._every), deadline)
-        bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0))
+        bye = memoryview(encode_frame(Kind.BYE, 0, 0, 0, shutdown_payload(self.failure_heard)))
         for conn in self._every:
             conn.send([bye], None)
         _deadline.poll_until(lambda: all(c.idle() for c in self._every), deadline)
@@ -332,11 +333,22 @@ class TcpTransport(CallerReads, Peers, PeerFailures, NetworkTransport):
 
     def peer_aborted(self, peer: int, group: int, payload: bytes) -> None:
         """``peer``'s ABORT frame for ``group`` arrived (the reading thread)."""
-        self.events.abort_group(group, aborted_by(peer, self.records[peer].hostname, payload))
+        error = aborted_by(peer, self.records[peer].hostname, payload)
+        if isinstance(error, PeerFailedError) and error.rank is not None:
+            self._heard(error.rank, error.host)
+        self.events.abort_group(group, error)
 
     def peer_lost(self, peer: int, error: BaseException) -> None:
         """A connection to ``peer`` failed with ``error`` (its PeerFailedError)."""
+        if all(conn.peer_failed() for conn in self._lanes.get(peer, []) if conn.error is not None):
+            self._heard(peer, getattr(error, "host", None))
         self._on_peer_gone(peer, error)
+
+    def _heard(self, peer: int, host: str | None) -> None:
+        """``peer`` failed: the first such is told in this rank's goodbye (close), so that the
+        peers still waiting on this rank name it too."""
+        if self.failure_heard is None:
+            self.failure_heard = f"rank {peer} on {host} failed" if host else f"rank {peer} failed"
 
     def _apply_pending(self) -> None:
         try:
