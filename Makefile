@@ -86,6 +86,7 @@ $(VENV)/.installed-docs: $(VENV)/.installed
 
 docs: $(VENV)/.installed-docs
 	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs build/docs/html
+	$(PYTEST) -q tests/test_docs_site.py  # the built site's checks: make test skips them without Sphinx
 
 lint: test-venv
 	$(VENV)/bin/ruff check src tests
