@@ -14,8 +14,9 @@ from pydist.testing.processes import free_port
 from pydist.transport.shm import cpus
 from pydist.transport.shm.cpus import CpuShare
 
-HYBRID_MOUNTS = """cgroup /sys/fs/cgroup/cpu cgroup rw,nosuid,nodev,noexec,relatime,cpu 0 0
-cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0
+#: a hybrid machine's mounts: cgroup v1 controllers, and v2 at /sys/fs/cgroup/unified
+HYBRID_MOUNTINFO = """32 31 0:29 / /sys/fs/cgroup/cpu rw,nosuid,nodev,noexec,relatime shared:9 - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:13 - cgroup2 cgroup2 rw
 """
 PRESSURE = """some avg10=12.50 avg60=3.00 avg300=0.50 total=123456
 full avg10=0.00 avg60=0.00 avg300=0.00 total=7
@@ -28,9 +29,12 @@ def files(contents: dict[str, str]):
 
 
 def test_the_parsers_read_what_the_kernel_writes_and_nothing_else():
-    assert cpus.cgroup2_mount(HYBRID_MOUNTS) == "/sys/fs/cgroup/unified"
-    assert cpus.cgroup2_mount("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n") == cpus.DEFAULT_MOUNT
-    assert cpus.cgroup2_mount(None) == cpus.DEFAULT_MOUNT
+    assert cpus.cgroup2_mount(HYBRID_MOUNTINFO) == ("/", "/sys/fs/cgroup/unified")
+    pod = "30 25 0:26 /a\\040b /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    assert cpus.cgroup2_mount(pod) == ("/a b", "/sys/fs/cgroup")  # (\\040: a space)
+    for unset in ("cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n",  # (/proc/self/mounts' format)
+                  "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n", "", None):
+        assert cpus.cgroup2_mount(unset) == ("/", cpus.DEFAULT_MOUNT), unset
     assert cpus.cgroup2_path("4:memory:/x\n0::/kubepods/pod1/c2\n") == "/kubepods/pod1/c2"
     assert cpus.cgroup2_path("4:cpu,cpuacct:/docker/abc\n") is None
     assert cpus.cpu_max_quota("150000 100000\n") == 1.5
@@ -44,7 +48,7 @@ def test_the_parsers_read_what_the_kernel_writes_and_nothing_else():
 
 
 def test_a_containers_quota_caps_the_cpus_and_the_tightest_ancestor_counts():
-    read = files({"/proc/self/cgroup": "0::/kubepods/pod1/c2\n", "/proc/self/mounts": HYBRID_MOUNTS,
+    read = files({"/proc/self/cgroup": "0::/kubepods/pod1/c2\n", "/proc/self/mountinfo": HYBRID_MOUNTINFO,
                   "/sys/fs/cgroup/unified/kubepods/pod1/c2/cpu.max": "max 100000\n",
                   "/sys/fs/cgroup/unified/kubepods/pod1/cpu.max": "250000 100000\n",
                   "/sys/fs/cgroup/unified/kubepods/cpu.max": "400000 100000\n",
@@ -60,6 +64,20 @@ def test_no_cgroup_v2_or_no_quota_leaves_the_affinity_mask():
     assert cpus.cgroup_dirs(read) == ["/sys/fs/cgroup"] and cpus.usable_cpus(read, mask=lambda: {0, 1}) == 2
     assert cpus.usable_cpus(files({"/proc/self/cgroup": "0::/\n", "/sys/fs/cgroup/cpu.max": "50000 100000"}),
                             mask=lambda: {0, 1}) == 1  # half a CPU: still one
+
+
+def test_a_cgroup_v2_mount_of_a_cgroup_below_the_root_is_that_cgroups_directory():
+    """A container sharing the host's cgroup namespace, its pod's cgroup mounted as the
+    hierarchy (mountinfo's root /kubepods/pod1): /proc/self/cgroup's path is relative to the
+    hierarchy's root, so the container's directory is the mount's ctr, not kubepods/pod1/ctr."""
+    mountinfo = "30 25 0:26 /kubepods/pod1 /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw\n"
+    read = files({"/proc/self/cgroup": "0::/kubepods/pod1/ctr\n", "/proc/self/mountinfo": mountinfo,
+                  "/proc/self/mounts": "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n",
+                  "/sys/fs/cgroup/ctr/cpu.max": "150000 100000\n"})
+    assert cpus.cgroup_dirs(read) == ["/sys/fs/cgroup/ctr", "/sys/fs/cgroup"]
+    assert cpus.cpu_quota(read) == 1.5 and cpus.usable_cpus(read, mask=lambda: set(range(8))) == 1
+    elsewhere = files({"/proc/self/cgroup": "0::/system.slice/x\n", "/proc/self/mountinfo": mountinfo})
+    assert cpus.cgroup_dirs(elsewhere) == []  # a cgroup outside the mounted one: not under it
 
 
 #: a cgroup v1 machine's mounts (the cpu and cpuacct controllers together, a separate cpuset)
@@ -81,7 +99,8 @@ def test_the_cgroup_v1_parsers_find_the_cpu_controllers_hierarchy():
     assert cpus.cgroup1_cpu_mount(V1_MOUNTINFO) == ("/", "/sys/fs/cgroup/cpu,cpuacct")
     container = "90 80 0:30 /docker/abc /sys/fs/cgroup/cpu\\040x ro,nosuid master:10 - cgroup cgroup rw,cpuacct,cpu\n"
     assert cpus.cgroup1_cpu_mount(container) == ("/docker/abc", "/sys/fs/cgroup/cpu x")  # (\\040: a space)
-    for unset in (HYBRID_MOUNTS, "32 31 0:29 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n",
+    for unset in ("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n",  # (/proc/self/mounts' format)
+                  "32 31 0:29 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n",
                   "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n", "", None, "- cgroup"):
         assert cpus.cgroup1_cpu_mount(unset) is None, unset
     assert cpus.cfs_quota("150000\n", "100000\n") == 1.5
@@ -148,7 +167,7 @@ def container(stalled_us: list[int]) -> dict[str, str]:
             if path == CONTAINER + "cpu.pressure":
                 return f"some avg10=0 avg60=0 avg300=0 total=1\nfull avg10=0 avg60=0 avg300=0 total={stalled_us[-1]}\n"
             return super().get(path, default)
-    return Files({"/proc/self/cgroup": "0::/docker/c1\n", "/proc/self/mounts": HYBRID_MOUNTS,
+    return Files({"/proc/self/cgroup": "0::/docker/c1\n", "/proc/self/mountinfo": HYBRID_MOUNTINFO,
                   CONTAINER + "cgroup.type": "domain\n", "/proc/loadavg": "60.0 60.0 60.0 60/900 1\n"})
 
 
@@ -169,7 +188,7 @@ def test_in_a_container_on_a_busy_host_only_this_cgroups_pressure_counts():
 
 
 def test_the_hosts_load_counts_only_where_the_job_is_the_whole_host():
-    host = {"/proc/self/cgroup": "0::/\n", "/proc/self/mounts": HYBRID_MOUNTS,
+    host = {"/proc/self/cgroup": "0::/\n", "/proc/self/mountinfo": HYBRID_MOUNTINFO,
             "/sys/fs/cgroup/unified/cpu.pressure": "some avg10=0 total=5\nfull avg10=0 total=0\n",
             "/proc/loadavg": "9.0 9.0 9.0 9/300 1\n"}
     whole = cpus.Neighbours(4, read=files(host), mask=lambda: set(range(8)), machine_cpus=8)

@@ -8,9 +8,11 @@ unlimited), which lets the cgroup run quota/period CPUs' worth of time per perio
 throttles it for the rest of the period once spent. :func:`usable_cpus` is the smaller of
 the two: the affinity mask's size, and the tightest quota of this process's cgroup and its
 ancestors (in either version), rounded down (1.5 CPUs of quota cannot keep 2 spinning ranks
-running), at least 1. The v1 directory is the process's cgroup path (/proc/self/cgroup)
-under the cpu hierarchy's mount, less the mount's own root (/proc/self/mountinfo: a
-container sees its own cgroup mounted as the hierarchy), up to the mount.
+running), at least 1. The directory (in either version) is the process's cgroup path
+(/proc/self/cgroup, relative to the hierarchy's root) under the hierarchy's mount (v2's, or
+v1's cpu controller's), less the mount's own root (/proc/self/mountinfo: a container sees
+its own cgroup, or its pod's, mounted as the hierarchy), up to the mount; none where the
+cgroup is not under the mount's root.
 
 A launcher that binds each rank to a core of its own (Open MPI's default for 2 ranks, ``srun
 --cpu-bind=cores``) gives every rank a one-CPU mask, although the ranks run side by side: what
@@ -62,14 +64,11 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def cgroup2_mount(mounts: str | None) -> str:
-    """The mount point of the cgroup v2 hierarchy in /proc/self/mounts' text (a hybrid
-    machine mounts it at /sys/fs/cgroup/unified), else DEFAULT_MOUNT."""
-    for line in (mounts or "").splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == "cgroup2":
-            return fields[1]
-    return DEFAULT_MOUNT
+def cgroup2_mount(mountinfo: str | None) -> tuple[str, str]:
+    """(root within the hierarchy, mount point) of the cgroup v2 hierarchy in
+    /proc/self/mountinfo's text (a hybrid machine mounts it at /sys/fs/cgroup/unified), else
+    ("/", DEFAULT_MOUNT)."""
+    return _mount(mountinfo, lambda kind, _: kind == "cgroup2") or ("/", DEFAULT_MOUNT)
 
 
 def cgroup2_path(proc_self_cgroup: str | None) -> str | None:
@@ -94,11 +93,16 @@ def cgroup1_cpu_mount(mountinfo: str | None) -> tuple[str, str] | None:
     """(root within the hierarchy, mount point) of the first cgroup v1 mount of the cpu
     controller in /proc/self/mountinfo's text (``id parent dev root point options [tags] -
     cgroup source super-options``, the super options naming the controllers), or None."""
+    return _mount(mountinfo, lambda kind, options: kind == "cgroup" and "cpu" in options.split(","))
+
+
+def _mount(mountinfo: str | None, wanted: Callable[[str, str], bool]) -> tuple[str, str] | None:
+    """(root within the hierarchy, mount point) of the first mount in /proc/self/mountinfo's
+    text whose file system type and super options are ``wanted``, or None."""
     for line in (mountinfo or "").splitlines():
         fields = line.split()
         dash = fields.index("-") if "-" in fields else -1
-        if dash >= 6 and len(fields) >= dash + 4 and fields[dash + 1] == "cgroup" \
-                and "cpu" in fields[dash + 3].split(","):
+        if dash >= 6 and len(fields) >= dash + 4 and wanted(fields[dash + 1], fields[dash + 3]):
             return _unescaped(fields[3]), _unescaped(fields[4])
     return None
 
@@ -137,11 +141,9 @@ def pressure_total(cpu_pressure: str | None, kind: str = "full") -> int | None:
 
 def cgroup_dirs(read: Reader = read_text) -> list[str]:
     """This process's cgroup v2 directory, then each ancestor up to the mount (empty where
-    /proc/self/cgroup has no v2 line)."""
+    /proc/self/cgroup has no v2 line, or the process's cgroup is not under the mount's root)."""
     path = cgroup2_path(read("/proc/self/cgroup"))
-    if path is None:
-        return []
-    return _up_to(cgroup2_mount(read("/proc/self/mounts")), path)
+    return [] if path is None else _up_to(cgroup2_mount(read("/proc/self/mountinfo")), path)
 
 
 def cgroup1_cpu_dirs(read: Reader = read_text) -> list[str]:
@@ -150,19 +152,18 @@ def cgroup1_cpu_dirs(read: Reader = read_text) -> list[str]:
     is not under the mount's root)."""
     path = cgroup1_cpu_path(read("/proc/self/cgroup"))
     mount = cgroup1_cpu_mount(read("/proc/self/mountinfo"))
-    if path is None or mount is None:
+    return [] if path is None or mount is None else _up_to(mount, path)
+
+
+def _up_to(mount: tuple[str, str], path: str) -> list[str]:
+    """The directory of cgroup ``path`` (relative to the hierarchy's root) under ``mount``
+    (root within the hierarchy, mount point), then each ancestor up to the mount point;
+    empty where ``path`` is not under the mount's root."""
+    root, point = mount[0].rstrip("/"), mount[1]
+    if path != root and not path.startswith(root + "/"):
         return []
-    root, point = mount
-    if root == "/":
-        return _up_to(point, path)
-    root = root.rstrip("/")
-    return _up_to(point, path[len(root):]) if path == root or path.startswith(root + "/") else []
-
-
-def _up_to(mount: str, path: str) -> list[str]:
-    """The directory of cgroup ``path`` (relative to ``mount``), then each ancestor up to ``mount``."""
-    parts = [part for part in path.split("/") if part and part != ".."]
-    return [posixpath.join(mount, *parts[:depth]) for depth in range(len(parts), -1, -1)]
+    parts = [part for part in path[len(root):].split("/") if part and part != ".."]
+    return [posixpath.join(point, *parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
 def cpu_quota(read: Reader = read_text) -> float | None:
