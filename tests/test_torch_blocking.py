@@ -125,3 +125,14 @@ def test_a_misused_blocking_call_raises_from_torchs_function(plugin):
 @pytest.mark.slow
 def test_a_torch_async_call_does_not_wait_for_peers_in_the_callers_thread():
     assert run_processes(2, crossed_calls, "torch", init="torch", timeout=120) == [([3.0] * 2, [30.0] * 2)] * 2
+
+
+def test_options_without_async_op_run_as_async_calls(plugin):
+    """A torch whose options have no ``asyncOp`` (before 2.8): every call takes the async path,
+    which was every call's path before issue 49."""
+    class OldOptions:
+        reduceOp = tdist.ReduceOp.SUM
+    one = torch.tensor([3.0])
+    work = plugin.allreduce([one], OldOptions())
+    assert not work.is_completed()
+    assert work.wait() is True and one.tolist() == [3.0]

@@ -112,8 +112,9 @@ def call(opts: Any, outputs: list[Any], function: Callable[..., Work | None], *a
     False: torch 2.8 and later set it, then wait on the Work at once) run now, as pydist's own
     blocking calls (in this thread on an idle group, else after the calls queued before it),
     returning a FinishedWork that holds its error; any other async, in pydist's queue (torch's
-    async calls, C++ callers' default options, DDP's buckets). Its outputs: ``outputs``."""
-    if opts is not None and not opts.asyncOp:
+    async calls, C++ callers' default options, DDP's buckets; and every call of a torch whose
+    options have no ``asyncOp``). Its outputs: ``outputs``."""
+    if opts is not None and not getattr(opts, "asyncOp", True):
         try:
             function(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - torch's wait(), at once, raises it
