@@ -80,7 +80,7 @@ torch-matrix:
 # -E: read every page again (generated parts change without their page changing).
 # -W: every warning fails the build (broken cross-references and links inside the site included);
 # docs/_ext/pydist_docs.py fails it for a public name without a docstring.
-$(VENV)/.installed-docs: $(VENV)/.installed
+$(VENV)/.installed-docs: $(VENV)/.installed-test  # test: make docs runs the built site's checks with pytest
 	$(PIP) install --quiet -e '.[docs]'
 	touch $@
 
