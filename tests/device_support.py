@@ -20,6 +20,7 @@ import pytest
 from pydist.core.buffers import bf16_bits_to_float32, float32_to_bf16_bits
 from pydist.device import unavailable
 from pydist.device.dtypes import DTYPES, dtype
+from pydist.testing import stop_processes
 
 JOIN_S = 60.0  # only a bound on a hang, never a measurement
 
@@ -89,11 +90,7 @@ def run_ranks(kind: str, functions: list[Callable[..., Any]], *args: Any, dies: 
             assert ok, f"rank {rank} failed:\n{value}"
             found[rank] = value
     finally:
-        for proc in procs:
-            proc.join(timeout)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(procs, timeout)
         for channel in [*inboxes, results]:
             channel.close()
             channel.join_thread()

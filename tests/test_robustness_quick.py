@@ -11,7 +11,7 @@ import time
 import pytest
 from run_scripts import robust_ranks
 
-from pydist.testing import run_processes
+from pydist.testing import run_processes, stop_processes
 
 pytestmark = pytest.mark.slow  # 4 real processes for seconds each
 
@@ -155,11 +155,7 @@ def test_ranks_blocked_in_a_collective_name_the_dead_rank_not_the_one_that_shut_
             rank, kind, message = reports.get(timeout=max(0.01, deadline - time.monotonic()))
             got[rank] = (kind, message)
     finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(procs, 10)
         reports.close()
         reports.join_thread()
     print(got)

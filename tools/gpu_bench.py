@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import time
 from datetime import timedelta
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+sys.path.insert(0, SRC)  # run from the source tree (the ranks, spawned, import this module again)
+from pydist.testing import free_port, stop_processes  # noqa: E402
+
 BACKENDS = {"pydist+gloo": "cpu:pydist,cuda:gloo", "gloo": "gloo"}
 OPS = ("all_reduce", "broadcast", "send/recv")
 
@@ -28,12 +30,6 @@ def parse_size(text: str) -> int:
     """'4', '1K', '16M' -> bytes."""
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
     return int(text[:-1] if scale > 1 else text) * scale
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _timed(op: str, tensor, rank: int, iters: int, sync) -> float:
@@ -59,7 +55,6 @@ def _timed(op: str, tensor, rank: int, iters: int, sync) -> float:
 
 
 def _rank(rank: int, size: int, port: int, backend: str, device: str, sizes: list[int], iters: int, out) -> None:
-    sys.path.insert(0, SRC)
     import torch
     import torch.distributed as dist
 
@@ -86,7 +81,7 @@ def measure(backend: str, device: str, nproc: int, sizes: list[int], iters: int)
     """{(op, bytes): seconds} for one backend string, ``nproc`` fresh processes."""
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [context.Process(target=_rank, args=(r, nproc, port, backend, device, sizes, iters, out))
              for r in range(nproc)]
     for proc in procs:
@@ -94,10 +89,7 @@ def measure(backend: str, device: str, nproc: int, sizes: list[int], iters: int)
     try:
         return out.get(timeout=600)
     finally:
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
+        stop_processes(procs, 30)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from pydist.testing import free_port, stop_processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
 Row = tuple[str, str]
@@ -61,10 +63,7 @@ def run_ranks(size: int, fn: Callable[..., Any], *args: Any, limit: float = 240.
     """``fn(rank, size, *args)`` in ``size`` processes of one job; their results (a rank's
     failure: RuntimeError with its traceback). ``wait_for``: the ranks whose results count;
     ``rank_env``: a rank's own variables, after ``env`` (PYDIST_HOST_ID: ranks as hosts)."""
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     token = secrets.token_hex(16)  # the job's own secret: its store and ports closed to others
@@ -86,11 +85,7 @@ def run_ranks(size: int, fn: Callable[..., Any], *args: Any, limit: float = 240.
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             found[rank] = value
     finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(procs, 10)
     return [found[rank] for rank in sorted(wanted)]
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 import pydist as dist
 from pydist.core.ops import RedOpType
-from pydist.testing import free_port
+from pydist.testing import free_port, stop_processes
 from pydist.testing.processes import _CONTEXT
 from pydist.testing.reference import make_op, reduced, supports, value
 
@@ -332,11 +332,7 @@ def kill_trial(trial: int, size: int = 4, max_delay_s: float = 0.4, hang_s: floa
         hangs = sorted(survivors - raised.keys())
         slow_destroy = sorted(survivors - destroyed.keys())
     finally:
-        for proc in procs:
-            proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()  # by pid (SIGKILL)
-                proc.join()
+        stop_processes(procs, 2.0)
         reports.close()
         reports.join_thread()
     return {"trial": trial, "victim": victim, "delay_s": delay, "survivors": raised, "hangs": hangs,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pydist.testing import free_port
+from pydist.testing import free_port, stop_processes
 from pydist.testing.processes import _CONTEXT
 
 
@@ -168,11 +168,7 @@ def shrink_trial(size: int, victims: list[int], delay: float, env: dict | None =
     except queue.Empty:
         pass
     finally:
-        for proc in procs:
-            proc.join(max(0.1, 10.0))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(procs, 10.0)
     also = [int((env or {}).get("PYDIST_TEST_DIES_IN_SHRINK", -1))]
     return {"killed_at": killed_at, "reports": reports, "exit_codes": [p.exitcode for p in procs],
             "victims": victims, "also_dies": [r for r in also if r >= 0], "size": size}

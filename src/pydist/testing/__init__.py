@@ -6,9 +6,10 @@ transport (the reference) or over real tcp sockets. ``run_processes(n, fn, ...)`
 real processes that rendezvous through env://, tcp://, file:// or a TCPStore. Both return
 the ranks' results in rank order and raise the first failure, naming its rank; a rank
 that does not finish in time makes them raise TimeoutError (stacks of thread-ranks are
-in the message) after stopping process-ranks by pid.
+in the message) after stopping process-ranks by pid. ``stop_processes(procs, grace)``
+is that stop: join, then SIGKILL by pid and reap what still runs.
 """
-from .processes import free_port, run_processes
+from .processes import free_port, run_processes, stop_processes
 from .threads import run_threads
 
-__all__ = ["free_port", "run_processes", "run_threads"]
+__all__ = ["free_port", "run_processes", "run_threads", "stop_processes"]

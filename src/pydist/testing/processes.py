@@ -9,7 +9,7 @@ import socket
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -44,6 +44,16 @@ def start_ranks(target: Callable[..., Any], size: int, *args: Any) -> tuple[list
 #: the kernel hands to outgoing connections, so a port chosen there can be taken by any
 #: client socket of a busy test run before the test binds it.
 QUIET_PORTS = range(20000, 32768)
+
+
+def stop_processes(procs: Sequence[Any], grace: float) -> None:
+    """Join each of ``procs`` (multiprocessing Processes) within ``grace`` seconds, then
+    SIGKILL (by pid) and reap each one still running: none is left behind."""
+    for proc in procs:
+        proc.join(grace)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -149,11 +159,7 @@ def run_processes(world_size: int, fn: Callable[..., Any], *args: Any, init: str
             if not ok:
                 break
     finally:
-        for proc in procs:
-            proc.join(5 if len(collected) == world_size else 0.5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(procs, 5 if len(collected) == world_size else 0.5)
         results.close()
         if tmpdir is not None:
             tmpdir.cleanup()
