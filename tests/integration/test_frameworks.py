@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,15 +45,33 @@ def results_of(stdout: str) -> Results:
     return {(result["name"], result["rank"]): result for result in found}
 
 
-def run(argvs: dict[str, list[str]], env: dict[str, str] | None = None) -> dict[str, Results]:
-    """Run each command (by label) concurrently; every one must exit 0. The results of each."""
+def run(argvs: dict[str, list[str]], env: dict[str, str] | None = None,
+        exit_abort_allowed: str | None = None) -> dict[str, Results]:
+    """Run each command (by label) concurrently; every one must exit 0, except that the command
+    labelled ``exit_abort_allowed`` may die of torch's gloo exit abort (see gloo_exit_abort) once it
+    has printed a RESULT line for every (name, rank) the others printed. The results of each."""
     environment = {**os.environ, **(env or {})}
     procs = [start_command(argv, env=environment, cwd=HERE) for argv in argvs.values()]
-    results = {}
-    for label, done in zip(argvs, finish(procs, COMMAND_TIMEOUT)):
+    done_of = dict(zip(argvs, finish(procs, COMMAND_TIMEOUT)))
+    results = {label: results_of(done.stdout) for label, done in done_of.items()}
+    for label, done in done_of.items():
+        expected = set().union(*(found for other, found in results.items() if other != label))
+        if label == exit_abort_allowed and gloo_exit_abort(done) and expected <= results[label].keys():
+            print(f"\n{label} reported every result, then died of torch's gloo exit abort (see gloo_exit_abort)")
+            continue
         assert done.returncode == 0, f"{label} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-20000:]}"
-        results[label] = results_of(done.stdout)
     return results
+
+
+def gloo_exit_abort(done: subprocess.CompletedProcess) -> bool:
+    """Whether a gloo run failed only as torch 2.13's ProcessGroupGloo can at interpreter exit on
+    a loaded machine: a gloo worker thread (``ProcessGroupGloo::runLoop``) drops the last reference
+    to a finished ``AsyncAllgatherWork`` while the main thread is in ``Py_FinalizeEx``; the work's
+    tensors need the GIL, which makes the thread exit inside a C++ destructor, and std::terminate
+    aborts the process ("terminate called without an active exception"; the core's backtrace was
+    read with gdb). It happens without pydist loaded (TORCH_DEVICE_BACKEND_AUTOLOAD=0): 2 runs of 5
+    of deepspeed_zero.py over gloo beside one busy process. It is the reference's failure, not pydist's."""
+    return done.returncode != 0 and "terminate called without an active exception" in done.stderr
 
 
 def run_pair(argv: list[str], tmp_path: Path, env: dict[str, str] | None = None
@@ -63,7 +82,7 @@ def run_pair(argv: list[str], tmp_path: Path, env: dict[str, str] | None = None
     for outdir in outdirs.values():
         outdir.mkdir()
     results = run({backend: [arg.format(backend=backend, outdir=outdirs[backend]) for arg in argv]
-                   for backend in BACKENDS}, env)
+                   for backend in BACKENDS}, env, exit_abort_allowed="gloo")
     return outdirs, results
 
 
