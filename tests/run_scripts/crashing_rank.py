@@ -20,6 +20,9 @@ import numpy as np
 
 
 def rank_main(mode: str, api: str, out: str | None = None) -> None:
+    # A launcher stopping the job once rank 1 has ended must not cut rank 0's report short; set
+    # before the first all_reduce, from which rank 1 may return (and end) before rank 0 does.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if api == "torch":
         import torch
         import torch.distributed as dist
@@ -46,7 +49,6 @@ def rank_main(mode: str, api: str, out: str | None = None) -> None:
         if mode == "destroy":
             dist.destroy_process_group()
         return
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a launcher stopping rank 0 now must not cut its report short
     try:
         dist.all_reduce(buffer)
         line = {"rank0_error": None}
