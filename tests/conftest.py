@@ -4,12 +4,20 @@ import os
 import threading
 import time
 
+import private_shm
 import pytest
 
 from pydist.core.shm_files import pid_alive
 from pydist.groups.callbacks import RUNNER
 
 LEAK_GRACE_SECONDS = 5.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker (``make test`` runs two) gets a /dev/shm of its own (private_shm)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        assert threading.current_thread() is threading.main_thread(), "tests must run in the worker's main thread"
+        private_shm.enter()
 
 
 def _pydist_threads() -> list[str]:
