@@ -7,9 +7,10 @@ TORCH := torch==2.13.0
 MPI := mpi4py mpich
 PYTEST_ARGS ?=
 # make test's pytest-xdist workers: two, each with a /dev/shm of its own (tests/private_shm.py),
-# which needs root; elsewhere 0 (one process). Most tests start ranks and then wait on them, so two
-# workers on 2 cores take ~10 min where one takes ~15.
-TEST_WORKERS ?= $(if $(filter 0,$(shell id -u)),2,0)
+# where a throwaway process shows that one can be made (root with CAP_SYS_ADMIN); elsewhere 0
+# (one process). Most tests start ranks and then wait on them, so two workers on 2 cores take
+# ~10 min where one takes ~15.
+TEST_WORKERS ?= $(shell $(PYTHON) tests/private_shm.py >/dev/null 2>&1 && echo 2 || echo 0)
 
 .PHONY: demo test test-fast soak torch-suite torch-suite-as-gloo lint bench venv test-venv docs gpu-check clean
 
