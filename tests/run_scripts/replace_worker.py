@@ -2,7 +2,8 @@
 of ones until STEPS are done and (WAIT_FULL=1) the world is back to its size at start. The worker
 launched as rank KILL_RANK kills itself (SIGKILL) at step KILL_STEP; the others shrink past
 it and admit its replacement, which joins at their step. Every worker prints
-``RESULT {json}``: whether it joined, its steps' (world size, sum), its last rank."""
+``RESULT {json}``: whether it joined, its steps' (world size, sum), the world size after each
+shrink, its last rank."""
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ def main() -> None:
     joined = os.environ.get("PYDIST_JOIN") == "1"
     full = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("pydist")
-    done, number = [], 0
+    done, shrunk_to, number = [], [], 0
     if joined:  # admitted inside the members' admit_joiners of their current step
         counter = np.zeros(1, np.int64)
         dist.broadcast(counter, src=0)
@@ -43,9 +44,11 @@ def main() -> None:
             number += 1
         except dist.DistError as error:
             dist.shrink_group(sorted(error.dead_ranks))
+            shrunk_to.append(dist.get_world_size())
         if WAIT_FULL and dist.get_world_size() < full:
             time.sleep(0.01)  # a smaller world waits for the replacement: not too many steps meanwhile
-    print("RESULT " + json.dumps({"joined": joined, "steps": done, "rank": dist.get_rank()}), flush=True)
+    print("RESULT " + json.dumps({"joined": joined, "steps": done, "shrunk_to": shrunk_to,
+                                       "rank": dist.get_rank()}), flush=True)
     dist.destroy_process_group()
 
 
