@@ -40,6 +40,10 @@ class PeerFailures:
     def _do_later(self, call: Callable[[], None]) -> None:
         raise NotImplementedError  # TcpTransport runs it on its I/O thread
 
+    def _connections_to(self, peer: int) -> list[Connection]:
+        """Every connection to ``peer``: its lanes, then those of crossed dials."""
+        return self._lanes.get(peer, []) + self._extra.get(peer, [])
+
     def refuse(self, conn: Connection, error: FramingError | MemoryError) -> None:
         """``conn``'s peer sent a frame this rank cannot take (``error``, raised reading it):
         the peer's failure, named with the cause (see the module note)."""
@@ -57,7 +61,7 @@ class PeerFailures:
         this rank leave instead of hearing over a surviving lane that it is itself the one gone."""
         conn.fail(cause, error)
         self._arm(conn)  # failed: unregistered
-        for sibling in self._lanes[conn.peer] + self._extra.get(conn.peer, []) if not self._closed else []:
+        for sibling in self._connections_to(conn.peer) if not self._closed else []:
             if sibling.error is None:
                 sibling.fail(cause, conn.error)  # before the hang-up, which a reader may see first
                 self._arm(sibling)

@@ -341,7 +341,7 @@ class TcpTransport(CallerReads, Peers, PeerFailures, NetworkTransport):
     def peer_lost(self, peer: int, error: BaseException) -> None:
         """A connection to ``peer`` failed with ``error`` (its PeerFailedError): a failure of the
         peer unless one of its failed connections (crossed dials' too) says it shut down."""
-        failed = [conn for conn in self._lanes.get(peer, []) + self._extra.get(peer, []) if conn.error is not None]
+        failed = [conn for conn in self._connections_to(peer) if conn.error is not None]
         if all(conn.peer_failed() for conn in failed):
             self._heard(peer, getattr(error, "host", None))
         self._on_peer_gone(peer, error)
