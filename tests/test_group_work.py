@@ -148,6 +148,17 @@ def test_release_idle_ends_idle_callback_workers_at_once_and_later_tasks_still_r
     runner.release_idle()
 
 
+def test_wait_until_done_waits_for_running_tasks_within_its_bound():
+    from pydist.groups.callbacks import CallbackRunner
+
+    runner, release = CallbackRunner(idle_seconds=3600.0), threading.Event()
+    runner.run(lambda: release.wait(30))
+    assert runner.wait_until_done(0.05) is False  # the task blocks: the bound ends the wait
+    release.set()
+    assert runner.wait_until_done(30) is True  # "did not hang" bound, generous for a loaded machine
+    runner.release_idle()
+
+
 def _destroy_while_inside_a_blocking_call(rank, size, draining):
     """Rank 0's helper thread is inside a blocking broadcast on ``group`` when rank 0 destroys
     ``group``: the destroy waits for that call (drain), rank 1's part ends it, and the destroy

@@ -1,6 +1,7 @@
 """Future callbacks that wait on another collective of the same group (torch's PowerSGD
 does): they run off the group's progress thread, so the nested collective can progress.
 Each torch program runs at 2 ranks on a gloo group and on a pydist group, compared."""
+import sys
 import threading
 
 import numpy as np
@@ -144,3 +145,31 @@ def _native_nested(rank, size):
 def test_pydist_work_callbacks_may_run_collectives_of_their_group():
     for got in run_threads(2, _native_nested, timeout=TIMEOUT):
         assert got == {"work": [2.0, 2.0], "future": [2.0, 2.0]}
+
+
+#: a torch future's ``then`` callback is still running on pydist's callback runner when the
+#: main thread ends; the child future's value is printed by the callback's last step
+_ENDING_INSIDE_A_CALLBACK = """
+import threading, time, torch
+from pydist.groups.callbacks import RUNNER
+source, started = torch.futures.Future(), threading.Event()
+def slow(future):
+    started.set()
+    time.sleep(0.3)  # the main thread reaches the interpreter's exit meanwhile
+    print("callback ended", flush=True)
+    return future.value()
+child = source.then(slow)
+RUNNER.run(lambda: source.set_result(1))
+started.wait()
+"""
+
+
+def test_a_process_ending_while_a_callback_runs_inside_torch_exits_cleanly():
+    """Before: Python finalised while the runner's daemon thread was inside torch's C++
+    ``set_result``, and the process aborted (SIGABRT: "PyEval_SaveThread: ... the GIL is
+    released", or "terminate called without an active exception": a torch-over-MPI test's
+    rare failure at exit). Now the runner's tasks end before Python finalises."""
+    from pydist.testing.commands import run_command
+
+    done = run_command([sys.executable, "-c", _ENDING_INSIDE_A_CALLBACK], timeout=TIMEOUT)
+    assert (done.returncode, done.stdout.strip()) == (0, "callback ended"), done.stderr

@@ -9,15 +9,21 @@ an idle worker, or on a new worker when every worker is busy (so a callback bloc
 later completion never holds that completion up). Workers ("pydist-callbacks") are
 daemon threads that exit after ``IDLE_SECONDS`` without work, or at once when
 ``release_idle()`` is called (the test suite's leak guard does, instead of waiting).
+At interpreter exit the runner waits (``EXIT_WAIT_SECONDS`` at most) for the tasks begun to
+end: a daemon thread still inside torch's C++ code (a Future's ``set_result`` running its
+``then`` callbacks) when Python finalises aborts the process ("terminate called without an
+active exception", or "PyEval_SaveThread: ... GIL is released").
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 
 IDLE_SECONDS = 1.0  # short: an idle process keeps no threads; restarting one costs ~0.1 ms
+EXIT_WAIT_SECONDS = 10.0  # a callback still blocked then is logged and left to the process's end
 
 _log = logging.getLogger("pydist")
 
@@ -30,6 +36,7 @@ class CallbackRunner:
         self._cond = threading.Condition(threading.Lock())
         self._tasks: deque[Callable[[], None]] = deque()
         self._idle = 0  # workers waiting for a task
+        self._busy = 0  # workers running a task
         self._started = 0
         self._releases = 0  # bumped by release_idle: a worker idle since before it exits
 
@@ -40,6 +47,17 @@ class CallbackRunner:
         with self._cond:
             self._releases += 1
             self._cond.notify_all()
+
+    def wait_until_done(self, timeout: float) -> bool:
+        """Wait until no task is queued or running (``timeout`` seconds at most, real time:
+        the process is ending); whether it got there."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._tasks and not self._busy, timeout)
+
+    def _at_exit(self) -> None:
+        if not self.wait_until_done(EXIT_WAIT_SECONDS):
+            _log.warning("pydist: a completion callback was still running %.0f s into the interpreter's exit; "
+                         "the process may abort if it is inside torch's C++ code", EXIT_WAIT_SECONDS)
 
     def run(self, task: Callable[[], None]) -> None:
         """Start ``task()`` soon on a worker thread; its exceptions are logged, not raised."""
@@ -64,11 +82,17 @@ class CallbackRunner:
                         self._idle -= 1
                         return
                 self._idle -= 1
+                self._busy += 1
                 task = self._tasks.popleft()
             try:
                 task()
             except BaseException:  # noqa: BLE001 - a callback's failure must not kill the worker
                 _log.exception("pydist: a completion callback raised")
+            with self._cond:
+                self._busy -= 1
+                if not self._busy and not self._tasks:
+                    self._cond.notify_all()  # wait_until_done; idle workers see no task and wait on
 
 
 RUNNER = CallbackRunner()
+atexit.register(RUNNER._at_exit)
