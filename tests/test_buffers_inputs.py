@@ -153,3 +153,33 @@ def test_a_tensor_met_again_gets_the_buffer_of_the_general_path(make):
     assert np.array_equal(got.array, expected.array)
     if not got.staged and got.array.size:
         assert got.array.ctypes.data == tensor.data_ptr()
+
+
+def test_a_small_tensors_view_is_kept_per_address_size_and_dtype():
+    """A call that repeats on a small tensor reuses its view (issue 49); a tensor at the same
+    address with another size or dtype gets a view of its own."""
+    tensor = torch.arange(8, dtype=torch.float32)
+    first = as_buffer(tensor, "t").array
+    assert as_buffer(tensor, "t").array is first
+    head = as_buffer(tensor[:4], "t").array
+    ints = as_buffer(tensor.view(torch.int32), "t").array
+    assert (head.shape, head.dtype, ints.shape, ints.dtype) == ((4,), np.float32, (8,), np.int32)
+    assert head.ctypes.data == ints.ctypes.data == first.ctypes.data == tensor.data_ptr()
+    head[0] = 5.0
+    assert tensor[0].item() == 5.0
+
+
+def test_a_kept_view_holds_the_memory_but_not_the_tensor_or_its_graph():
+    import gc
+    import weakref
+
+    as_buffer(torch.ones(1), "t")  # the class and dtype are met: the plain-tensor path, which keeps views
+    hidden = torch.ones(4, requires_grad=True) * 2.0  # held only by the graph of ``result`` below
+    result = hidden.sin()  # sin's backward keeps its input: the graph holds ``hidden``
+    held, owner = weakref.ref(hidden), weakref.ref(result)
+    del hidden
+    view = as_buffer(result, "t", writable=False).array
+    del result
+    gc.collect()
+    assert owner() is None and held() is None
+    assert np.allclose(view, np.sin(2.0))  # the memory itself is still there

@@ -202,6 +202,10 @@ _TENSOR_CLASSES: set[type] = set()  # torch.Tensor, nn.Parameter...: classes as_
 _TENSOR_DTYPES: dict[Any, tuple[np.dtype, str, bool, Any]] = {}
 _BYTES: dict[int, Any] = {}  # nbytes -> ctypes.c_char * nbytes (bounded: see _memory)
 _BYTES_KEPT = 1024
+#: (address, nbytes, numpy dtype) -> a 1-D view of that memory (see _view), for small tensors
+_VIEWS: dict[tuple[int, int, np.dtype], np.ndarray] = {}
+_VIEWS_KEPT = 256
+_VIEW_BYTES = 64 * 1024
 
 
 def _memory(tensor: Any, nbytes: int) -> Any:
@@ -219,6 +223,24 @@ def _memory(tensor: Any, nbytes: int) -> Any:
     return memory
 
 
+def _view(tensor: Any, nbytes: int, dtype: np.dtype) -> np.ndarray:
+    """A 1-D ``dtype`` view of the contiguous ``tensor``'s ``nbytes`` bytes. Small tensors'
+    views are kept (at most _VIEWS_KEPT, of at most _VIEW_BYTES each): a call that repeats on
+    the same memory takes ~0.13 us instead of ~0.43 (torch's small calls: issue 49). A kept
+    view holds a detached alias of the tensor it was made for, so that memory stays allocated
+    (no autograd graph kept), and is used only for a tensor at the same address, of the same
+    size and dtype: the same bytes, whatever tensor object shows them."""
+    if nbytes > _VIEW_BYTES:
+        return np.frombuffer(_memory(tensor, nbytes), dtype)
+    key = (tensor.data_ptr(), nbytes, dtype)
+    view = _VIEWS.get(key)
+    if view is None:
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            _VIEWS.clear()
+        view = _VIEWS[key] = np.frombuffer(_memory(tensor.detach(), nbytes), dtype)
+    return view
+
+
 def _plain_tensor(obj: Any, name: str) -> Buffer | None:
     """The Buffer of a contiguous, dense CPU tensor with elements, of a dtype taken before (not
     bfloat16), not a lazy conjugate or negative view: a 1-D view of its memory made at once
@@ -231,7 +253,7 @@ def _plain_tensor(obj: Any, name: str) -> Buffer | None:
     nbytes = obj.nbytes
     if not nbytes:
         return None
-    return Buffer(obj, name, np.frombuffer(_memory(obj, nbytes), dtype), dtype_name, obj.shape)
+    return Buffer(obj, name, _view(obj, nbytes, dtype), dtype_name, obj.shape)
 
 
 def as_buffer(obj: Any, name: str, writable: bool = True) -> Buffer:
