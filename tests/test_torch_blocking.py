@@ -1,6 +1,7 @@
 """torch's blocking calls (``opts.asyncOp`` False: torch 2.8 and later set it, then wait on the
-Work at once) run in the caller's thread, as pydist's own blocking calls, and return a
-finished Work that holds their error; async ones (``asyncOp`` True, and the options C++
+Work at once) run in the caller's thread, as pydist's own blocking calls, raise their error
+there and return no Work (torch's functions take that as synced), or a finished one where
+torch keeps the Works as graph inputs; async ones (``asyncOp`` True, and the options C++
 callers make: DDP's buckets) stay queued, off the caller's thread (issue 49). The one-rank
 groups here have no progress thread: only a waiter, or a blocking call, runs what is queued."""
 from __future__ import annotations
@@ -67,8 +68,19 @@ def _calls(asyncop: bool) -> dict:
 @pytest.mark.parametrize("name", list(_calls(False)))
 def test_a_blocking_call_has_run_when_the_backend_returns(plugin, name):
     call, check = _calls(False)[name]
-    work = call(plugin)
-    assert work.is_completed() and work.is_success() and check()
+    assert call(plugin) is None and check()
+
+
+@pytest.mark.parametrize("name", list(_calls(False)))
+def test_a_blocking_call_returns_a_finished_work_where_torch_keeps_works(plugin, name):
+    """Inside ``allow_inflight_collective_as_graph_input_ctx`` torch registers each call's Work
+    for a later ``wait_tensor``: the Work is there, done."""
+    from torch.distributed._functional_collectives import allow_inflight_collective_as_graph_input_ctx
+
+    call, check = _calls(False)[name]
+    with allow_inflight_collective_as_graph_input_ctx():
+        work = call(plugin)
+    assert work.is_completed() and work.is_success() and work.exception() is None and check()
     assert work.wait() is True and work.get_future().wait() is not None
 
 
@@ -98,23 +110,18 @@ def test_a_blocking_call_runs_after_the_calls_queued_before_it_in_this_thread(pl
     engine.all_reduce = recording
     first = plugin.allreduce([torch.ones(1)], _options("AllreduceOptions", True))
     assert ran == []
-    second = plugin.allreduce([torch.ones(1)], _options("AllreduceOptions", False))
-    assert first.is_completed() and second.is_completed()
+    plugin.allreduce([torch.ones(1)], _options("AllreduceOptions", False))
+    assert first.is_completed()
     assert [seq for seq, _ in ran] == sorted(seq for seq, _ in ran) and len(ran) == 2
     assert {thread for _, thread in ran} == {threading.current_thread()}
 
 
-def test_a_failed_blocking_call_returns_a_work_that_raises_its_error(plugin):
+def test_a_failed_blocking_call_raises_its_error_at_the_call(plugin):
     plugin.pydist_group.state.fail(DistBackendError("an earlier failure"))
-    work = plugin.allreduce([torch.ones(1)], _options("AllreduceOptions", False))
-    assert work.is_completed() and not work.is_success()
-    assert isinstance(work.exception(), DistBackendError)
     with pytest.raises(DistBackendError, match="is broken: an earlier operation failed"):
-        work.wait()
-    with pytest.raises(RuntimeError, match="an earlier failure"):
-        work.get_future().wait()
+        plugin.allreduce([torch.ones(1)], _options("AllreduceOptions", False))
     with pytest.raises(DistBackendError, match="is broken"):
-        tdist.all_reduce(torch.ones(1))  # torch waits at once: the error of its call
+        tdist.all_reduce(torch.ones(1))  # torch's function: the error of its call
 
 
 def test_a_misused_blocking_call_raises_from_torchs_function(plugin):

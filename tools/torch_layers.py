@@ -2,9 +2,9 @@
 
 Run: pydist-run --nproc-per-node 2 tools/torch_layers.py [iterations] [rounds]
 4 B float32, each layer called directly in a loop: torch.distributed's function on a
-ProcessGroup in Python whose methods do nothing and return a finished Work (torch's own
-floor: its Python, the options, the Work); torch.distributed's function through the plugin;
-the plugin's method (blocking options, then ``wait()``); pydist's function on the tensor;
+ProcessGroup in Python whose methods do nothing and return None, as the plugin's blocking
+calls do (torch's own floor: its Python, the options); torch.distributed's function through
+the plugin; the plugin's method (blocking options); pydist's function on the tensor;
 pydist's function on a numpy array. Each is the best of ``rounds`` (100) rounds of
 ``iterations`` (300) calls, each round after a barrier: short rounds, many of them, so that
 some run undisturbed on a busy machine. Then, in this process alone: the tensor's buffer
@@ -44,16 +44,16 @@ class _Done(tdist.Work):
 
 
 class _Null(tdist.ProcessGroup):
-    """torch's floor: every call returns a finished Work at once."""
+    """torch's floor: every call is done when it returns (None: torch waits on no Work)."""
 
     def allreduce(self, tensors, opts=None):
-        return _Done()
+        return None
 
     def broadcast(self, tensors, opts=None):
-        return _Done()
+        return None
 
     def barrier(self, opts=None):
-        return _Done()
+        return None
 
 
 def _blocking(options):
@@ -74,19 +74,19 @@ def main():
         "all_reduce": {
             "torch floor": lambda: tdist.all_reduce(tensor, group=null),
             "tdist.*": lambda: tdist.all_reduce(tensor),
-            "plugin": lambda: plugin.allreduce([tensor], reduce_opts).wait(),
+            "plugin": lambda: plugin.allreduce([tensor], reduce_opts),
             "pydist(tensor)": lambda: pydist.all_reduce(tensor, group=group),
             "pydist(numpy)": lambda: pydist.all_reduce(array, group=group)},
         "broadcast": {
             "torch floor": lambda: tdist.broadcast(tensor, group=null, group_src=0),
             "tdist.*": lambda: tdist.broadcast(tensor, 0),
-            "plugin": lambda: plugin.broadcast([tensor], broadcast_opts).wait(),
+            "plugin": lambda: plugin.broadcast([tensor], broadcast_opts),
             "pydist(tensor)": lambda: pydist.broadcast(tensor, group_src=0, group=group),
             "pydist(numpy)": lambda: pydist.broadcast(array, group_src=0, group=group)},
         "barrier": {
             "torch floor": lambda: tdist.barrier(group=null),
             "tdist.*": lambda: tdist.barrier(),
-            "plugin": lambda: plugin.barrier(barrier_opts).wait(),
+            "plugin": lambda: plugin.barrier(barrier_opts),
             "pydist": lambda: pydist.barrier(group=group)},
     }
     rows = []

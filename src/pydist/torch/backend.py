@@ -7,8 +7,9 @@ get a private world), on the engine its options chose (options). Every method ma
 call (tensor lists, option objects) onto pydist's operations and returns a torch Work (a
 ``torch.distributed.Work`` subclass: see work), so torch's own async handling, DDP's
 bucketing and ``wait()`` work unchanged. A blocking call (its options' ``asyncOp`` False)
-runs as pydist's own blocking calls do, in the calling thread on an idle group, and returns
-a finished Work; an async one is queued (see calls). Point-to-point goes to the transport at
+runs as pydist's own blocking calls do, in the calling thread on an idle group, raises its
+error there and returns no Work (torch then takes it as done); an async one is queued (see
+calls). Point-to-point goes to the transport at
 once, as pydist's does. Tensors on another device (CUDA) go to the torch
 backend the group made for it ("cpu:pydist,cuda:gloo", ``Options(cuda=...)``, PYDIST_CUDA:
 see devices), or to pydist's own CUDA engine when asked for ("cpu:pydist,cuda:pydist",

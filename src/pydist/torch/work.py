@@ -148,30 +148,24 @@ class PydistWork(tdist.Work):
 
 
 class FinishedWork(PydistWork):
-    """The Work of a call that had run when it was returned (torch's blocking calls: see
-    ProcessGroupPydist): done at once, ``wait()`` raising the call's ``error`` if it failed,
-    its future set with the outputs or failing with the error, as a PydistWork's."""
+    """The Work of a call that had run, and succeeded, when it was returned (a blocking call
+    whose Work torch keeps: see calls.call): done at once, its future set with the outputs."""
 
-    _error: Exception | None = None
-
-    def __init__(self, outputs: list[Any], error: Exception | None = None):
+    def __init__(self, outputs: list[Any]):
         tdist.Work.__init__(self)
         self._outputs = outputs
-        if error is not None:
-            self._error = error
 
     def _finish(self, timeout: float | None = None) -> None:
-        if self._error is not None:
-            raise self._error
+        pass
 
     def is_completed(self) -> bool:
         return True
 
     def is_success(self) -> bool:
-        return self._error is None
+        return True
 
     def exception(self):
-        return self._error
+        return None
 
 
 def _failing_in_cpp(source: torch.futures.Future) -> torch.futures.Future:
