@@ -183,3 +183,20 @@ def test_a_kept_view_holds_the_memory_but_not_the_tensor_or_its_graph():
     gc.collect()
     assert owner() is None and held() is None
     assert np.allclose(view, np.sin(2.0))  # the memory itself is still there
+
+
+def test_a_tensor_whose_memory_changes_under_it_gets_a_view_of_its_new_memory():
+    """Views are kept per address, size and dtype, read from the tensor at each call: ``.data =``,
+    ``set_`` and ``as_strided_`` change those, and the next call sees the tensor as it is now."""
+    as_buffer(torch.ones(1), "t")  # the plain-tensor path, which keeps views
+    tensor = torch.zeros(4)
+    as_buffer(tensor, "t")
+    tensor.data = torch.arange(6.0)
+    assert as_buffer(tensor, "t").array.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    other = torch.full((3,), 7.0)
+    tensor.set_(other)
+    got = as_buffer(tensor, "t").array
+    assert (got.tolist(), got.ctypes.data) == ([7.0] * 3, other.data_ptr())
+    tensor.as_strided_((2,), (2,))  # elements 0 and 2 of the same memory: staged, not a kept view
+    buf = as_buffer(tensor, "t")
+    assert buf.staged and buf.array.tolist() == [7.0, 7.0]
