@@ -27,7 +27,9 @@ from itertools import product
 
 from ..core.errors import SettingError
 
-PORT_BASE, PORT_SPAN = 20000, 40000
+#: derived ports: 20000-32767, under the ephemeral ports Linux hands out from 32768
+#: (net.ipv4.ip_local_port_range), which any connection on rank 0's host may hold
+PORT_BASE, PORT_SPAN = 20000, 12768
 _SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _SLURM_STEP_IDS = ("SLURM_STEP_ID", "SLURM_STEPID")
 
@@ -89,7 +91,8 @@ class MissingLaunchVariables(SettingError):
 
 def job_port(job_key: str) -> int:
     """The port every rank derives from the job id text they share: 20000 + (the first 8
-    bytes of SHA-256(job_key), big-endian) mod 40000, so two jobs rarely collide."""
+    bytes of SHA-256(job_key), big-endian) mod 12768, so two jobs rarely collide and no
+    ephemeral port (32768 and up) is taken."""
     digest = hashlib.sha256(job_key.encode()).digest()
     return PORT_BASE + int.from_bytes(digest[:8], "big") % PORT_SPAN
 
