@@ -159,6 +159,50 @@ def test_wait_until_done_waits_for_running_tasks_within_its_bound():
     runner.release_idle()
 
 
+def _in_a_forked_child(call) -> int | str:
+    """Exit code of a forked child that runs ``call()`` (0 when it returns True), or "hung"
+    when it has not ended within 10 s ("did not hang" bound, generous for a loaded machine)."""
+    import os
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if call() else 1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return "hung"
+
+
+def test_a_forked_child_starts_with_an_empty_callback_runner():
+    """The parent's busy worker and a thread holding the runner's lock at the fork do not exist
+    in the child: its exit (wait_until_done) neither waits for them nor hangs on the lock."""
+    from pydist.groups.callbacks import CallbackRunner
+
+    runner, started, release = CallbackRunner(idle_seconds=3600.0), threading.Event(), threading.Event()
+    runner.run(lambda: (started.set(), release.wait(30)))
+    assert started.wait(30)
+    assert _in_a_forked_child(lambda: runner.wait_until_done(5.0)) == 0  # the parent's task is not the child's
+    release.set()
+    assert runner.wait_until_done(30)
+    holding, let_go = threading.Event(), threading.Event()
+
+    def hold():
+        with runner._cond:
+            holding.set()
+            let_go.wait(30)
+    threading.Thread(target=hold, daemon=True).start()
+    assert holding.wait(30)
+    try:
+        assert _in_a_forked_child(lambda: runner.wait_until_done(5.0)) == 0
+    finally:
+        let_go.set()
+    runner.release_idle()
+
+
 def _destroy_while_inside_a_blocking_call(rank, size, draining):
     """Rank 0's helper thread is inside a blocking broadcast on ``group`` when rank 0 destroys
     ``group``: the destroy waits for that call (drain), rank 1's part ends it, and the destroy

@@ -12,15 +12,20 @@ daemon threads that exit after ``IDLE_SECONDS`` without work, or at once when
 At interpreter exit the runner waits (``EXIT_WAIT_SECONDS`` at most) for the tasks begun to
 end: a daemon thread still inside torch's C++ code (a Future's ``set_result`` running its
 ``then`` callbacks) when Python finalises aborts the process ("terminate called without an
-active exception", or "PyEval_SaveThread: ... GIL is released").
+active exception", or "PyEval_SaveThread: ... GIL is released"). A forked child starts with
+an empty runner: its parent's workers and their lock's holder do not exist in it, and the
+tasks queued in the parent are the parent's to run.
 """
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 IDLE_SECONDS = 1.0  # short: an idle process keeps no threads; restarting one costs ~0.1 ms
 EXIT_WAIT_SECONDS = 10.0  # a callback still blocked then is logged and left to the process's end
@@ -33,11 +38,16 @@ class CallbackRunner:
 
     def __init__(self, idle_seconds: float = IDLE_SECONDS):
         self._idle_seconds = idle_seconds
+        self._started = 0
+        self._empty()
+        os.register_at_fork(after_in_child=partial(_empty_in_child, weakref.ref(self)))
+
+    def _empty(self) -> None:
+        """No task, no worker (a new runner, or a forked child's copy)."""
         self._cond = threading.Condition(threading.Lock())
         self._tasks: deque[Callable[[], None]] = deque()
         self._idle = 0  # workers waiting for a task
         self._busy = 0  # workers running a task
-        self._started = 0
         self._releases = 0  # bumped by release_idle: a worker idle since before it exits
 
     def release_idle(self) -> None:
@@ -92,6 +102,12 @@ class CallbackRunner:
                 self._busy -= 1
                 if not self._busy and not self._tasks:
                     self._cond.notify_all()  # wait_until_done; idle workers see no task and wait on
+
+
+def _empty_in_child(runner: weakref.ref[CallbackRunner]) -> None:
+    alive = runner()
+    if alive is not None:
+        alive._empty()
 
 
 RUNNER = CallbackRunner()
