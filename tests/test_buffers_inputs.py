@@ -200,3 +200,32 @@ def test_a_tensor_whose_memory_changes_under_it_gets_a_view_of_its_new_memory():
     tensor.as_strided_((2,), (2,))  # elements 0 and 2 of the same memory: staged, not a kept view
     buf = as_buffer(tensor, "t")
     assert buf.staged and buf.array.tolist() == [7.0, 7.0]
+
+
+def test_a_kept_view_is_not_served_once_its_alias_moved_away():
+    """``resize_`` moves a storage, and a kept view's alias with it: the old address is freed and
+    another tensor may get it, whose memory the kept view would not hold. A kept view whose alias
+    is no longer at its address is not served (here the alias is one moved elsewhere: where the
+    allocator hands the freed block out again is not the test's to choose)."""
+    from pydist.core import buffers
+
+    as_buffer(torch.ones(1), "t")  # the plain-tensor path, which keeps views
+    tensor = torch.arange(4.0)
+    stale = as_buffer(tensor, "t").array
+    key = (tensor.data_ptr(), tensor.nbytes, stale.dtype)
+    assert buffers._VIEWS[key][0] is stale
+    buffers._VIEWS[key] = (stale, torch.zeros(4))  # its alias now elsewhere, as after a resize_
+    fresh = as_buffer(tensor, "t").array
+    assert fresh is not stale and fresh.ctypes.data == tensor.data_ptr() and fresh.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert buffers._VIEWS[key][1].data_ptr() == tensor.data_ptr()  # kept again, holding this memory
+
+
+def test_a_small_slice_of_a_big_storage_is_not_kept():
+    """A kept view holds its alias's whole storage: only storages of at most 64 KiB are kept,
+    so a small slice of a big batch does not pin the batch."""
+    from pydist.core import buffers
+
+    as_buffer(torch.ones(1), "t")
+    big = torch.ones(1 << 20)
+    as_buffer(big[:16], "t")
+    assert all(alias.untyped_storage().nbytes() <= 64 * 1024 for _, alias in buffers._VIEWS.values())
