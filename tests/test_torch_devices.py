@@ -103,6 +103,15 @@ def _routing(rank, size):
         group.send([meta], (rank + 1) % size, 0)
     with pytest.raises(ValueError, match="tensors on cpu, meta"):
         group.allgather([[torch.zeros(2), torch.zeros(2)]], [meta], None)
+    # a coalesced call makes one pydist call per pair: refused before the first pair ran
+    untouched = torch.zeros(2 * size)
+    with pytest.raises(ValueError, match="tensors on cpu, meta"):
+        group.allgather_into_tensor_coalesced([untouched, torch.empty(2 * size, device="meta")],
+                                              [torch.ones(2), meta], None)
+    with pytest.raises(ValueError, match="tensors on cpu, meta"):
+        group.allreduce_coalesced([torch.ones(2), meta], None)
+    tdist.barrier()  # what was issued before would have run by now
+    assert untouched.tolist() == [0.0] * (2 * size)
     return recorder.calls, t.item()
 
 

@@ -195,7 +195,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
         return call(opts, tensors, pydist.all_reduce, tensors[0], op, self._group)
 
-    @operation("all_reduce", first_argument)
+    @operation("all_reduce", first_argument, several=True)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         """One all_reduce of the tensors flattened together, then copied back."""
         op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
@@ -224,7 +224,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
-    @operation("all_gather", second_argument)
+    @operation("all_gather", second_argument, several=True)
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts=None) -> tdist.Work:
         """``output_lists[rank][j]`` receives ``input_list[j]`` of ``rank`` (torch's layout)."""
@@ -233,7 +233,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                  for j, inp in enumerate(input_list)]
         return PydistWork.all_of(works, output_lists)
 
-    @operation("all_gather", second_argument)
+    @operation("all_gather", second_argument, several=True)
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
         works = [_member_work(pydist.all_gather_into_tensor(o, i, group=self._group, async_op=True))
@@ -253,7 +253,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
-    @operation("reduce_scatter", second_argument)
+    @operation("reduce_scatter", second_argument, several=True)
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts=None) -> tdist.Work:
         op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
