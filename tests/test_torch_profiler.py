@@ -112,3 +112,16 @@ def test_reduce_scatter_tensor_is_named_for_what_pydist_runs(profiled):
 def test_torch_profiler_shows_the_plugins_all_reduce():
     for events in run_processes(2, _torch_profiler_all_reduce, init="torch", timeout=TIMEOUT):
         assert events == [("pydist:all_reduce", True, [[3, 2]])]
+
+
+def test_a_blocking_call_done_without_a_work_ends_its_record():
+    """The profiler can stop between the plugin's check and the call's (calls.call then returns
+    None, as for any blocking call): the record ends there, and None is returned."""
+    from pydist.torch._profiling import call_recorded, no_inputs
+
+    class Group:
+        profiling_name = "pydist"
+
+    with torch.profiler.profile() as prof:
+        assert call_recorded(Group(), "barrier", no_inputs, lambda group: None, ()) is None
+    assert [event.name for event in prof.events() if event.name == "pydist:barrier"] == ["pydist:barrier"]

@@ -54,10 +54,13 @@ def call_recorded(group: Any, title: Title, inputs: Callable[..., list[torch.Ten
     record = torch._C._autograd._record_function_with_args_enter(
         f"{group.profiling_name}:{name}", *(_recorded(t) for t in tensors))
     try:
-        work: PydistWork = method(group, *args, **kwargs)
+        work: PydistWork | None = method(group, *args, **kwargs)
     except BaseException:
         torch._C._autograd._record_function_with_args_exit(record)
         raise
+    if work is None:  # a blocking call that found the profiler stopped (see calls.call): done
+        torch._C._autograd._record_function_with_args_exit(record)
+        return None
     work.end_record_when_done(record)
     return work
 
