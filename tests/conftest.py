@@ -1,6 +1,8 @@
 """Suite-wide guard: no test may leave pydist threads, child processes or shared memory behind."""
 import multiprocessing
 import os
+import shutil
+import tempfile
 import threading
 import time
 
@@ -14,10 +16,23 @@ LEAK_GRACE_SECONDS = 5.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A pytest-xdist worker (``make test`` runs two) gets a /dev/shm of its own (private_shm)."""
+    """A pytest-xdist worker (``make test`` runs two) gets a /dev/shm of its own (private_shm).
+    The programs the tests start get a TMPDIR of the run's own, removed when it ends: torchrun
+    leaves a torchelastic_* directory and error files in it per job (~35 a run), and a killed
+    pydist-run its attempt directory. pytest's own temporary files stay where they were."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         assert threading.current_thread() is threading.main_thread(), "tests must run in the worker's main thread"
         private_shm.enter()
+    else:  # the run's first process: the workers and every program started inherit the TMPDIR
+        tempfile.gettempdir()  # fixed for this process first (pytest's tmp_path root)
+        config.children_tmpdir = tempfile.mkdtemp(prefix="pydist-tests-")  # type: ignore[attr-defined]
+        os.environ["TMPDIR"] = config.children_tmpdir  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = getattr(config, "children_tmpdir", None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _pydist_threads() -> list[str]:
