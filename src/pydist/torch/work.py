@@ -149,23 +149,12 @@ class PydistWork(tdist.Work):
 
 class FinishedWork(PydistWork):
     """The Work of a call that had run, and succeeded, when it was returned (a blocking call
-    whose Work torch keeps: see calls.call): done at once, its future set with the outputs."""
+    whose Work torch keeps: see calls.call): a PydistWork of no parts (the class defaults:
+    done at once, its future set with the outputs), made without PydistWork's lock."""
 
     def __init__(self, outputs: list[Any]):
         tdist.Work.__init__(self)
         self._outputs = outputs
-
-    def _finish(self, timeout: float | None = None) -> None:
-        pass
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self):
-        return None
 
 
 def _failing_in_cpp(source: torch.futures.Future) -> torch.futures.Future:
