@@ -115,7 +115,7 @@ def test_torch_profiler_shows_the_plugins_all_reduce():
 
 
 def test_a_blocking_call_done_without_a_work_ends_its_record():
-    """The profiler can stop between the plugin's check and the call's (calls.call then returns
+    """The profiler can stop between the plugin's check and the call's (calls.torch_work then returns
     None, as for any blocking call): the record ends there, and None is returned."""
     from pydist.torch._profiling import call_recorded, no_inputs
 

@@ -58,7 +58,7 @@ def call_recorded(group: Any, title: Title, inputs: Callable[..., list[torch.Ten
     except BaseException:
         torch._C._autograd._record_function_with_args_exit(record)
         raise
-    if work is None:  # a blocking call that found the profiler stopped (see calls.call): done
+    if work is None:  # a blocking call that found the profiler stopped (see calls.torch_work): done
         torch._C._autograd._record_function_with_args_exit(record)
         return None
     work.end_record_when_done(record)

@@ -46,7 +46,7 @@ from ._profiling import (
     second_argument,
     single_input,
 )
-from .calls import call, operation, pydist_op
+from .calls import asks_async, operation, pydist_op, torch_work
 from .devices import device_of, tensors_in
 from .placement import place, release
 from .work import PydistWork
@@ -193,7 +193,8 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     @operation(all_reduce_title, first_argument)
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
-        return call(opts, tensors, pydist.all_reduce, tensors[0], op, self._group)
+        async_op = asks_async(opts)
+        return torch_work(async_op, pydist.all_reduce(tensors[0], op, self._group, async_op), tensors)
 
     @operation("all_reduce", first_argument, several=True)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
@@ -206,21 +207,27 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     @operation("broadcast", first_argument)
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
         root = opts.rootRank if opts is not None else 0
-        return call(opts, tensors, pydist.broadcast, tensors[0], group=self._group, group_src=root)
+        async_op = asks_async(opts)
+        return torch_work(async_op, pydist.broadcast(tensors[0], group=self._group, async_op=async_op,
+                                                     group_src=root), tensors)
 
     @operation("reduce", first_argument)
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> tdist.Work:
-        return call(opts, tensors, pydist.reduce, tensors[0], op=pydist_op(opts.reduceOp), group=self._group,
-                     group_dst=opts.rootRank)
+        async_op = asks_async(opts)
+        return torch_work(async_op, pydist.reduce(tensors[0], op=pydist_op(opts.reduceOp), group=self._group,
+                                                  async_op=async_op, group_dst=opts.rootRank), tensors)
 
     @operation("all_gather", second_argument)
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts=None) -> tdist.Work:
-        return call(opts, output_tensors, pydist.all_gather, output_tensors[0], input_tensors[0], self._group)
+        async_op = asks_async(opts)
+        work = pydist.all_gather(output_tensors[0], input_tensors[0], self._group, async_op)
+        return torch_work(async_op, work, output_tensors)
 
     @operation("all_gather", single_input)
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
-        return call(opts, [output], pydist.all_gather_into_tensor, output, input, self._group)
+        async_op = asks_async(opts)
+        return torch_work(async_op, pydist.all_gather_into_tensor(output, input, self._group, async_op), [output])
 
     all_gather_single = _allgather_base
 
@@ -243,13 +250,15 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     @operation("reduce_scatter", first_input_list)
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts=None) -> tdist.Work:
-        return call(opts, outputs, pydist.reduce_scatter, outputs[0], input_lists[0], pydist_op(opts.reduceOp),
-                    self._group)
+        async_op = asks_async(opts)
+        work = pydist.reduce_scatter(outputs[0], input_lists[0], pydist_op(opts.reduceOp), self._group, async_op)
+        return torch_work(async_op, work, outputs)
 
     @operation("reduce_scatter", single_input)
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         op = pydist_op(opts.reduceOp) if opts is not None else RedOpType.SUM
-        return call(opts, [output], pydist.reduce_scatter_tensor, output, input, op, self._group)
+        async_op = asks_async(opts)
+        return torch_work(async_op, pydist.reduce_scatter_tensor(output, input, op, self._group, async_op), [output])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -264,40 +273,51 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     @operation("all_to_all", single_input)
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts=None) -> tdist.Work:
-        return call(opts, [output], pydist.all_to_all_single, output, input, output_split_sizes or None,
-                     input_split_sizes or None, self._group)
+        async_op = asks_async(opts)
+        work = pydist.all_to_all_single(output, input, output_split_sizes or None, input_split_sizes or None,
+                                        self._group, async_op)
+        return torch_work(async_op, work, [output])
 
     all_to_all_single = alltoall_base
 
     @operation("all_to_all", second_argument)
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts=None) -> tdist.Work:
-        return call(opts, output_tensors, pydist.all_to_all, output_tensors, input_tensors, self._group)
+        async_op = asks_async(opts)
+        return torch_work(async_op, pydist.all_to_all(output_tensors, input_tensors, self._group, async_op),
+                          output_tensors)
 
     @operation("gather", second_argument)
     def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts=None) -> tdist.Work:
         root = opts.rootRank
         outs = output_lists[0] if self.rank() == root else None
-        return call(opts, output_lists, pydist.gather, input_tensors[0], outs, group=self._group, group_dst=root)
+        async_op = asks_async(opts)
+        work = pydist.gather(input_tensors[0], outs, group=self._group, async_op=async_op, group_dst=root)
+        return torch_work(async_op, work, output_lists)
 
     @operation("gather", single_input)
     def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> tdist.Work:
         """torch 2.14's gather into one tensor (``output``: the root's; an empty placeholder elsewhere)."""
         root = opts.rootRank if opts is not None else 0
-        return call(opts, [output], pydist.gather_single, input, output if self.rank() == root else None,
-                     group=self._group, group_dst=root)
+        async_op = asks_async(opts)
+        work = pydist.gather_single(input, output if self.rank() == root else None, group=self._group,
+                                    async_op=async_op, group_dst=root)
+        return torch_work(async_op, work, [output])
 
     @operation("scatter", scattered)
     def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts=None) -> tdist.Work:
         root = opts.rootRank
         ins = input_lists[0] if self.rank() == root else None
-        return call(opts, output_tensors, pydist.scatter, output_tensors[0], ins, group=self._group, group_src=root)
+        async_op = asks_async(opts)
+        work = pydist.scatter(output_tensors[0], ins, group=self._group, async_op=async_op, group_src=root)
+        return torch_work(async_op, work, output_tensors)
 
     @profiled("barrier", no_inputs)
     def barrier(self, opts=None) -> tdist.Work:
-        return call(opts, [], pydist.barrier, group=self._group)
+        async_op = asks_async(opts)
+        return torch_work(async_op, pydist.barrier(self._group, async_op), [])
 
     # -- point-to-point: on pydist, through host memory for another device's tensors where
     # that device's backend is gloo (gloo aborts the process on a CUDA send or recv) -------

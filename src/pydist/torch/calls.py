@@ -1,8 +1,9 @@
 """How the plugin's methods run torch's calls (ProcessGroupPydist's collectives and
 point-to-point): the one wrapper every method has (``operation``: tensors on another device
 go to that device's backend, a running profiler records the call), torch's reduce op as
-pydist's (``pydist_op``), and ``call``: a blocking call (torch's options say so) run now as
-pydist's blocking calls run, an async one queued. Every torch call pays what is here: each
+pydist's (``pydist_op``), whether torch asks for an async call (``asks_async``) and the Work
+returned for pydist's (``torch_work``): a blocking call runs now as pydist's blocking calls
+run, an async one is queued. Every torch call pays what is here: each
 step is measured (tools/torch_layers.py) and kept to a few Python operations.
 """
 from __future__ import annotations
@@ -117,23 +118,28 @@ _Tensor = torch.Tensor
 _NO_TENSORS: set[type] = set()  # classes of arguments that are neither tensors nor lists (a few)
 
 
-def call(opts: Any, outputs: list[Any], function: Callable[..., Work | None], *args: Any,
-         **kwargs: Any) -> PydistWork | None:
-    """torch's call as pydist's ``function(*args, **kwargs)``: a blocking one (``opts.asyncOp``
-    False: torch 2.8 and later set it, then wait on the Work at once) run now, as pydist's own
-    blocking calls (in this thread on an idle group, else after the calls queued before it),
-    its error raised here, returning None: torch's functions then take the call as synced
-    ("the backend has sync'ed at CPP level"), which saves making a Work and waiting on it
-    (~0.6 us). Where torch keeps the Work of each call for a later ``wait_tensor``
-    (``_allow_inflight_collective_as_graph_input``), or its profiler runs (the event ends on
-    the Work's completion, off this thread, as gloo's: see _profiling), a FinishedWork
-    instead. Any other call async, in pydist's queue (torch's async calls, C++ callers'
-    default options, DDP's buckets; and every call of a torch whose options have no
-    ``asyncOp``). Its outputs: ``outputs``."""
-    if opts is not None and not getattr(opts, "asyncOp", True):
-        function(*args, **kwargs)
-        return FinishedWork(outputs) if _keeps_works() or profiler_enabled() else None
-    return PydistWork(function(*args, async_op=True, **kwargs), outputs)
+def asks_async(opts: Any) -> bool:
+    """Whether torch asks for an async call: its options' ``asyncOp``, set False by torch 2.8
+    and later for a blocking call (torch then waits on the Work at once); True for C++
+    callers' default options and DDP's buckets, for no options, and on a torch whose options
+    have no ``asyncOp``."""
+    return opts is None or getattr(opts, "asyncOp", True)
+
+
+def torch_work(async_op: bool, work: Work | None, outputs: list[Any]) -> PydistWork | None:
+    """What the plugin's method returns for pydist's call that returned ``work`` (its outputs:
+    ``outputs``). An async call's Work, which pydist queued. A blocking call ran as pydist's
+    own blocking calls do (in this thread on an idle group, else after the calls queued
+    before it) and raised its error at the call: None, which torch's functions take as a call
+    that has synced ("the backend has sync'ed at CPP level"), saving a Work and a wait
+    (~0.6 us); a FinishedWork instead where torch keeps each call's Work for a later
+    ``wait_tensor`` (``_allow_inflight_collective_as_graph_input``), or its profiler runs
+    (the event ends on the Work's completion, off this thread, as gloo's: see _profiling).
+    Each method passes pydist's function its arguments directly (no ``*args, **kwargs``
+    relay: ~0.3 us a call)."""
+    if async_op:
+        return PydistWork(work, outputs)
+    return FinishedWork(outputs) if _keeps_works() or profiler_enabled() else None
 
 
 _keeps_works = getattr(torch._C._distributed_c10d, "_allow_inflight_collective_as_graph_input", lambda: False)

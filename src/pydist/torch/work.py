@@ -149,7 +149,7 @@ class PydistWork(tdist.Work):
 
 class FinishedWork(PydistWork):
     """The Work of a call that had run, and succeeded, when it was returned (a blocking call
-    whose Work torch keeps: see calls.call): a PydistWork of no parts (the class defaults:
+    whose Work torch keeps: see calls.torch_work): a PydistWork of no parts (the class defaults:
     done at once, its future set with the outputs), made without PydistWork's lock."""
 
     def __init__(self, outputs: list[Any]):
