@@ -1,6 +1,8 @@
 """The shared-memory rings of one host, two ranks of one process (no store, no tcp)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pydist.core.deadline import Deadline
@@ -149,3 +151,28 @@ def test_a_waiter_yields_the_cpu_for_a_bounded_time_then_sleeps(monkeypatch):
     with pytest.raises(signal_module.WaitTimeout):  # the counter never arrives; the deadline has passed
         signal.wait_at_least(8, 1, Deadline.after(0.0))
     assert 1 <= len(yields) <= signal_module.YIELD_SECONDS / 100e-6
+
+
+def test_an_idle_progress_thread_sleeps_until_its_doorbell_rings(monkeypatch):
+    """With nothing to do, the progress thread sleeps until rung (a send, a peer leaving,
+    close), its timeout only a backstop: each wake takes the GIL, and while the caller's
+    thread runs torch code (whose bindings release the GIL at every tensor method) a thread
+    waiting for it wakes at each release, taking the CPU another rank runs on (issue 49).
+    Half a second idle: at most the first look and one backstop nap's end (not ten 50 ms
+    naps); then a message sent still arrives through it."""
+    looks = []
+    poll = ShmTransport._poll
+    monkeypatch.setattr(ShmTransport, "_poll", lambda self: looks.append(self.rank) or poll(self))
+    sender, receiver = _pair()
+    try:
+        time.sleep(0.5)  # the interval observed, not a synchronisation
+        assert looks.count(1) <= 2, f"the idle progress thread looked {looks.count(1)} times in 0.5 s"
+        receiver.spin_seconds = 0.0
+        into = np.zeros(4, np.uint8)
+        request = Request(0, memoryview(into).cast("B"))
+        receiver.matcher.post(request, 0, KEY)
+        sender.isend(1, memoryview(b"\x05\x06\x07\x08"), KEY)
+        assert request.wait(30) and bytes(into) == b"\x05\x06\x07\x08"
+    finally:
+        sender.close(Deadline.after(0))
+        receiver.close(Deadline.after(0))

@@ -36,7 +36,7 @@ from ..matching import Matcher
 from ..receiver import FrameReceiver
 from . import atomics
 from .segment import Keepalive
-from .signal import SLEEP_SLICE, Signal
+from .signal import Signal
 
 log = logging.getLogger("pydist.transport")
 
@@ -45,6 +45,13 @@ LINE = 64
 INLINE_BYTES = 64 << 10
 #: close(): how long pending sends may take to drain into the rings
 CLOSE_SECONDS = 10.0
+#: The progress thread's idle sleep: whatever gives it work rings its doorbell (a peer's
+#: write, its own frames left pending, a peer leaving, close), so this only backs that up.
+#: Each wake takes the GIL, and a thread waiting for the GIL wakes at each of the caller's
+#: releases of it (torch's bindings release it at most tensor methods): 50 ms naps made
+#: such waits 20 a second, each waking the thread up to thousands of times on the core
+#: another rank runs on (issue 49).
+IDLE_NAP_SECONDS = 1.0
 
 
 def ring_bytes_for(local_ranks: int, requested: int) -> int:
@@ -335,7 +342,7 @@ class ShmTransport(HostLocalTransport):
         while not self._stopping:
             if self._poll():
                 continue
-            signal.sleep(lambda: self._stopping or self._has_work(), SLEEP_SLICE)  # an idle nap: no deadline
+            signal.sleep(lambda: self._stopping or self._has_work(), IDLE_NAP_SECONDS)  # no deadline
 
     def _has_work(self) -> bool:
         if self._leaving:
