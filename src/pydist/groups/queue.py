@@ -32,9 +32,14 @@ Operation = Callable[[int], int | None]  # run(seq) -> source rank or None
 
 #: how often a lazy progress thread looks for operations nobody waits on (see the module's
 #: docstring): the most an async call waits to start after blocking calls were run by their
-#: waiters; and how many empty looks in a row make it sleep until woken again
+#: waiters; and how many empty looks in a row make it sleep until woken again. Few: a stream
+#: of async calls and waits submits every few microseconds, and each look takes the GIL,
+#: which makes the caller's torch code (its bindings release the GIL at most tensor
+#: methods) wake the looking thread at every release, on the core another rank runs on:
+#: 100 looks (0.1 s) after every async burst made the blocking calls that followed up to
+#: 1.2x slower (torch_calls, broadcast: 8.2-9.6 us a call with 100, 8.0-8.4 with 5; issue 49).
 POLL_SECONDS = 0.001
-IDLE_POLLS = 100
+IDLE_POLLS = 5
 
 
 class OpQueue:
