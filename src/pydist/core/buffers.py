@@ -25,19 +25,24 @@ _SUPPORTED_KINDS = "biufc"
 class Buffer:
     """One user tensor, flattened: ``array`` to work on, ``write_back()`` to publish results."""
 
-    __slots__ = ("obj", "name", "array", "dtype_name", "shape", "staged", "_target", "_from_bf16")
+    __slots__ = ("obj", "name", "array", "dtype_name", "_shape", "staged", "_target", "_from_bf16")
 
-    def __init__(self, obj: Any, name: str, array: np.ndarray, dtype_name: str, shape: tuple[int, ...],
+    def __init__(self, obj: Any, name: str, array: np.ndarray, dtype_name: str, shape: tuple[int, ...] | None,
                  target: np.ndarray | None = None, from_bf16: bool = False):
         self.obj = obj
         self.name = name
         self.array = array
         self.dtype_name = dtype_name
-        self.shape = shape
+        self._shape = shape  # None: ``obj``'s own (a torch tensor's Size costs ~60 ns to make; few calls ask)
         self._target = target
         self._from_bf16 = from_bf16
         #: True when ``array`` is a copy that ``write_back()`` must write back
         self.staged = target is not None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The user's tensor's shape."""
+        return self._shape if self._shape is not None else self.obj.shape
 
     def write_back(self) -> None:
         """Copy a staged result back into the user's memory (no-op for zero-copy views)."""
@@ -258,7 +263,7 @@ def _plain_tensor(obj: Any, name: str) -> Buffer | None:
     nbytes = obj.nbytes
     if not nbytes:
         return None
-    return Buffer(obj, name, _view(obj, nbytes, dtype), dtype_name, obj.shape)
+    return Buffer(obj, name, _view(obj, nbytes, dtype), dtype_name, None)
 
 
 def as_buffer(obj: Any, name: str, writable: bool = True) -> Buffer:
