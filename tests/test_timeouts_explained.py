@@ -242,48 +242,6 @@ def test_progress_is_published_once_settled_or_once_a_second_while_it_changes():
     assert publication_due(version=5, seen=5, published=5, since_publication=PUBLISH_INTERVAL)  # heartbeat
 
 
-class _RecordingStore:
-    """A store that keeps what the board sets."""
-
-    def __init__(self):
-        self.values: dict[str, str] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value
-
-
-def test_a_board_looks_seldom_while_calls_run_back_to_back_and_publishes_once_they_stop(monkeypatch):
-    """Each look takes the GIL, and while the caller's thread runs torch code (whose bindings
-    release the GIL at most tensor methods) a thread waiting for it is woken at every
-    release, on the core another rank runs on (issue 49): while every look finds the record
-    changed, the looks double apart (up to LONGEST_TICK); once it stops changing the record
-    is published, and the looks are SETTLE_SECONDS apart again."""
-    import json
-
-    import pydist.groups.progress as progress
-    looks = []
-    due = progress.publication_due
-    monkeypatch.setattr(progress, "publication_due", lambda *args: looks.append(args[0]) or due(*args))
-    store = _RecordingStore()
-    board = progress.ProgressBoard(store, rank=0)
-    seq, until = 0, time.monotonic() + 0.8
-    try:
-        while time.monotonic() < until:  # 0.8 s of operations back to back
-            seq += 1
-            board.started(1, seq, "all_reduce")
-        hot_looks = len(looks)
-        assert hot_looks <= 4, f"{hot_looks} looks in 0.8 s of back-to-back calls (0.1 s apart: 8)"
-        for _ in range(3000):  # published once settled: within ~2 looks; generous on a loaded machine
-            if json.loads(store.values["progress/0"]).get("1") == [seq, "all_reduce"]:
-                break
-            time.sleep(0.01)
-        assert json.loads(store.values["progress/0"])["1"] == [seq, "all_reduce"]
-    finally:
-        board.close()
-    assert progress.next_tick(progress.LONGEST_TICK, changed=False) == progress.SETTLE_SECONDS
-    assert progress.next_tick(progress.SETTLE_SECONDS, changed=True) == 2 * progress.SETTLE_SECONDS
-
-
 def test_a_large_worlds_boards_stay_within_the_stores_budget():
     """10,000 ranks each publishing once a second (and at every settled change) would send the
     store's one thread more than it answers: the pace stretches with the world."""

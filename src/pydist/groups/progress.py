@@ -5,9 +5,7 @@ Each rank's :class:`ProgressBoard` records (sequence number, name) of the latest
 started on each group — a dict assignment per operation — and a ``pydist-progress`` thread
 writes the record, with its wall-clock time, to the store key ``progress/<rank>``: once a
 second, and at once (within ``SETTLE_SECONDS``) when the record has stopped changing, so a
-rank waiting inside an operation is seen there ~0.2 s after it started it (~1 s after a
-stream of calls: while each look finds the record changed, the looks double apart up to
-LONGEST_TICK, see ``next_tick``). In a large world
+rank waiting inside an operation is seen there ~0.2 s after it started it. In a large world
 both slow down (``Pace``) so that all ranks together send the store at most
 STORE_SETS_PER_SECOND: its one server thread answers ~8,000 requests a second. At a timeout,
 :meth:`ProgressBoard.explain` reads every member's record and names those behind; a record
@@ -26,8 +24,6 @@ from ..core import deadline as _deadline
 PUBLISH_INTERVAL = 1.0
 #: Seconds without a change after which a changed record is published (the thread's tick).
 SETTLE_SECONDS = 0.1
-#: The longest tick, while the record changes at every look (calls back to back).
-LONGEST_TICK = 0.5
 #: What the boards of one world send the store at most, all ranks together (sets per second).
 STORE_SETS_PER_SECOND = 2000
 #: Seconds a timed-out operation spends at most asking the store which ranks are behind
@@ -63,18 +59,6 @@ def publication_due(version: int, seen: int, published: int, since_publication: 
                                                   and since_publication >= pace.gap)
 
 
-def next_tick(tick: float, changed: bool) -> float:
-    """The thread's next sleep after one of ``tick`` seconds: twice as long (at most
-    LONGEST_TICK) when the record changed since the previous look, else SETTLE_SECONDS. Each
-    look takes the GIL, and a thread waiting for it is woken at each of the caller's releases
-    of it (torch's bindings release it at most tensor methods), on the core another rank
-    runs on: 10 looks a second during torch calls back to back made them slower
-    (torch_calls, 5 alternated runs: all_reduce 8.23-8.93 us a call, 8.21-8.44 with the
-    looks doubling apart; issue 49), for a record nobody needs fresher than every second
-    while it changes."""
-    return min(2 * tick, LONGEST_TICK) if changed else SETTLE_SECONDS
-
-
 class ProgressBoard:
     """This rank's latest operation per group, and the other ranks' as published."""
 
@@ -101,9 +85,9 @@ class ProgressBoard:
 
     def _run(self) -> None:
         published = seen = self._version
-        since, tick = 0.0, SETTLE_SECONDS
-        while not self._stop.wait(tick):  # real time: a publication rate, not a timeout
-            since += tick
+        since = 0.0
+        while not self._stop.wait(SETTLE_SECONDS):  # real time: a publication rate, not a timeout
+            since += SETTLE_SECONDS
             version = self._version
             if publication_due(version, seen, published, since, self.pace):
                 try:
@@ -111,7 +95,6 @@ class ProgressBoard:
                 except Exception:  # the store is gone (shutdown, failure): the op errors say why
                     return
                 published, since = version, 0.0
-            tick = next_tick(tick, version != seen)
             seen = version
 
     def close(self) -> None:
