@@ -6,9 +6,14 @@ rounds that alternate the rows; a round's time is the slowest rank's (all_reduce
 row's the best round's. pydist's rows run on the torch group's own pydist group (the same
 arena), on a numpy array; the torch rows through torch.distributed on a tensor, blocking
 and async (``async_op=True`` then ``wait()`` at once); send+recv is one round trip between
-ranks 0 and 1.
+ranks 0 and 1. ``--threads``: each rank also prints, for each row of the last round, the
+context switches of each of its threads that switched (voluntary, involuntary: from
+/proc/self/task/*/status). A pydist thread that wakes during torch calls is woken again at
+each of torch's GIL releases: thousands of switches for one wake (docs/algorithms.md).
 """
+import os
 import sys
+import threading
 import time
 import warnings
 
@@ -20,8 +25,25 @@ import pydist
 import pydist.torch  # noqa: F401 - registers the backend
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-CALLS = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+THREADS = "--threads" in sys.argv
+ARGS = [arg for arg in sys.argv[1:] if arg != "--threads"]
+CALLS = int(ARGS[0]) if ARGS else 20_000
+ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 3
+
+
+def switches() -> dict[str, tuple[int, int]]:
+    """Each thread of this process (its name, else its id): (voluntary, involuntary) context switches."""
+    names = {str(thread.native_id): thread.name for thread in threading.enumerate()}
+    counts = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:  # the thread ended meanwhile
+            continue
+        counts[names.get(tid, tid)] = (int(fields["voluntary_ctxt_switches"]),
+                                       int(fields["nonvoluntary_ctxt_switches"]))
+    return counts
 
 
 def _ping(send, recv, buf, **group) -> None:
@@ -57,12 +79,18 @@ def main() -> None:
     for call in rows.values():  # warm-up
         for _ in range(min(CALLS, 2000)):
             call()
-    for _ in range(ROUNDS):
+    for round_ in range(ROUNDS):
         for name, call in rows.items():
             tdist.barrier()
+            before = switches()
             start = time.perf_counter()
             for _ in range(CALLS):
                 call()
+            if THREADS and round_ == ROUNDS - 1:
+                after = switches()
+                moved = {thread: (v - before[thread][0], i - before[thread][1])
+                         for thread, (v, i) in after.items() if thread in before and (v, i) != before[thread]}
+                print(f"rank {tdist.get_rank()} {name}: {moved}", flush=True)
             slowest = torch.tensor([(time.perf_counter() - start) / CALLS * 1e6], dtype=torch.float64)
             tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)
             best[name] = min(best.get(name, float("inf")), slowest.item())
