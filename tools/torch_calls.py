@@ -81,17 +81,19 @@ def main() -> None:
             call()
     for round_ in range(ROUNDS):
         for name, call in rows.items():
+            counted = THREADS and round_ == ROUNDS - 1
             tdist.barrier()
-            before = switches()
+            before = switches() if counted else {}
             start = time.perf_counter()
             for _ in range(CALLS):
                 call()
-            if THREADS and round_ == ROUNDS - 1:
+            elapsed = time.perf_counter() - start  # before /proc is read: not part of the calls' time
+            if counted:
                 after = switches()
                 moved = {thread: (v - before[thread][0], i - before[thread][1])
                          for thread, (v, i) in after.items() if thread in before and (v, i) != before[thread]}
                 print(f"rank {tdist.get_rank()} {name}: {moved}", flush=True)
-            slowest = torch.tensor([(time.perf_counter() - start) / CALLS * 1e6], dtype=torch.float64)
+            slowest = torch.tensor([elapsed / CALLS * 1e6], dtype=torch.float64)
             tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)
             best[name] = min(best.get(name, float("inf")), slowest.item())
     if tdist.get_rank() == 0:

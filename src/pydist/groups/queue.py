@@ -37,7 +37,8 @@ Operation = Callable[[int], int | None]  # run(seq) -> source rank or None
 #: which makes the caller's torch code (its bindings release the GIL at most tensor
 #: methods) wake the looking thread at every release, on the core another rank runs on:
 #: 100 looks (0.1 s) after every async burst made the blocking calls that followed up to
-#: 1.2x slower (torch_calls, broadcast: 8.2-9.6 us a call with 100, 8.0-8.4 with 5; issue 49).
+#: 1.2x slower (torch_calls, broadcast: 8.2-9.6 us a call with 100, 8.0-8.4 with 5, measured
+#: together with the shared-memory progress thread's longer idle nap; issue 49).
 POLL_SECONDS = 0.001
 IDLE_POLLS = 5
 
